@@ -1,0 +1,137 @@
+"""Policy losses and reductions (shared/spec/corrections.md, "Policy losses and reduction").
+
+The per-token policy loss is computed first, multiplied by the correction's coefficient, and only
+then reduced. The PPO ratio compares lp with old, never with roll.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Mapping
+
+import torch
+
+from runner.corrections import Correction, CorrectionResult, apply_correction, sanitize_masked
+from runner.errors import UserError
+
+LOSSES = ("ppo", "gspo", "reinforce")
+REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+PPO_LOG_RATIO_BOUND = 20.0
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    name: str = "ppo"
+    description: str = ""
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    dual_clip: float | None = None  # c > 1: where A < 0, the loss is capped at −c·A
+    reduction: str = "token-mean"
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "LossSpec":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise UserError(f"loss: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        spec = cls(**dict(cfg))
+        if spec.name not in LOSSES:
+            raise UserError(f"loss.name={spec.name!r} is not one of: {', '.join(LOSSES)}")
+        if spec.reduction not in REDUCTIONS:
+            raise UserError(f"loss.reduction={spec.reduction!r} is not one of: {', '.join(REDUCTIONS)}")
+        if spec.eps_low < 0 or spec.eps_high < 0:
+            raise UserError("loss.eps_low and loss.eps_high must be non-negative")
+        if spec.dual_clip is not None and spec.dual_clip <= 1:
+            raise UserError(f"loss.dual_clip must be > 1 (or null), got {spec.dual_clip}")
+        return spec
+
+    @property
+    def effective_reduction(self) -> str:
+        return "seq-mean-token-mean" if self.name == "gspo" else self.reduction
+
+
+@dataclass
+class LossResult:
+    loss: torch.Tensor  # 0-d, differentiable
+    per_token: torch.Tensor  # [B, T] coefficient × per-token loss, before reduction
+    correction: CorrectionResult
+    all_rejected: bool
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, spec: LossSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A), with the optional dual clip. Returns the per-token
+    loss and where the clipped branch is the active one."""
+    surr1 = ratio * adv
+    surr2 = ratio.clamp(1 - spec.eps_low, 1 + spec.eps_high) * adv
+    pessimistic = torch.minimum(surr1, surr2)
+    clipped = surr2 < surr1
+    if spec.dual_clip is not None:
+        pessimistic = torch.where(adv < 0, torch.maximum(pessimistic, spec.dual_clip * adv), pessimistic)
+    return -pessimistic, clipped
+
+
+def reduce(per_token: torch.Tensor, mask: torch.Tensor, how: str, use_where: bool) -> torch.Tensor:
+    """Reduce [B, T] to a scalar. An empty mask gives 0 (never 0/0). `use_where` selects rather
+    than multiplies, so NaN/inf at masked positions cannot leak (our presets); released code
+    multiplies, and its faithful presets do the same."""
+    if use_where:
+        masked = torch.where(mask > 0, per_token, torch.zeros((), dtype=per_token.dtype))
+    else:
+        masked = per_token * mask
+    if how == "token-mean":
+        return masked.sum() / mask.sum().clamp(min=1)
+    per_seq = masked.sum(-1)
+    if how == "seq-mean-token-sum":
+        return per_seq.mean() if per_seq.numel() else per_seq.sum()
+    counts = mask.sum(-1)
+    nonempty = counts > 0
+    seq_means = per_seq / counts.clamp(min=1)
+    return torch.where(nonempty, seq_means, torch.zeros((), dtype=seq_means.dtype)).sum() / nonempty.sum().clamp(min=1)
+
+
+def policy_loss(
+    spec: LossSpec,
+    corr: Correction,
+    lp: torch.Tensor,
+    old: torch.Tensor,
+    roll: torch.Tensor,
+    adv: torch.Tensor,
+    mask: torch.Tensor,
+    metrics: bool = True,
+) -> LossResult:
+    """The corrected policy loss for one batch of [B, T] tensors; lp carries the gradient."""
+    mask = mask.to(lp.dtype)
+    use_where = corr.padding == "ignore"
+    cres = apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics)
+    if use_where:
+        lp, old, roll, adv = sanitize_masked(mask, lp, old, roll, adv)
+    old, roll, adv = old.detach(), roll.detach(), adv.detach()
+
+    if spec.name == "ppo":
+        ratio = torch.exp((lp - old).clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND))
+        token_loss, clipped = clipped_surrogate(ratio, adv, spec)
+        per_token = token_loss * cres.coef
+        red_mask = cres.mask
+    elif spec.name == "gspo":
+        base = roll if corr.active else old
+        seq_log_ratio = ((lp - base) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+        ratio = torch.exp(seq_log_ratio) * mask
+        token_loss, clipped = clipped_surrogate(ratio, adv, spec)
+        per_token = token_loss  # GSPO's sequence ratio already is the correction
+        red_mask = mask
+    else:
+        per_token = -adv * lp * cres.coef
+        clipped = torch.zeros_like(mask, dtype=torch.bool)
+        red_mask = cres.mask
+
+    loss = reduce(per_token, red_mask, spec.effective_reduction, use_where)
+    all_rejected = bool(red_mask.sum() == 0)
+    out = LossResult(loss=loss, per_token=per_token, correction=cres, all_rejected=all_rejected)
+    if metrics:
+        inside = mask > 0
+        out.metrics = dict(cres.metrics)
+        out.metrics["ppo_clip_fraction"] = (clipped & inside).sum() / mask.sum().clamp(min=1)
+        out.metrics["nonfinite_loss"] = (~torch.isfinite(loss.detach())).to(lp.dtype)
+        out.metrics["all_rejected"] = torch.tensor(float(all_rejected))
+    return out
