@@ -1,0 +1,86 @@
+"""What exists, read from the conf/ tree: presets, losses, studies and every other config group.
+
+A preset is a YAML file, so the registry is the directory listing plus each file's `description`
+(or its first comment line). No torch, no Hydra: `is-study list` stays instant.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+# Groups a user picks on the command line, in the order `list` shows them.
+GROUPS = ("correction", "loss", "study", "policy", "task", "mismatch", "experiment", "hydra/launcher", "cases")
+
+
+@dataclass(frozen=True)
+class Entry:
+    group: str
+    name: str
+    description: str
+    faithful: bool = False
+    band: str = ""  # the default [low, high] of a preset
+
+
+def conf_dir() -> Path:
+    from runner.hydra_app import conf_dir as _conf_dir  # hydra_app imports Hydra lazily
+
+    return _conf_dir()
+
+
+def group_options(group: str) -> list[str]:
+    root = conf_dir() / group
+    if not root.is_dir():
+        return []
+    return sorted(str(p.relative_to(root).with_suffix("")) for p in root.rglob("*.yaml"))
+
+
+def _band(data: dict) -> str:
+    if "low" not in data and "high" not in data:
+        return ""
+    def fmt(v):
+        return "—" if v is None else f"{v:g}"
+    return f"[{fmt(data.get('low'))}, {fmt(data.get('high'))}]"
+
+
+def _describe(path: Path) -> tuple[str, bool, str]:
+    text = path.read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("description"), str):
+        band = _band(data) if data.get("weight_op", "raw") != "raw" or data.get("filter", "none") != "none" else ""
+        return data["description"], bool(data.get("faithful", False)), band
+    # Otherwise the first comment line that is not the command line.
+    comments = [ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("#")]
+    comments = [c for c in comments if c and not c.startswith(("is-study", "@package", "bash "))]
+    return (comments[0] if comments else ""), False, ""
+
+
+def entries(group: str) -> list[Entry]:
+    root = conf_dir() / group
+    return [Entry(group, name, *_describe(root / f"{name}.yaml")) for name in group_options(group)]
+
+
+def presets() -> list[Entry]:
+    """Our own presets first (in the spec's order), then the faithful reproductions by framework."""
+    spec_order = ["none", "tis", "icepop", "seq-mask-tis", "seq-tis", "seq-mis", "geo-mask"]
+    found = entries("correction")
+    rank = {name: i for i, name in enumerate(spec_order)}
+    return sorted(found, key=lambda e: (e.faithful, rank.get(e.name, len(rank)), e.name))
+
+
+def own_presets() -> list[str]:
+    return [e.name for e in presets() if not e.faithful]
+
+
+def faithful_presets() -> list[str]:
+    return [e.name for e in presets() if e.faithful]
+
+
+def shipped_case(name: str) -> Path | None:
+    path = conf_dir() / "cases" / f"{name}.yaml"
+    return path if path.is_file() else None

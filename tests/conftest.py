@@ -1,0 +1,44 @@
+"""Shared test helpers: the spec's case files and an in-process CLI runner."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SPEC_CASES = REPO.parent / "shared" / "spec" / "cases"
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+
+def spec_case_file(name: str) -> Path:
+    """The spec's case file, or the copy shipped in conf/cases when ../shared is absent."""
+    path = SPEC_CASES / f"{name}.yaml"
+    if path.is_file():
+        return path
+    shipped = {"seed-issue": "openrlhf-seq-mask-tis", "frameworks": "frameworks"}[name]
+    return REPO / "conf" / "cases" / f"{shipped}.yaml"
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `is-study ARGS` in-process; return (exit code, stdout, stderr)."""
+    from runner import cli as cli_module
+
+    def run(*args: str) -> tuple[int, str, str]:
+        old_argv = sys.argv
+        sys.argv = ["is-study", *args]
+        try:
+            cli_module.main()
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        finally:
+            sys.argv = old_argv
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return run

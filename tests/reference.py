@@ -1,0 +1,112 @@
+"""An independent, deliberately naive restatement of the spec's preset table (scalar Python, one
+token at a time), used to derive golden values. It shares no code with runner/corrections.py."""
+
+from __future__ import annotations
+
+import math
+
+INF = math.inf
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return INF
+
+
+def _clip(x: float, lo: float | None, hi: float | None) -> float:
+    if lo is not None:
+        x = max(x, lo)
+    if hi is not None:
+        x = min(x, hi)
+    return x
+
+
+def _in(x: float, lo: float | None, hi: float | None) -> bool:
+    return (lo is None or x >= lo) and (hi is None or x <= hi)
+
+
+def coefficients(preset: str, old, roll, mask, low, high):
+    """Per-token coefficient and the mask that the loss is reduced with, from the spec's table."""
+    B, T = len(old), len(old[0])
+    coef = [[0.0] * T for _ in range(B)]
+    red = [[float(mask[i][t]) for t in range(T)] for i in range(B)]
+    for i in range(B):
+        lr = [old[i][t] - roll[i][t] for t in range(T)]
+        inside = [mask[i][t] == 1 for t in range(T)]
+        n = sum(inside)
+        L = sum(lr[t] for t in range(T) if inside[t])
+        G = L / max(n, 1)
+        L20 = sum(_clip(lr[t], -20, 20) for t in range(T) if inside[t])
+        rho = [_exp(x) for x in lr]
+        rho_seq, rho_geo = _exp(L), _exp(G)
+        for t in range(T):
+            r = rho[t]
+            if preset == "none":
+                c = 1.0
+            elif preset in ("tis", "openrlhf-bc71bb1/tis", "openrlhf-0.11/token-clip", "trl/token-truncate"):
+                c = _clip(r, low, high)
+            elif preset in ("icepop", "openrlhf-bc71bb1/icepop", "openrlhf-0.11/token-mask", "trl/token-mask"):
+                c = r if _in(r, low, high) else 0.0
+            elif preset == "seq-mask-tis":
+                c = _clip(r, low, high) if _in(rho_geo, low, high) else 0.0
+            elif preset in ("openrlhf-bc71bb1/seq-mask-tis", "openrlhf-0.11/seq-mask"):
+                c = r if _in(rho_geo, low, high) else 0.0
+            elif preset == "seq-tis":
+                c = min(_exp(_clip(L, -20, 20)), high)
+            elif preset == "seq-mis":
+                c = _exp(_clip(L, -20, 20)) if _in(rho_seq, low, high) else 0.0
+            elif preset == "geo-mask":
+                c = 1.0
+                if not _in(rho_geo, low, high):
+                    c, red[i][t] = 0.0, 0.0
+            elif preset == "trl/sequence-truncate":
+                c = _clip(rho_seq, low, high)
+            elif preset == "trl/sequence-mask":
+                c = rho_seq if _in(rho_seq, low, high) else 0.0
+            elif preset == "verl/token-tis":
+                c = min(_exp(_clip(lr[t], -20, 20)), high)
+            elif preset == "verl/seq-tis":
+                c = min(_exp(_clip(L, -20, 20)), high)
+            elif preset == "verl/icepop":
+                w = _exp(_clip(lr[t], -20, 20))
+                c = w if math.log(low) <= _clip(lr[t], -20, 20) <= math.log(high) else 0.0
+            elif preset == "verl/geo-rs":
+                stat = -sum(_clip(lr[s], -20, 20) for s in range(T) if inside[s]) / max(n, 1)
+                c = 1.0
+                if not (math.log(low) <= stat <= math.log(high)):
+                    c, red[i][t] = 0.0, 0.0
+            elif preset == "verl/seq-mis":
+                c = min(_exp(_clip(L, -20, 20)), high)
+                if not (math.log(low) <= -L20 <= math.log(high)):
+                    c, red[i][t] = 0.0, 0.0
+            else:
+                raise KeyError(preset)
+            coef[i][t] = c if inside[t] else 0.0
+    return coef, red
+
+
+def ppo_token_mean(preset, case, low, high, eps=0.2):
+    """Loss and d loss / d log_probs of PPO + token-mean, by hand."""
+    lp, old, roll, adv, mask = (case[k] for k in ("log_probs", "old_log_probs", "rollout_log_probs", "advantages", "action_mask"))
+    coef, red = coefficients(preset, old, roll, mask, low, high)
+    B, T = len(lp), len(lp[0])
+    denom = sum(red[i][t] for i in range(B) for t in range(T))
+    total, grad = 0.0, [[0.0] * T for _ in range(B)]
+    for i in range(B):
+        for t in range(T):
+            if not red[i][t]:
+                continue
+            r = _exp(_clip(lp[i][t] - old[i][t], -20, 20))
+            a = adv[i][t]
+            s1, s2 = r * a, _clip(r, 1 - eps, 1 + eps) * a
+            term = -min(s1, s2)
+            # d(−min)/dr: the unclipped branch carries r·A; the clipped one is flat outside the clip
+            active_unclipped = s1 <= s2 or (1 - eps) <= r <= (1 + eps)
+            dterm = -a * r if active_unclipped else 0.0
+            total += coef[i][t] * term
+            grad[i][t] = coef[i][t] * dterm
+    if denom == 0:
+        return 0.0, [[0.0] * T for _ in range(B)]
+    return total / denom, [[g / denom for g in row] for row in grad]

@@ -1,0 +1,119 @@
+"""The command line: help, list without torch, and bad input as one line with exit code 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO, spec_case_file
+
+
+def test_help_lists_every_command_with_an_example(cli):
+    code, out, _ = cli("--help")
+    assert code == 0
+    for command in ("list", "show", "run", "case"):
+        assert f"is-study {command}" in out.replace("\n", " ") or f"e.g. is-study {command}" in out
+
+
+def test_list_and_help_do_not_import_torch():
+    probe = (
+        "import sys; from runner import cli; sys.argv=['is-study', %r]\n"
+        "try: cli.main()\nexcept SystemExit: pass\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', 'HYDRA' if 'hydra' in sys.modules else 'NO-HYDRA',"
+        " file=sys.stderr)"
+    )
+    for arg in ("list", "--help"):
+        res = subprocess.run([sys.executable, "-c", probe % arg], cwd=REPO, capture_output=True, text=True)
+        assert "NO-TORCH" in res.stderr, (arg, res.stderr)
+        assert "NO-HYDRA" in res.stderr, (arg, res.stderr)
+
+
+def test_list_shows_presets_with_descriptions(cli):
+    code, out, _ = cli("list")
+    assert code == 0
+    assert "openrlhf-bc71bb1/seq-mask-tis" in out and "verl/geo-rs" in out and "trl/sequence-mask" in out
+    assert "[0.999, 1.001]" in out  # geo-mask's band
+    assert "ppo" in out and "gspo" in out and "reinforce" in out
+
+
+def test_show_prints_the_composed_config(cli):
+    code, out, _ = cli("show", "correction=seq-mask-tis", "correction.high=2")
+    assert code == 0
+    assert "name: seq-mask-tis" in out and "high: 2" in out
+
+
+def _one_line_error(code, err, *needles):
+    assert code == 2, err
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("is-study: error:"), err
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_unknown_preset_lists_valid_names(cli):
+    code, _, err = cli("show", "correction=nope")
+    _one_line_error(code, err, "unknown correction 'nope'", "seq-mask-tis", "verl/geo-rs")
+
+
+def test_low_above_high(cli):
+    code, _, err = cli("case", "openrlhf-seq-mask-tis", "correction=tis", "correction.low=3", "correction.high=2")
+    _one_line_error(code, err, "correction.low (3", "> correction.high (2")
+
+
+def test_negative_threshold(cli):
+    code, _, err = cli("case", "openrlhf-seq-mask-tis", "correction=tis", "correction.high=-1")
+    _one_line_error(code, err, "correction.high must be non-negative")
+
+
+def test_bad_override_syntax(cli):
+    code, _, err = cli("show", "correction.high==")
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("content,needle", [
+    ("cases:\n  - log_probs: [[0.0, 1.0]]\n    old_log_probs: [[0.0]]\n    rollout_log_probs: [[0.0, 0.0]]\n"
+     "    advantages: [[1.0, 1.0]]\n", "old_log_probs has shape [1, 1] but log_probs has [1, 2]"),
+    ("cases: [ {log_probs: [[0.0]]", "not valid YAML"),
+    ("cases:\n  - log_probs: [[0.0]]\n    old_log_probs: [[0.0]]\n    rollout_log_probs: [[0.0]]\n"
+     "    advantages: [[1.0]]\n    action_mask: [[0.5]]\n", "values must be 0 or 1"),
+    ("cases:\n  - log_probs: [[0.0]]\n    old_log_probs: [[0.0]]\n    advantages: [[1.0]]\n", "missing rollout_log_probs"),
+    ("cases:\n  - log_probs: [[zero]]\n    old_log_probs: [[0.0]]\n    rollout_log_probs: [[0.0]]\n    advantages: [[1.0]]\n",
+     "expected a number"),
+    ("just a string", "expected a non-empty list of cases"),
+])
+def test_malformed_case_files(cli, tmp_path, content, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    code, _, err = cli("case", str(path))
+    _one_line_error(code, err, needle)
+
+
+def test_missing_case_file(cli):
+    code, _, err = cli("case", "/nonexistent/case.yaml")
+    _one_line_error(code, err, "case file not found")
+
+
+def test_json_case_file_and_nonfinite_strings(cli, tmp_path):
+    import json
+
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps([{"name": "x", "log_probs": [[0.0, "nan"]], "old_log_probs": [[0.0, 0.0]],
+                                 "rollout_log_probs": [[0.0, "-inf"]], "advantages": [[1.0, 1.0]],
+                                 "action_mask": [[1, 0]]}]))
+    code, out, err = cli("case", str(path), "correction=seq-mask-tis", "--json")
+    assert code == 0, err
+    row = json.loads(out)[0]
+    assert row["loss"] == -1.0 and row["finite"] is True  # the NaN/−inf sit at padding
+    assert row["grad"] == [[-1.0, 0.0]]
+
+
+def test_real_binary_exit_code_and_no_traceback():
+    res = subprocess.run([sys.executable, "-m", "runner", "case", str(spec_case_file("seed-issue")),
+                          "correction=bogus"], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 2
+    assert res.stderr.startswith("is-study: error: config: unknown correction 'bogus'")
+    assert "Traceback" not in res.stderr
