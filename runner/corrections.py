@@ -116,7 +116,7 @@ def sanitize_masked(mask: torch.Tensor, *tensors: torch.Tensor) -> list[torch.Te
     """Replace masked-out entries by 0 before any arithmetic: NaN/inf padding cannot leak,
     not even into a gradient (torch.where passes no gradient to the unselected branch)."""
     inside = mask > 0
-    return [torch.where(inside, t, torch.zeros((), dtype=t.dtype)) for t in tensors]
+    return [torch.where(inside, t, 0.0) for t in tensors]
 
 
 def _exp_clamped(x: torch.Tensor, bound: float | None) -> torch.Tensor:
@@ -125,20 +125,36 @@ def _exp_clamped(x: torch.Tensor, bound: float | None) -> torch.Tensor:
 
 def _in_band(stat: torch.Tensor, corr: Correction) -> torch.Tensor:
     """stat is a log-space statistic; compare it where the framework compares."""
-    keep = torch.ones_like(stat, dtype=torch.bool)
     if corr.band_space == "ratio":
         value = torch.exp(stat)
-        if corr.low is not None:
-            keep &= value >= corr.low
-        if corr.high is not None:
-            keep &= value <= corr.high
+        lo, hi = corr.low, corr.high
     else:
-        if corr.low is not None:
-            keep &= stat >= (math.log(corr.low) if corr.low > 0 else -math.inf)
-        if corr.high is not None:
-            keep &= stat <= (math.log(corr.high) if corr.high > 0 else -math.inf)
+        value = stat
+        lo = None if corr.low is None else (math.log(corr.low) if corr.low > 0 else -math.inf)
+        hi = None if corr.high is None else (math.log(corr.high) if corr.high > 0 else -math.inf)
     # NaN statistics fail every comparison, so they are rejected, as in the released code.
-    return keep
+    if lo is not None and hi is not None:
+        return (value >= lo) & (value <= hi)
+    if lo is not None:
+        return value >= lo
+    if hi is not None:
+        return value <= hi
+    return value == value  # no band: keep everything that is not NaN
+
+
+def mismatch_log_ratio(corr: Correction, old, roll, mask, lp=None) -> torch.Tensor:
+    """lr_t = base − roll, detached; under `padding: ignore` it is exactly 0 at masked positions
+    (one where on the difference, so NaN/inf padding never reaches an exp or a gradient)."""
+    if corr.ratio == "bypass":
+        if lp is None:
+            raise ValueError("a bypass correction needs lp")
+        base = lp.detach()
+    else:
+        base = old.detach()
+    lr = base - roll.detach()
+    if corr.padding in ("ignore", "zero-logratio"):
+        lr = torch.where(mask > 0, lr, 0.0)
+    return lr
 
 
 def apply_correction(
@@ -151,26 +167,9 @@ def apply_correction(
 ) -> CorrectionResult:
     """Evaluate `corr` on one batch of [B, T] log-probs; see the module docstring."""
     mask = mask.to(old.dtype)
-    inside = mask > 0
-    old_d, roll_d = old.detach(), roll.detach()
-    lp_d = lp.detach() if lp is not None else None
-    if corr.padding == "ignore":
-        old_d, roll_d = sanitize_masked(mask, old_d, roll_d)
-        if lp_d is not None:
-            (lp_d,) = sanitize_masked(mask, lp_d)
-
-    if corr.ratio == "bypass":
-        if lp_d is None:
-            raise ValueError("a bypass correction needs lp")
-        lr = lp_d - roll_d
-    else:
-        lr = old_d - roll_d
-    if corr.padding == "zero-logratio":
-        lr = torch.where(inside, lr, torch.zeros((), dtype=lr.dtype))
-
+    lr = mismatch_log_ratio(corr, old, roll, mask, lp)
     count = mask.sum(-1, keepdim=True)  # [B, 1]
-    need_seq = corr.weight in ("sequence", "geometric") or metrics
-    seq_lr = (lr * mask).sum(-1, keepdim=True) if need_seq else None  # L_i
+    seq_lr = (lr * mask).sum(-1, keepdim=True) if corr.weight in ("sequence", "geometric") else None  # L_i
 
     # The coefficient, before rejection.
     if corr.weight == "none":
@@ -181,17 +180,16 @@ def apply_correction(
         raw = _exp_clamped(seq_lr, corr.log_clamp).expand_as(lr)
     else:
         raw = _exp_clamped(seq_lr / count.clamp(min=1), corr.log_clamp).expand_as(lr)
-    if corr.weight_op == "clamp":
-        weight = raw.clamp(min=corr.low, max=corr.high) if (corr.low, corr.high) != (None, None) else raw
-    elif corr.weight_op == "clamp-high":
-        weight = raw.clamp(max=corr.high) if corr.high is not None else raw
+    if corr.weight_op == "clamp" and (corr.low, corr.high) != (None, None):
+        weight = raw.clamp(min=corr.low, max=corr.high)
+    elif corr.weight_op == "clamp-high" and corr.high is not None:
+        weight = raw.clamp(max=corr.high)
     else:
         weight = raw
 
-    # Which units survive.
-    if corr.filter == "none":
-        keep = None
-    else:
+    # Which units survive: a [B, T] mask for token filters, [B, 1] for sequence ones.
+    keep = None
+    if corr.filter != "none":
         stat_lr = lr if corr.filter_log_clamp is None else lr.clamp(-corr.filter_log_clamp, corr.filter_log_clamp)
         if corr.filter == "token":
             stat = stat_lr
@@ -199,74 +197,86 @@ def apply_correction(
             stat = (stat_lr * mask).sum(-1, keepdim=True)
             if corr.filter == "geometric":
                 stat = stat / count.clamp(min=1)
-        if corr.filter_inverted:
-            stat = -stat
-        keep = _in_band(stat, corr).expand_as(lr)
+        keep = _in_band(-stat if corr.filter_inverted else stat, corr)
     if corr.veto is not None:
-        vetoed = ((lr < (math.log(corr.veto) if corr.veto > 0 else -math.inf)) & inside).any(-1, keepdim=True)
-        keep = ~vetoed.expand_as(lr) if keep is None else keep & ~vetoed
+        threshold = math.log(corr.veto) if corr.veto > 0 else -math.inf
+        vetoed = ((lr < threshold) & (mask > 0)).any(-1, keepdim=True)
+        keep = ~vetoed if keep is None else keep & ~vetoed
 
+    new_mask = mask
     if keep is None:
         coef = weight
-        keep = torch.ones_like(inside)
-        new_mask = mask
     else:
         if corr.reject == "where":
-            coef = torch.where(keep, weight, torch.zeros((), dtype=weight.dtype))
+            coef = torch.where(keep, weight, 0.0)
         else:
             coef = weight * keep.to(weight.dtype)
-        new_mask = mask * keep.to(mask.dtype) if corr.denominator == "drop" else mask
-    if corr.padding == "ignore":
-        coef = torch.where(inside, coef, torch.zeros((), dtype=coef.dtype))
-
-    out = CorrectionResult(coef=coef.detach(), mask=new_mask, keep=keep)
+        if corr.denominator == "drop":
+            new_mask = mask * keep.to(mask.dtype)
+    if corr.padding == "ignore" and corr.weight != "token":
+        # token weights are exp(0) = 1 at padding; every other level broadcasts a sequence value
+        coef = coef * mask
+    elif corr.padding == "ignore":
+        coef = torch.where(mask > 0, coef, 0.0)
+    coef = coef.detach()
+    keep_full = torch.ones_like(mask, dtype=torch.bool) if keep is None else keep.expand_as(lr)
+    out = CorrectionResult(coef=coef, mask=new_mask, keep=keep_full)
     if metrics:
-        out.metrics = correction_metrics(corr, old_d, roll_d, mask, lr_seq=seq_lr, raw=raw, weight=weight,
-                                         coef=out.coef, keep=keep)
+        out.metrics = correction_metrics(corr, old.detach(), roll.detach(), mask, lr, raw, weight, coef, keep_full)
     return out
 
 
-def correction_metrics(corr, old, roll, mask, lr_seq, raw, weight, coef, keep) -> dict[str, torch.Tensor]:
-    """verl-style per-batch diagnostics over masked-in tokens. Never raises: an empty batch or
-    all-zero weights give 0, and the KL/χ² metrics use the ±20 safety bound so they stay finite."""
-    inside = mask > 0
-    zero = torch.zeros((), dtype=coef.dtype)
-    n_tok = mask.sum()
-    n_tok_safe = n_tok.clamp(min=1)
-    seq_len = mask.sum(-1)
-    nonempty = seq_len > 0
-    n_seq = nonempty.sum().clamp(min=1).to(coef.dtype)
+def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep) -> dict[str, torch.Tensor]:
+    """verl-style per-batch diagnostics over masked-in tokens, in as few passes as the algebra
+    allows. Never raises: an empty batch or all-zero weights give 0, and the KL/χ² metrics use the
+    ±20 safety bound so they stay finite."""
+    with torch.no_grad():
+        inside = mask > 0
+        n_tok = mask.sum()
+        n_safe = n_tok.clamp(min=1)
+        seq_len = mask.sum(-1)
+        nonempty = seq_len > 0
+        n_seq = nonempty.sum().clamp(min=1).to(coef.dtype)
 
-    w = torch.where(inside, coef, zero)
-    w_mean = w.sum() / n_tok_safe
-    w_var = torch.where(inside, (coef - w_mean) ** 2, zero).sum() / n_tok_safe
-    sum_w2 = (w * w).sum()
-    ess = torch.where(sum_w2 > 0, w.sum() ** 2 / (n_tok_safe * sum_w2.clamp(min=torch.finfo(w.dtype).tiny)), zero)
+        w = torch.where(inside, coef, 0.0)
+        sum_w = w.sum()
+        sum_w2 = (w * w).sum()
+        w_mean = sum_w / n_safe
+        w_var = (sum_w2 / n_safe - w_mean * w_mean).clamp(min=0)
+        ess = torch.where(sum_w2 > 0, sum_w * sum_w / (n_safe * sum_w2.clamp(min=torch.finfo(w.dtype).tiny)), 0.0)
+        w_min = torch.where(inside, coef, math.inf).min() if coef.numel() else n_tok
+        w_max = torch.where(inside, coef, -math.inf).max() if coef.numel() else n_tok
 
-    rejected = inside & ~keep
-    seq_rejected = nonempty & ~(keep & inside).any(-1)
-    clamped = inside & keep & (weight != raw)
+        rejected = (inside & ~keep).sum()
+        seq_rejected = (nonempty & ~(keep & inside).any(-1)).sum()
+        clamped = (inside & keep & (weight != raw)).sum()
 
-    # Mismatch diagnostics always use the decoupled log-ratio old − roll, whatever the ratio base.
-    lr = torch.where(inside, old - roll, zero)
-    lr_safe = lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-    L = torch.where(inside, lr_safe, zero).sum(-1)
-    G = L / seq_len.clamp(min=1)
-    prob_diff = torch.where(inside, (torch.exp(old) - torch.exp(roll)).abs(), zero)
-    big = torch.tensor(float("inf"), dtype=coef.dtype)
-    return {
-        "is_weight_mean": w_mean,
-        "is_weight_std": w_var.sqrt(),
-        "is_weight_min": torch.where(n_tok > 0, torch.where(inside, coef, big).min(), zero),
-        "is_weight_max": torch.where(n_tok > 0, torch.where(inside, coef, -big).max(), zero),
-        "ess": ess,
-        "token_masked_fraction": rejected.sum() / n_tok_safe,
-        "seq_masked_fraction": seq_rejected.sum() / n_seq,
-        "clamped_fraction": clamped.sum() / n_tok_safe,
-        "kl_k1": -lr.sum() / n_tok_safe,
-        "kl_k3": torch.where(inside, torch.expm1(lr_safe) - lr_safe, zero).sum() / n_tok_safe,
-        "chi2_token": torch.where(inside, torch.exp(2 * lr_safe), zero).sum() / n_tok_safe - (n_tok > 0).to(coef.dtype),
-        "chi2_seq": torch.where(nonempty, torch.exp(2 * L.clamp(-SAFETY_BOUND, SAFETY_BOUND)) - 1, zero).sum() / n_seq,
-        "log_ppl_diff": torch.where(nonempty, G, zero).sum() / n_seq,
-        "max_abs_prob_diff": torch.nan_to_num(prob_diff, nan=0.0).max() if prob_diff.numel() else zero,
-    }
+        # Mismatch diagnostics use the decoupled log-ratio old − roll, whatever the ratio base.
+        lr_dec = lr if corr.ratio == "decoupled" and corr.padding != "multiply" else torch.where(inside, old - roll, 0.0)
+        lr_safe = lr_dec.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        # expm1 keeps k3 and χ² accurate for tiny mismatches (ρ − 1 would cancel in float32); it
+        # is 0 at padding, where lr_dec is 0, so no mask is needed.
+        rho_m1 = torch.expm1(lr_safe)
+        sum_lr = lr_dec.sum()
+        sum_k3 = (rho_m1 - lr_safe).sum()
+        sum_chi2 = (rho_m1 * (rho_m1 + 2)).sum()  # ρ² − 1
+        L = torch.where(inside, lr_safe, 0.0).sum(-1) if corr.padding == "multiply" else lr_safe.sum(-1)
+        G = L / seq_len.clamp(min=1)
+        prob_diff = torch.where(inside, torch.exp(old) - torch.exp(roll), 0.0)
+        lo, hi = torch.aminmax(torch.nan_to_num(prob_diff, nan=0.0)) if prob_diff.numel() else (n_tok, n_tok)
+        return {
+            "is_weight_mean": w_mean,
+            "is_weight_std": w_var.sqrt(),
+            "is_weight_min": torch.where(n_tok > 0, w_min, 0.0),
+            "is_weight_max": torch.where(n_tok > 0, w_max, 0.0),
+            "ess": ess,
+            "token_masked_fraction": rejected / n_safe,
+            "seq_masked_fraction": seq_rejected / n_seq,
+            "clamped_fraction": clamped / n_safe,
+            "kl_k1": -sum_lr / n_safe,
+            "kl_k3": sum_k3 / n_safe,
+            "chi2_token": sum_chi2 / n_safe,
+            "chi2_seq": torch.where(nonempty, torch.exp(2 * L.clamp(-SAFETY_BOUND, SAFETY_BOUND)) - 1, 0.0).sum() / n_seq,
+            "log_ppl_diff": torch.where(nonempty, G, 0.0).sum() / n_seq,
+            "max_abs_prob_diff": torch.maximum(hi, -lo),
+        }

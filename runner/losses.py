@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from runner.corrections import Correction, CorrectionResult, apply_correction, sanitize_masked
+from runner.corrections import Correction, CorrectionResult, apply_correction
 from runner.errors import UserError
 
 LOSSES = ("ppo", "gspo", "reinforce")
@@ -59,35 +59,34 @@ class LossResult:
     metrics: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, spec: LossSpec) -> tuple[torch.Tensor, torch.Tensor]:
+def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, spec: LossSpec,
+                      want_clipped: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A), with the optional dual clip. Returns the per-token
-    loss and where the clipped branch is the active one."""
+    loss and (if wanted) where the clipped branch is the active one."""
     surr1 = ratio * adv
     surr2 = ratio.clamp(1 - spec.eps_low, 1 + spec.eps_high) * adv
     pessimistic = torch.minimum(surr1, surr2)
-    clipped = surr2 < surr1
+    clipped = (surr2 < surr1) if want_clipped else None
     if spec.dual_clip is not None:
         pessimistic = torch.where(adv < 0, torch.maximum(pessimistic, spec.dual_clip * adv), pessimistic)
     return -pessimistic, clipped
 
 
-def reduce(per_token: torch.Tensor, mask: torch.Tensor, how: str, use_where: bool) -> torch.Tensor:
-    """Reduce [B, T] to a scalar. An empty mask gives 0 (never 0/0). `use_where` selects rather
-    than multiplies, so NaN/inf at masked positions cannot leak (our presets); released code
-    multiplies, and its faithful presets do the same."""
-    if use_where:
-        masked = torch.where(mask > 0, per_token, torch.zeros((), dtype=per_token.dtype))
-    else:
-        masked = per_token * mask
+def reduce(per_token: torch.Tensor, mask: torch.Tensor, how: str, count: torch.Tensor | None = None,
+           premasked: bool = False) -> torch.Tensor:
+    """Reduce [B, T] to a scalar. An empty mask gives 0 (never 0/0). `premasked` says per_token is
+    already exactly 0 wherever mask is 0 (our presets sanitise first), so no multiply is needed;
+    released code multiplies by the mask, and its faithful presets do the same (NaN·0 = NaN)."""
+    masked = per_token if premasked else per_token * mask
     if how == "token-mean":
-        return masked.sum() / mask.sum().clamp(min=1)
+        return masked.sum() / (mask.sum() if count is None else count).clamp(min=1)
     per_seq = masked.sum(-1)
     if how == "seq-mean-token-sum":
         return per_seq.mean() if per_seq.numel() else per_seq.sum()
     counts = mask.sum(-1)
     nonempty = counts > 0
     seq_means = per_seq / counts.clamp(min=1)
-    return torch.where(nonempty, seq_means, torch.zeros((), dtype=seq_means.dtype)).sum() / nonempty.sum().clamp(min=1)
+    return torch.where(nonempty, seq_means, 0.0).sum() / nonempty.sum().clamp(min=1)
 
 
 def policy_loss(
@@ -102,36 +101,49 @@ def policy_loss(
 ) -> LossResult:
     """The corrected policy loss for one batch of [B, T] tensors; lp carries the gradient."""
     mask = mask.to(lp.dtype)
-    use_where = corr.padding == "ignore"
     cres = apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics)
-    if use_where:
-        lp, old, roll, adv = sanitize_masked(mask, lp, old, roll, adv)
     old, roll, adv = old.detach(), roll.detach(), adv.detach()
+    # Our presets: NaN/inf at masked positions must not reach the loss or any gradient. A where on
+    # each difference (not on each input) is enough: its backward sends exactly 0 to padding.
+    sanitise = corr.padding == "ignore"
+    inside = mask > 0
+    if sanitise:
+        adv = torch.where(inside, adv, 0.0)
 
+    clipped = None
     if spec.name == "ppo":
-        ratio = torch.exp((lp - old).clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND))
-        token_loss, clipped = clipped_surrogate(ratio, adv, spec)
+        log_ratio = lp - old
+        if sanitise:
+            log_ratio = torch.where(inside, log_ratio, 0.0)
+        ratio = torch.exp(log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND))
+        token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
         per_token = token_loss * cres.coef
         red_mask = cres.mask
     elif spec.name == "gspo":
-        base = roll if corr.active else old
-        seq_log_ratio = ((lp - base) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+        diff = lp - (roll if corr.active else old)
+        diff = torch.where(inside, diff, 0.0) if sanitise else diff * mask
+        seq_log_ratio = diff.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
         ratio = torch.exp(seq_log_ratio) * mask
-        token_loss, clipped = clipped_surrogate(ratio, adv, spec)
+        token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
         per_token = token_loss  # GSPO's sequence ratio already is the correction
         red_mask = mask
     else:
-        per_token = -adv * lp * cres.coef
-        clipped = torch.zeros_like(mask, dtype=torch.bool)
+        live = torch.where(inside, lp, 0.0) if sanitise else lp
+        per_token = -adv * live * cres.coef
         red_mask = cres.mask
 
-    loss = reduce(per_token, red_mask, spec.effective_reduction, use_where)
-    all_rejected = bool(red_mask.sum() == 0)
+    # Under sanitisation every masked or rejected (where) position is already exactly 0.
+    premasked = sanitise and (corr.reject == "where" or red_mask is mask)
+    count = red_mask.sum()
+    loss = reduce(per_token, red_mask, spec.effective_reduction, count=count, premasked=premasked)
+    all_rejected = bool(count == 0)
     out = LossResult(loss=loss, per_token=per_token, correction=cres, all_rejected=all_rejected)
     if metrics:
-        inside = mask > 0
         out.metrics = dict(cres.metrics)
-        out.metrics["ppo_clip_fraction"] = (clipped & inside).sum() / mask.sum().clamp(min=1)
+        if clipped is None:
+            out.metrics["ppo_clip_fraction"] = torch.zeros(())
+        else:
+            out.metrics["ppo_clip_fraction"] = (clipped & inside).sum() / mask.sum().clamp(min=1)
         out.metrics["nonfinite_loss"] = (~torch.isfinite(loss.detach())).to(lp.dtype)
         out.metrics["all_rejected"] = torch.tensor(float(all_rejected))
     return out
