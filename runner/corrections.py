@@ -142,7 +142,7 @@ def _in_band(stat: torch.Tensor, corr: Correction) -> torch.Tensor:
     return value == value  # no band: keep everything that is not NaN
 
 
-def mismatch_log_ratio(corr: Correction, old, roll, mask, lp=None) -> torch.Tensor:
+def mismatch_log_ratio(corr: Correction, old, roll, inside, lp=None) -> torch.Tensor:
     """lr_t = base − roll, detached; under `padding: ignore` it is exactly 0 at masked positions
     (one where on the difference, so NaN/inf padding never reaches an exp or a gradient)."""
     if corr.ratio == "bypass":
@@ -153,7 +153,7 @@ def mismatch_log_ratio(corr: Correction, old, roll, mask, lp=None) -> torch.Tens
         base = old.detach()
     lr = base - roll.detach()
     if corr.padding in ("ignore", "zero-logratio"):
-        lr = torch.where(mask > 0, lr, 0.0)
+        lr = torch.where(inside, lr, 0.0)
     return lr
 
 
@@ -164,10 +164,13 @@ def apply_correction(
     mask: torch.Tensor,
     lp: torch.Tensor | None = None,
     metrics: bool = True,
+    inside: torch.Tensor | None = None,
 ) -> CorrectionResult:
-    """Evaluate `corr` on one batch of [B, T] log-probs; see the module docstring."""
+    """Evaluate `corr` on one batch of [B, T] log-probs; see the module docstring. `inside`
+    (mask > 0) may be passed by a caller that already has it."""
     mask = mask.to(old.dtype)
-    lr = mismatch_log_ratio(corr, old, roll, mask, lp)
+    inside = mask > 0 if inside is None else inside
+    lr = mismatch_log_ratio(corr, old, roll, inside, lp)
     count = mask.sum(-1, keepdim=True)  # [B, 1]
     seq_lr = (lr * mask).sum(-1, keepdim=True) if corr.weight in ("sequence", "geometric") else None  # L_i
 
@@ -200,26 +203,24 @@ def apply_correction(
         keep = _in_band(-stat if corr.filter_inverted else stat, corr)
     if corr.veto is not None:
         threshold = math.log(corr.veto) if corr.veto > 0 else -math.inf
-        vetoed = ((lr < threshold) & (mask > 0)).any(-1, keepdim=True)
+        vetoed = ((lr < threshold) & inside).any(-1, keepdim=True)
         keep = ~vetoed if keep is None else keep & ~vetoed
 
+    # Under `padding: ignore` the coefficient is also exactly 0 at padding, in the same where.
     new_mask = mask
+    zero_padding = corr.padding == "ignore"
     if keep is None:
-        coef = weight
+        coef = torch.where(inside, weight, 0.0) if zero_padding else weight
     else:
         if corr.reject == "where":
-            coef = torch.where(keep, weight, 0.0)
+            coef = torch.where(keep & inside if zero_padding else keep, weight, 0.0)
         else:
             coef = weight * keep.to(weight.dtype)
+            coef = torch.where(inside, coef, 0.0) if zero_padding else coef
         if corr.denominator == "drop":
             new_mask = mask * keep.to(mask.dtype)
-    if corr.padding == "ignore" and corr.weight != "token":
-        # token weights are exp(0) = 1 at padding; every other level broadcasts a sequence value
-        coef = coef * mask
-    elif corr.padding == "ignore":
-        coef = torch.where(mask > 0, coef, 0.0)
     coef = coef.detach()
-    keep_full = torch.ones_like(mask, dtype=torch.bool) if keep is None else keep.expand_as(lr)
+    keep_full = (torch.ones((1, 1), dtype=torch.bool) if keep is None else keep).expand_as(lr)
     out = CorrectionResult(coef=coef, mask=new_mask, keep=keep_full)
     if metrics:
         out.metrics = correction_metrics(corr, old.detach(), roll.detach(), mask, lr, raw, weight, coef, keep_full)

@@ -101,12 +101,12 @@ def policy_loss(
 ) -> LossResult:
     """The corrected policy loss for one batch of [B, T] tensors; lp carries the gradient."""
     mask = mask.to(lp.dtype)
-    cres = apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics)
+    inside = mask > 0
+    cres = apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics, inside=inside)
     old, roll, adv = old.detach(), roll.detach(), adv.detach()
     # Our presets: NaN/inf at masked positions must not reach the loss or any gradient. A where on
     # each difference (not on each input) is enough: its backward sends exactly 0 to padding.
     sanitise = corr.padding == "ignore"
-    inside = mask > 0
     if sanitise:
         adv = torch.where(inside, adv, 0.0)
 
