@@ -86,7 +86,9 @@ def run(
     from runner import hydra_app
 
     args = _overrides(overrides) + (["log.quiet=true"] if quiet else [])
-    summary = hydra_app.run(args, hydra_app.job)
+    from runner.studies import validate_study
+
+    summary = hydra_app.run(args, hydra_app.job, validate=validate_study)
     if isinstance(summary, dict) and summary.get("run_dir"):
         typer.echo(summary["run_dir"])
 
@@ -203,6 +205,162 @@ def _case_runs(case_file, overrides: list[str], check: bool) -> list[tuple[str, 
     if not runs:
         raise UserError(f"{case_file.path}: no expect entry for correction={chosen[-1]}")
     return runs
+
+
+# ----------------------------------------------------------------------------------------- audit
+@app.command(help=(
+    "Check presets (or an external loss) against seven invariants; save shrunk counterexamples.  "
+    "[dim]e.g. is-study audit correction=openrlhf-bc71bb1/seq-mask-tis[/dim]\n\n"
+    "Invariants, under loss=ppo and loss=reinforce: 1 finite inputs give a finite loss and gradient; 2 a rejected "
+    "unit gets exactly zero gradient; 3 clamped coefficients stay in their bounds; 4 values at mask=0 (even NaN/inf) "
+    "change nothing; 5 on-policy inputs give coefficient 1 and the loss of `none`; 6 permuting the batch permutes "
+    "the results; 7 the gradient matches finite differences. Each failure is saved as OUT/PRESET.invN.yaml for "
+    "`is-study case`. Exit code 1 when a preset that is not a faithful reproduction (or an external target) fails; "
+    "faithful presets that fail reproduce upstream behaviour.\n\n"
+    "External target ([bold]--target module:attr[/bold], OpenRLHF's PolicyLoss convention): a class built as "
+    "attr(**kwargs), or a function given the kwargs, called as loss_fn(log_probs, old_log_probs, advantages, "
+    "action_mask=..., rollout_log_probs=...) on [B, T] tensors and returning the loss or a tuple whose first item "
+    "is the loss. The current directory is importable. Invariant 3 is n/a for a target, and 5 compares its loss "
+    "with `none`.  [dim]e.g. is-study audit --target tests.external_loss_planted_bug:PlantedLoss "
+    "--target-kwargs '{\"high\": 5.0}'[/dim]"))
+def audit(
+    overrides: Optional[List[str]] = OverridesArg,
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per preset × invariant."),
+    out: Path = typer.Option(Path("audit-cases"), "--out", help="Directory for the counterexample case files."),
+    thorough: bool = typer.Option(False, "--thorough", help="Longer property-based searches (more examples, bigger batches)."),
+    target: Optional[str] = typer.Option(None, "--target", help="Audit an external policy loss, module:attr (see above)."),
+    target_kwargs: Optional[str] = typer.Option(None, "--target-kwargs", help="JSON object: constructor kwargs of --target (or extra kwargs of a function)."),
+) -> None:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from runner.studies.audit import exit_code, render, run_audit
+
+    err = _console(stderr=True)
+    progress = Progress(TextColumn("audit"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("{task.description}"), console=err, transient=True,
+                        disable=not err.is_terminal)
+    task = progress.add_task("", total=None)
+    state = {"first": True}
+
+    def on_step(description: str) -> None:
+        if state["first"]:
+            state["first"] = False
+        else:
+            progress.advance(task)
+        progress.update(task, description=description)
+
+    with progress:
+        cells = run_audit(_overrides(overrides), out_dir=out, profile="thorough" if thorough else "default",
+                          target=target, target_kwargs=target_kwargs, on_step=on_step,
+                          on_start=lambda total: progress.update(task, total=total))
+    if as_json:
+        typer.echo(json.dumps([c.to_json() for c in cells], indent=1))
+    else:
+        render(cells, _console())
+    if exit_code(cells):
+        raise typer.Exit(1)
+
+
+# ----------------------------------------------------------------------------------------- sweep
+@app.command(help=(
+    "Run a sweep: a Hydra multirun (BasicSweeper syntax), resumable, aggregated into sweep.csv.  "
+    "[dim]e.g. is-study sweep correction=tis,icepop,seq-mask-tis correction.high=2,5,10 'seed=range(0,3)'[/dim]\n\n"
+    "An experiment can define the sweep: [dim]is-study sweep experiment=threshold-tradeoff[/dim]. Jobs go to "
+    "multirun/NAME/<job num>/ (--name) or a timestamped dir; at the end sweep.csv (every job's metrics.csv rows "
+    "with one column per override key), sweep_summary.csv (one row per job) are written there. A failing job is "
+    "listed and the exit code is 1; the other jobs still run. Launchers: basic (default, one job at a time), "
+    "joblib, submitit-local, submitit-slurm, ray (each needs its extra)."))
+def sweep(
+    overrides: Optional[List[str]] = OverridesArg,
+    name: Optional[str] = typer.Option(None, "--name", help="Put the sweep in multirun/NAME (hydra.sweep.dir=... wins)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs' overrides and their count; run nothing."),
+    resume: bool = typer.Option(False, "--resume", help="Rerun into the existing --name / hydra.sweep.dir, skipping jobs that hold DONE."),
+    launcher: Optional[str] = typer.Option(None, "--launcher", help="basic | joblib | submitit-local | submitit-slurm | ray (hydra/launcher=...)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", help="Jobs in parallel (joblib n_jobs, SLURM array parallelism, ...)."),
+) -> None:
+    from runner import sweep as sweeps
+
+    req = sweeps.Request(overrides=_overrides(overrides), name=name, resume=resume, dry_run=dry_run,
+                         launcher=launcher, jobs=jobs)
+    if dry_run:
+        plan = sweeps.dry_run(req)
+        for num, job in enumerate(plan.jobs):
+            typer.echo(f"#{num} {' '.join(job)}")
+        typer.echo(f"{len(plan.jobs)} jobs (dry run: nothing ran; sweep dir would be {plan.sweep_dir})")
+        return
+    result = sweeps.run(req)
+    sweeps.print_result(result, req, _console(stderr=True))
+    typer.echo(str(result.sweep_dir))
+    if not result.ok:
+        raise typer.Exit(1)
+
+
+# ----------------------------------------------------------------------------------------- aggregate
+@app.command(help=(
+    "Write sweep.csv and sweep_summary.csv for a sweep dir (also done at the end of every sweep).  "
+    "[dim]e.g. is-study aggregate multirun/tradeoff[/dim]\n\n"
+    "sweep.csv: every finished job's metrics.csv rows, prefixed by job and one column per override key, read "
+    "from each job's .hydra/overrides.yaml. sweep_summary.csv: one row per job (job_status done / failed / "
+    "incomplete, error, summary.json). sweep_probe.csv / sweep_events.csv likewise for probe.csv / events.csv."))
+def aggregate(directory: Path = typer.Argument(..., help="A sweep dir (multirun/NAME).", show_default=False)) -> None:
+    from runner.aggregate import aggregate as run_aggregate
+
+    report = run_aggregate(directory)
+    err = _console(stderr=True)
+    counts = {s: len(report.by_status(s)) for s in ("done", "failed", "incomplete")}
+    err.print(f"[bold]aggregate[/bold] {directory}: {len(report.jobs)} jobs ("
+              + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")")
+    for file, rows in report.written.items():
+        typer.echo(f"{report.sweep_dir / file}\t{rows} rows")
+
+
+# ----------------------------------------------------------------------------------------- plot
+@app.command(help=(
+    "Draw figures for a run, sweep or probe dir: PNG (150 dpi) and PDF.  "
+    "[dim]e.g. is-study plot multirun/ladder --kind stability --style paper[/dim]\n\n"
+    "Kinds: training (objective and reward vs step), grad-norm (log scale, spikes marked), stability (NaN/inf and "
+    "collapse rate vs staleness; a sweep), threshold (probe bias / variance / MSE vs the upper threshold), mismatch "
+    "(tokens.csv: log-ratios, p_rollout vs p_train, |Δp| by p), masking (masked / clamped fraction and ESS vs "
+    "step). By default every kind the data allows; files are KIND.png and KIND.pdf in --out."))
+def plot(
+    path: Path = typer.Argument(..., help="A run dir, a sweep dir (or its sweep.csv), or a probe dir.", show_default=False),
+    kind: Optional[List[str]] = typer.Option(None, "--kind", "-k", help="Figure kind(s), repeated or comma-separated; default: all that apply."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: PATH/figures)."),
+    style: str = typer.Option("default", "--style", help="default | paper (one column, 3.3 in wide, fonts for LaTeX)."),
+) -> None:
+    from analysis import load_dataset, plots, style as styles
+
+    styles.rc(style)  # an unknown style fails before any reading
+    kinds = [k.strip() for item in (kind or []) for k in item.split(",") if k.strip()]
+    ds = load_dataset(path)
+    written, skipped = plots.render(ds, out if out is not None else ds.path / "figures", kinds or None, style)
+    err = _console(stderr=True)
+    for name, reason in skipped.items():
+        err.print(f"[dim]skipped {name}: {reason}[/dim]")
+    for files in written.values():
+        for file in files:
+            typer.echo(str(file))
+
+
+# ----------------------------------------------------------------------------------------- report
+@app.command(help=(
+    "Write a Markdown report for an issue or a lab notebook.  [dim]e.g. is-study report multirun/ladder[/dim]\n\n"
+    "For a run, sweep or probe dir: the verdict per correction, the command that produced it, the config's "
+    "differences from the defaults, a results table and the figures (drawn into PATH/figures if missing); "
+    "OVERRIDES filter a sweep's jobs (correction=tis mismatch.staleness=0,8). For a case file: the repro card, "
+    "inputs, expected vs actual and the invariant that broke.  "
+    "[dim]e.g. is-study report openrlhf-seq-mask-tis correction=openrlhf-bc71bb1/seq-mask-tis[/dim]"))
+def report(
+    path: str = typer.Argument(..., help="A run / sweep / probe dir, a sweep.csv, a case file or a shipped case name.", show_default=False),
+    overrides: Optional[List[str]] = typer.Argument(None, help="Case file: Hydra overrides (correction=...). Dir: filters key=value[,value].", show_default=False),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Report file; '-' = stdout. Default: PATH/report.md (a case card: stdout)."),
+) -> None:
+    from analysis import report as reports
+
+    text, dest = reports.build(path, _overrides(overrides), out)
+    reports.write(text, dest)
+    if dest is not None:
+        typer.echo(str(dest))
 
 
 # ----------------------------------------------------------------------------------------- main

@@ -10,7 +10,8 @@ import pytest
 from tests.conftest import REPO, spec_case_file
 
 
-def test_help_lists_every_command_with_an_example(cli):
+def test_help_lists_every_command_with_an_example(cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
     code, out, _ = cli("--help")
     assert code == 0
     for command in ("list", "show", "run", "case"):

@@ -1,0 +1,105 @@
+"""What a study leaves in its run dir: CSV files flushed row by row, an atomic summary.json, and a
+`DONE` marker written last (a sweep treats a run dir without it as unfinished).
+
+Values are formatted deterministically, so the same run gives the same bytes: floats by repr()
+(the shortest string that round-trips), NaN and ±inf as nan / inf / -inf, None as empty.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+DONE = "DONE"
+
+
+def fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    return str(value)
+
+
+class CsvWriter:
+    """A CSV file with a fixed header; every row is flushed as it is written, so a crashed or
+    still-running study can be read at any time."""
+
+    def __init__(self, path: Path | str, columns: Sequence[str]):
+        self.path = Path(path)
+        self.columns = list(columns)
+        self._file = open(self.path, "w", newline="", encoding="utf-8")
+        self._csv = csv.writer(self._file, lineterminator="\n")
+        self._csv.writerow(self.columns)
+        self._file.flush()
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        self._csv.writerow([fmt(row.get(c)) for c in self.columns])
+        self._file.flush()
+
+    def write_rows(self, rows: Sequence[Sequence[Any]]) -> None:
+        """Many positional rows (in column order), flushed once."""
+        self._csv.writerows([[fmt(v) for v in row] for row in rows])
+        self._file.flush()
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+    def __enter__(self) -> "CsvWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class EventWriter(CsvWriter):
+    """events.csv: one row per notable event, and a count per kind for the summary."""
+
+    COLUMNS = ("step", "kind", "detail", "action")
+
+    def __init__(self, path: Path | str):
+        super().__init__(path, self.COLUMNS)
+        self.counts: Counter[str] = Counter()
+
+    def event(self, step: int, kind: str, detail: str, action: str) -> None:
+        self.counts[kind] += 1
+        self.write({"step": step, "kind": kind, "detail": detail, "action": action})
+
+
+def write_json_atomic(path: Path | str, data: Any) -> None:
+    """Write to a temporary file beside `path`, then rename: a reader never sees half a file.
+    Non-finite floats become null (JSON has no NaN)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(_json_safe(data), indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Mapping):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def mark_done(run_dir: Path | str) -> None:
+    (Path(run_dir) / DONE).write_text("done\n", encoding="utf-8")
+
+
+def is_done(run_dir: Path | str) -> bool:
+    return (Path(run_dir) / DONE).is_file()

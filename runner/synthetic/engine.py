@@ -1,0 +1,171 @@
+"""The rollout engine: what an inference server (vLLM, SGLang) does differently from the trainer.
+
+It samples responses from the bigram policy and reports a log-prob for every sampled token: that
+report is `roll`. Everything in `mismatch.*` happens here and only here:
+
+- staleness k: the engine's θ is the trainer's θ from k steps ago. `ParamHistory` is the ring
+  buffer: the study pushes θ at the start of every step and the engine reads the oldest entry, so
+  step t samples from θ_{t−k} (θ₀ while t < k). k = 0 is synchronous.
+- precision fp32 | bf16 | fp16 | fp8: the engine holds θ and computes logits and log-softmax in
+  that dtype; fp8 rounds the logits through torch.float8_e4m3fn and computes in bf16, as fp8
+  serving stacks do. The trainer recomputes `old` in fp32.
+- logit_noise σ: N(0, σ²) added to every logit (nondeterministic kernels, in the large).
+- temperature, top_p: the engine samples from the processed distribution and reports ITS
+  log-probs, as vLLM does (top-p as in vLLM: drop the smallest-probability tokens whose cumulative
+  mass is <= 1 − top_p, always keep the most likely).
+- outlier_rate p, outlier_shift Δ: with probability p per generated token the REPORTED log-prob is
+  shifted by Δ. The sample itself is unaffected. This is fault injection, reproducing the extreme
+  sequences of the seed bug report.
+
+With k = 0, fp32, σ = 0, temperature 1, top_p 1 and p = 0, `roll` equals the trainer's `old`
+bit for bit (the same log-softmax over the same [V+1, V] table).
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+
+from runner.synthetic.policy import Bigram, as_choice, as_float, as_int, check_keys
+
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+_STORAGE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+_COMPUTE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    staleness: int = 0
+    precision: str = "fp32"
+    logit_noise: float = 0.0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    outlier_rate: float = 0.0
+    outlier_shift: float = -1000.0
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "Mismatch":
+        s = "mismatch"
+        check_keys(s, cfg, cls.__dataclass_fields__)
+        return cls(
+            staleness=as_int(s, cfg, "staleness", low=0),
+            precision=as_choice(s, cfg, "precision", PRECISIONS),
+            logit_noise=as_float(s, cfg, "logit_noise", low=0.0),
+            temperature=as_float(s, cfg, "temperature", low=0.0, low_open=True),
+            top_p=as_float(s, cfg, "top_p", low=0.0, high=1.0, low_open=True),
+            outlier_rate=as_float(s, cfg, "outlier_rate", low=0.0, high=1.0),
+            # ±inf is a legitimate fault to inject; NaN is not a shift.
+            outlier_shift=as_float(s, cfg, "outlier_shift", finite=False),
+        )
+
+    @property
+    def exact(self) -> bool:
+        """No mismatch at all: roll == old exactly."""
+        return (self.staleness == 0 and self.precision == "fp32" and self.logit_noise == 0
+                and self.temperature == 1 and self.top_p == 1 and self.outlier_rate == 0)
+
+
+class ParamHistory:
+    """The ring buffer of past parameters that realises staleness k."""
+
+    def __init__(self, staleness: int):
+        self.staleness = staleness
+        self._buf: collections.deque[torch.Tensor] = collections.deque(maxlen=staleness + 1)
+
+    def push(self, theta: torch.Tensor) -> None:
+        self._buf.append(theta.detach().clone())
+
+    def engine_params(self) -> torch.Tensor:
+        """θ_{t−k}, or θ₀ while fewer than k steps have passed."""
+        return self._buf[0]
+
+
+@dataclass
+class Rollout:
+    prompts: torch.Tensor  # [N, P] long
+    tokens: torch.Tensor  # [N, T] long; padding holds EOS
+    prev: torch.Tensor  # [N, T] long: the state (previous token, or BOS) each token was drawn after
+    mask: torch.Tensor  # [N, T] float32 action mask
+    roll: torch.Tensor  # [N, T] float32: the engine's reported log-probs; 0 at padding
+    outliers: torch.Tensor  # [N, T] bool: where a fault was injected into `roll`
+
+
+class Engine:
+    def __init__(self, world: Bigram, mismatch: Mismatch):
+        self.world = world
+        self.mismatch = mismatch
+        self.dtype = _COMPUTE[mismatch.precision]
+
+    def logits(self, theta: torch.Tensor) -> torch.Tensor:
+        """The engine's copy of the logit table, [V+1, V] in its compute dtype."""
+        return theta.detach().to(_STORAGE[self.mismatch.precision]).to(self.dtype)
+
+    def process(self, logits: torch.Tensor, noise_generator: torch.Generator | None = None) -> torch.Tensor:
+        """Engine-dtype logits [..., V] → the log-probs of the distribution the engine samples from."""
+        m = self.mismatch
+        if m.logit_noise > 0:
+            noise = torch.randn(logits.shape, generator=noise_generator)
+            logits = logits + (m.logit_noise * noise).to(self.dtype)
+        if m.temperature != 1:
+            logits = logits / m.temperature
+        logp = torch.log_softmax(logits, dim=-1)
+        if m.top_p < 1:
+            sorted_lp, order = logp.float().sort(dim=-1)
+            drop_sorted = sorted_lp.exp().cumsum(-1) <= 1 - m.top_p
+            drop_sorted[..., -1] = False
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            logp = torch.log_softmax(logits.masked_fill(drop, float("-inf")), dim=-1)
+        return logp
+
+    def table(self, theta: torch.Tensor) -> torch.Tensor | None:
+        """The processed [V+1, V] log-prob table, or None when logit noise makes every row
+        different per sample."""
+        return None if self.mismatch.logit_noise > 0 else self.process(self.logits(theta))
+
+    def sample(self, theta: torch.Tensor, prompts: torch.Tensor, generator: torch.Generator,
+               noise_generator: torch.Generator | None = None) -> Rollout:
+        """Sample one response per prompt from the engine's θ (the caller passes θ_{t−k}).
+        Vectorised over the batch; the only loop is over the T positions."""
+        world, m = self.world, self.mismatch
+        noise_generator = noise_generator or generator
+        n, T = prompts.shape[0], world.seq_len
+        table = self.table(theta)
+        logits = self.logits(theta) if table is None else None
+        tokens = torch.empty(n, T, dtype=torch.long)
+        prev = torch.empty(n, T, dtype=torch.long)
+        roll = torch.empty(n, T, dtype=torch.float32)
+        state = prompts[:, -1]
+        for t in range(T):
+            prev[:, t] = state
+            logp = table[state] if table is not None else self.process(logits[state], noise_generator)
+            tok = torch.multinomial(logp.float().exp(), 1, generator=generator).squeeze(-1)
+            tokens[:, t] = tok
+            roll[:, t] = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1).float()
+            state = tok
+
+        mask = torch.ones(n, T)
+        if world.eos_token is not None:
+            # Positions after the first EOS are padding; the EOS itself is a generated token.
+            is_eos = (tokens == world.eos_token).long()
+            ended_before = (is_eos.cumsum(-1) - is_eos) > 0
+            mask = (~ended_before).float()
+            tokens = tokens.masked_fill(ended_before, world.eos_token)
+            roll = roll * mask  # the engine reports nothing for padding; frameworks pad with 0
+
+        if m.outlier_rate > 0:
+            outliers = (torch.rand(n, T, generator=noise_generator) < m.outlier_rate) & (mask > 0)
+            roll = torch.where(outliers, roll + m.outlier_shift, roll)
+        else:
+            outliers = torch.zeros(n, T, dtype=torch.bool)
+        return Rollout(prompts=prompts, tokens=tokens, prev=prev, mask=mask, roll=roll, outliers=outliers)
+
+    def score(self, theta: torch.Tensor, prev: torch.Tensor, tokens: torch.Tensor,
+              noise_generator: torch.Generator | None = None) -> torch.Tensor:
+        """What this engine would report for given tokens (teacher forcing), [N, T] float32 without
+        outliers. With σ = 0 these are exactly the `roll` values `sample` reports."""
+        table = self.table(theta)
+        logp = table[prev] if table is not None else self.process(self.logits(theta)[prev], noise_generator)
+        return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()

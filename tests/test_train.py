@@ -1,0 +1,193 @@
+"""The `train` study end to end, on configs composed from conf/ exactly as the CLI composes them."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from omegaconf import OmegaConf
+
+from runner.errors import UserError
+from runner.hydra_app import compose
+from runner.studies import STUDIES, run_study
+from runner.studies.train import METRICS, NonfiniteError
+
+FAITHFUL = "correction=openrlhf-bc71bb1/seq-mask-tis"
+OUTLIERS = ["mismatch.outlier_rate=0.01", "mismatch.outlier_shift=-1000"]
+
+
+def train(tmp_path, overrides, name="run"):
+    run_dir = tmp_path / name
+    summary = run_study(compose([*overrides, "log.quiet=true"]), run_dir)
+    return summary, run_dir
+
+
+def rows(run_dir, name="metrics.csv"):
+    with open(run_dir / name, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def test_outputs_and_columns(tmp_path):
+    summary, run_dir = train(tmp_path, ["correction=seq-mask-tis", "train.steps=5"])
+    assert sorted(p.name for p in run_dir.iterdir()) == ["DONE", "events.csv", "metrics.csv", "summary.json", "tokens.csv"]
+    with open(run_dir / "tokens.csv", newline="") as fh:
+        tokens = list(csv.DictReader(fh))
+    assert len(tokens) == 8 * 8 * 16  # step 0 only (tokens_every=50): every generated token of the batch
+    assert {t["step"] for t in tokens} == {"0"}
+    assert float(tokens[0]["old"]) == pytest.approx(math.log(1 / 16), abs=1e-6)  # uniform θ₀ in fp32
+    assert float(tokens[0]["roll"]) == -2.765625  # log(1/16) rounded to bf16
+    metrics = rows(run_dir)
+    assert len(metrics) == 5 * 2  # one row per update: steps × updates_per_step
+    required = ["step", "update", "seed", "correction", "staleness", "reward", "objective", "loss", "grad_norm",
+                "update_norm", "nonfinite_loss", "nonfinite_grad", "skipped", "entropy", "wall_ms", *METRICS]
+    assert set(required) <= set(metrics[0])
+    assert metrics[0]["correction"] == "seq-mask-tis" and metrics[0]["staleness"] == "1"
+    assert float(metrics[0]["objective"]) == pytest.approx(0.25)  # uniform θ₀, 4 targets of 16
+    assert float(metrics[0]["entropy"]) == pytest.approx(math.log(16), abs=1e-5)
+    assert float(metrics[0]["kl_k1"]) != 0.0  # bf16 rounding of log(1/16): a real mismatch
+    on_disk = json.loads((run_dir / "summary.json").read_text())
+    assert on_disk["steps_run"] == 5 and on_disk["updates_run"] == 10 and not on_disk["collapsed"]
+    assert on_disk["final_objective"] == summary["final_objective"] > 0.25
+    assert on_disk["events"] == {k: 0 for k in ("nonfinite_loss", "nonfinite_grad", "all_rejected",
+                                                "nonfinite_params", "collapse")}
+    assert summary["run_dir"] == str(run_dir)
+
+
+def test_on_policy_training_improves_the_exact_objective(tmp_path):
+    """k=0, fp32, no noise, correction=none, default steps: J rises from 0.25 to above 0.9."""
+    summary, run_dir = train(tmp_path, ["mismatch=none", "correction=none"])
+    metrics = rows(run_dir)
+    assert len(metrics) == 200 * 2
+    # With no mismatch at all, the engine's log-probs are the trainer's: every weight is exactly 1.
+    assert all(float(r["kl_k1"]) == 0.0 and float(r["is_weight_mean"]) == 1.0 for r in metrics)
+    assert summary["initial_objective"] == pytest.approx(0.25)
+    assert summary["final_objective"] > 0.9
+    assert summary["events"]["nonfinite_loss"] == 0 and not summary["collapsed"]
+
+
+def test_outliers_poison_only_the_faithful_preset(tmp_path):
+    faithful, _ = train(tmp_path, [FAITHFUL, *OUTLIERS, "train.steps=20"], "faithful")
+    assert faithful["events"]["nonfinite_loss"] > 0
+    assert faithful["updates_skipped"] > 0
+    for preset in ("seq-mask-tis", "tis"):
+        summary, run_dir = train(tmp_path, [f"correction={preset}", *OUTLIERS, "train.steps=20"], preset)
+        assert summary["events"]["nonfinite_loss"] == 0 and summary["events"]["nonfinite_grad"] == 0, preset
+        assert rows(run_dir, "events.csv") == []
+        assert summary["final_objective"] > summary["initial_objective"] + 0.1
+
+
+def test_apply_lets_nan_reach_the_parameters(tmp_path):
+    summary, run_dir = train(tmp_path, [FAITHFUL, *OUTLIERS, "train.on_nonfinite=apply"])
+    assert summary["nonfinite_params"] and summary["collapsed"]
+    assert math.isnan(summary["final_objective"])
+    kinds = [e["kind"] for e in rows(run_dir, "events.csv")]
+    assert "nonfinite_params" in kinds and "collapse" in kinds
+    assert (run_dir / "DONE").exists()
+
+
+def test_raise_stops_with_one_line_and_no_done(tmp_path):
+    with pytest.raises(NonfiniteError) as err:
+        train(tmp_path, [FAITHFUL, *OUTLIERS, "train.on_nonfinite=raise"])
+    assert isinstance(err.value, UserError) and "\n" not in str(err.value)
+    run_dir = tmp_path / "run"
+    assert not (run_dir / "DONE").exists()
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "error"
+    assert rows(run_dir)[-1]["nonfinite_loss"] == "1"  # the failing update's row is on disk
+
+
+def test_deterministic_bytes(tmp_path):
+    args = ["correction=seq-mask-tis", "train.steps=30", "mismatch.logit_noise=0.05", "seed=3"]
+    _, a = train(tmp_path, [*args, "log.timing=false"], "a")
+    _, b = train(tmp_path, [*args, "log.timing=false"], "b")
+    assert "wall_ms" not in rows(a)[0]
+    assert (a / "metrics.csv").read_bytes() == (b / "metrics.csv").read_bytes()
+    # With timing on, everything but wall_ms is still identical.
+    _, c = train(tmp_path, args, "c")
+    timed = [{k: v for k, v in r.items() if k != "wall_ms"} for r in rows(c)]
+    assert timed == rows(a)
+    _, d = train(tmp_path, [*args[:-1], "seed=4", "log.timing=false"], "d")
+    assert (d / "metrics.csv").read_bytes() != (a / "metrics.csv").read_bytes()
+
+
+def test_staleness_shows_in_the_mismatch_metrics(tmp_path):
+    """k=3 in fp32: roll ≠ old once θ has moved (kl_k1 ≠ 0 from step 1 on); k=0 fp32: exactly 0."""
+    _, stale = train(tmp_path, ["mismatch=none", "mismatch.staleness=3", "train.steps=6"], "stale")
+    kl = [float(r["kl_k1"]) for r in rows(stale) if r["update"] == "0"]
+    assert kl[0] == 0.0 and all(abs(v) > 1e-4 for v in kl[1:])
+
+
+@pytest.mark.parametrize("override,match", [
+    ("mismatch.staleness=-1", "staleness"),
+    ("mismatch.precision=fp4", "precision"),
+    ("mismatch.top_p=1.5", "top_p"),
+    ("mismatch.top_p=0", "top_p"),
+    ("rollout.seq_len=0", "seq_len"),
+    ("rollout.vocab_size=1", "vocab_size"),
+    ("rollout.batch_size=0", "batch_size"),
+    ("rollout.group_size=0", "group_size"),
+    ("train.optimizer=rmsprop", "optimizer"),
+    ("train.on_nonfinite=ignore", "on_nonfinite"),
+    ("train.lr=-1", "lr"),
+    ("train.updates_per_step=65", "updates_per_step"),
+    ("seed=-1", "seed"),
+])
+def test_config_errors_before_any_file(tmp_path, override, match):
+    with pytest.raises(UserError, match=match) as err:
+        train(tmp_path, [override])
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_unwritable_run_dir(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(UserError, match="run dir"):
+        run_study(compose(["log.quiet=true", "train.steps=1"]), blocker / "run")
+
+
+def test_unknown_study_and_cheap_import():
+    cfg = compose([])
+    OmegaConf.set_struct(cfg, False)
+    cfg.study.name = "nope"
+    with pytest.raises(UserError, match="study.name"):
+        run_study(cfg, "unused")
+    assert STUDIES["train"] == "runner.studies.train:run"
+    probe = "import sys, runner.studies; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_validate_study_writes_nothing(tmp_path):
+    from runner.studies import validate_study
+
+    validate_study(compose([]))
+    with pytest.raises(UserError, match="top_p"):
+        validate_study(compose(["mismatch.top_p=2"]))
+
+
+@pytest.mark.parametrize("kind", ["adam", "sgd"])
+def test_optimizer_matches_torch_optim(kind):
+    import torch
+
+    from runner.studies.train import Optimizer
+
+    g = torch.Generator().manual_seed(0)
+    ours = torch.randn(17, 16, generator=g).requires_grad_(True)
+    ref = ours.detach().clone().requires_grad_(True)
+    start = ours.detach().clone()
+    opt = Optimizer(ours, kind, lr=0.05)
+    ref_opt = (torch.optim.Adam if kind == "adam" else torch.optim.SGD)([ref], lr=0.05)
+    for _ in range(25):
+        grad = torch.randn(17, 16, generator=g) * 0.01
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        ours.grad = grad.clone()
+        ref.grad = grad.clone()
+        opt.step()
+        ref_opt.step()
+    assert torch.equal(ours.detach(), ref.detach())  # the same operations, so the same bits
+    assert not torch.equal(ours.detach(), start)
