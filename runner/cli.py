@@ -371,7 +371,7 @@ def main() -> None:
         code = app(standalone_mode=False)
     except UserError as exc:
         typer.echo(f"is-study: error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(exc.exit_code)
     except click.exceptions.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)

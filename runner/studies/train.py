@@ -53,7 +53,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from runner.corrections import Correction
-from runner.errors import UserError
+from runner.errors import StudyFailed, UserError
 from runner.losses import LossSpec, policy_loss
 from runner.records import CsvWriter, EventWriter, mark_done, write_json_atomic
 from runner.synthetic.engine import Engine, Mismatch, ParamHistory, Rollout
@@ -69,8 +69,8 @@ OPTIMIZERS = ("adam", "sgd")
 ON_NONFINITE = ("skip", "raise", "apply")
 
 
-class NonfiniteError(UserError):
-    """train.on_nonfinite=raise met a NaN/inf; the CLI prints it as one line."""
+class NonfiniteError(StudyFailed):
+    """train.on_nonfinite=raise met a NaN/inf; the CLI prints it as one line and exits 1."""
 
 
 @dataclass(frozen=True)
