@@ -123,7 +123,9 @@ def policy_loss(
         diff = lp - (roll if corr.active else old)
         diff = torch.where(inside, diff, 0.0) if sanitise else diff * mask
         seq_log_ratio = diff.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
-        ratio = torch.exp(seq_log_ratio) * mask
+        # The same ±20 bound as PPO's token ratio (verl clamps this log-ratio too): without it a
+        # finite but extreme sequence overflows to inf, and 0·inf in the backward gives NaN.
+        ratio = torch.exp(seq_log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND)) * mask
         token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
         per_token = token_loss  # GSPO's sequence ratio already is the correction
         red_mask = mask

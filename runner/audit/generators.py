@@ -1,0 +1,228 @@
+"""Inputs for the audit: hand-written adversarial batches, hypothesis strategies, and a greedy
+shrinker that removes rows and columns while a failure persists.
+
+Strategies draw log-probs from a few special values (0, −1, −100, −1000, −1e4, ...) or floats in
+[−1e4, 0] (float32-representable), so log-ratios up to ±1e4 appear early and shrink towards 0;
+the action mask shrinks towards 1, the advantage towards 1, B and T towards 1.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from runner.audit.subjects import Batch
+
+NAN, INF = math.nan, math.inf
+LOGPROB_SPECIALS = (0.0, -1.0, -1000.0, -10000.0, -100.0, -0.5, -4.0, -200.0, -20.0, -500.0)
+ADV_SPECIALS = (1.0, -1.0, 0.0, 0.5, -2.0)
+GARBAGE = (NAN, INF, -INF, 1e30, -10000.0, 1000.0)
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    examples: dict[str, int]  # hypothesis examples per generator kind (shared by every subject)
+    max_b: int
+    max_t: int
+
+
+KINDS = ("finite", "padding", "on-policy", "moderate", "smooth")
+PROFILES = {
+    "default": Profile("default", {"finite": 80, "padding": 50, "on-policy": 30, "moderate": 30, "smooth": 12},
+                       max_b=3, max_t=4),
+    "thorough": Profile("thorough", {"finite": 1000, "padding": 600, "on-policy": 300, "moderate": 300,
+                                     "smooth": 100}, max_b=4, max_t=8),
+    # For tests and quick looks: still derandomized and still finds every failure the hand cases show.
+    "fast": Profile("fast", {"finite": 25, "padding": 15, "on-policy": 10, "moderate": 10, "smooth": 4},
+                    max_b=2, max_t=3),
+}
+
+
+def hypothesis_settings(max_examples: int):
+    """The deterministic profile: derandomized, no example database, no deadline, no health checks."""
+    from hypothesis import HealthCheck, Phase, Verbosity, settings
+
+    return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
+                    suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
+                    verbosity=Verbosity.quiet, report_multiple_bugs=False, print_blob=False)
+
+
+# --------------------------------------------------------------------------------- strategies
+def strategy(kind: str, profile: Profile):
+    """kind: finite (inv 1-3), padding (4: NaN/±inf/huge at mask=0), on-policy (5), moderate
+    (6: B ≥ 2, |log-ratio| ≤ 10 so float64 sums stay exact enough), smooth (7: float64, PPO
+    ratios away from the clip edges)."""
+    from hypothesis import strategies as st
+
+    f32 = dict(width=32, allow_nan=False, allow_infinity=False, allow_subnormal=False)
+    finite_lp = st.one_of(st.sampled_from(LOGPROB_SPECIALS), st.floats(-1e4, 0.0, **f32))
+    finite_adv = st.one_of(st.sampled_from(ADV_SPECIALS), st.floats(-10.0, 10.0, **f32))
+    garbage = st.sampled_from(GARBAGE)
+    moderate_lp = st.one_of(st.sampled_from((0.0, -1.0, -0.5, -10.0, -3.0)), st.floats(-10.0, 0.0, **f32))
+    min_b = 2 if kind == "moderate" else 1
+
+    @st.composite
+    def draw_batch(draw) -> Batch:
+        B = draw(st.integers(min_b, max(min_b, profile.max_b)))
+        T = draw(st.integers(1, profile.max_t))
+        mask = [draw(st.sampled_from((1.0, 0.0))) for _ in range(B * T)]
+
+        def grid(inside, outside=None):
+            flat = [draw(inside if m or outside is None else outside) for m in mask]
+            return [flat[i * T:(i + 1) * T] for i in range(B)]
+
+        m = [mask[i * T:(i + 1) * T] for i in range(B)]
+        if kind == "finite":
+            return Batch.of(grid(finite_lp), grid(finite_lp), grid(finite_lp), grid(finite_adv), m)
+        if kind == "padding":
+            return Batch.of(grid(finite_lp, garbage), grid(finite_lp, garbage), grid(finite_lp, garbage),
+                            grid(finite_adv, garbage), m)
+        if kind == "on-policy":
+            lp = grid(finite_lp)
+            return Batch.of(lp, lp, lp, grid(finite_adv), m)
+        if kind == "moderate":
+            return Batch.of(grid(moderate_lp), grid(moderate_lp), grid(moderate_lp), grid(finite_adv), m)
+        if kind == "smooth":
+            f64 = dict(allow_nan=False, allow_infinity=False, allow_subnormal=False)
+            lp = torch.tensor(grid(st.floats(-5.0, 0.0, **f64)), dtype=torch.float64)
+            # lp − old inside the clip band (|·| ≤ 0.15) or clearly outside it (0.3 … 1.5)
+            d = torch.tensor(grid(st.one_of(st.floats(-0.15, 0.15, **f64), st.floats(0.3, 1.5, **f64),
+                                            st.floats(-1.5, -0.3, **f64))), dtype=torch.float64)
+            e = torch.tensor(grid(st.floats(-3.0, 3.0, **f64)), dtype=torch.float64)
+            adv = grid(st.floats(-2.0, 2.0, **f64))
+            old = lp - d
+            return Batch.of(lp, old, old - e, adv, m)
+        raise ValueError(kind)
+
+    return draw_batch()
+
+
+_POOLS: dict[tuple[str, str], tuple[Batch, ...]] = {}
+
+
+def pool(kind: str, profile: Profile) -> tuple[Batch, ...]:
+    """The examples hypothesis generates for `kind`, collected once per process and shared by
+    every subject: the search is derandomized, so each subject would see the same sequence anyway,
+    and drawing is the expensive part. A subject that fails one of them gets its own `find`, which
+    replays the same sequence up to the failure and then shrinks it."""
+    key = (kind, profile.name)
+    if key not in _POOLS:
+        from hypothesis import find
+        from hypothesis.errors import NoSuchExample
+
+        seen: list[Batch] = []
+
+        def collect(batch: Batch) -> bool:
+            seen.append(batch)
+            return False
+
+        try:
+            find(strategy(kind, profile), collect, settings=hypothesis_settings(profile.examples[kind]))
+        except NoSuchExample:
+            pass
+        _POOLS[key] = tuple(seen)
+    return _POOLS[key]
+
+
+# --------------------------------------------------------------------------------- hand cases
+def _seed_cases() -> list[Batch]:
+    from runner import registry
+    from runner.cases import load_case_file
+
+    path = registry.shipped_case("openrlhf-seq-mask-tis")
+    if path is None:
+        return []
+    return [Batch.from_case(c) for c in load_case_file(path).cases]
+
+
+def hand_cases() -> list[Batch]:
+    """Finite adversarial batches, in the order they are tried (the first failure is shrunk)."""
+    seed = _seed_cases()
+    out = list(seed)
+    if seed:
+        widest = max(b.shape[1] for b in seed)
+        if all(b.shape[1] == widest for b in seed):
+            out.append(Batch(*(torch.cat([getattr(b, k) for b in seed]) for k in ("lp", "old", "roll", "adv", "mask")),
+                             name="seed-cases-stacked"))
+    # float32 overflows (e^100) where float64 does not: row 0 kept (ρ_geo = 1), row 1 rejected
+    out.append(Batch.of([[0.0, -100.0], [0.0, -1.0]], [[0.0, -100.0], [0.0, -1.0]], [[-100.0, 0.0], [-100.0, -1.0]],
+                        [[1.0, 1.0], [1.0, 1.0]], name="float32-overflow"))
+    # a fully masked row (finite but extreme values under the mask) next to a normal one
+    out.append(Batch.of([[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]], [[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]],
+                        [[-1000.0, -10000.0, 0.0], [-0.2, -1.5, -0.5]], [[1.0, -1.0, 1.0], [1.0, -1.0, 0.5]],
+                        [[0, 0, 0], [1, 1, 1]], name="all-masked-row"))
+    out.append(Batch.of([[0.0, -1.0]], [[0.0, -1.0]], [[-1000.0, -1.0]], [[1.0, 1.0]], [[0, 0]],
+                        name="all-masked-batch"))
+    # length-1 rows: ρ = e^1000, e^−1000, 1
+    out.append(Batch.of([[0.0], [-1000.0], [-1.0]], [[0.0], [-1000.0], [-1.0]], [[-1000.0], [0.0], [-1.0]],
+                        [[1.0], [1.0], [-1.0]], name="length-1-rows"))
+    # T = 8192 with a per-token mismatch of ±0.02: ρ_seq = e^±164 overflows float32, ρ_geo ≈ 1.02
+    T = 8192
+    old = torch.full((2, T), -1.0, dtype=torch.float64)
+    roll = torch.stack([torch.full((T,), -1.02), torch.full((T,), -0.98)]).to(torch.float64)
+    roll = roll.to(torch.float32).to(torch.float64)
+    out.append(Batch(old.clone(), old.clone(), roll, torch.ones(2, T, dtype=torch.float64),
+                     torch.ones(2, T, dtype=torch.float64), name="long-rows-tiny-mismatch"))
+    # zero-probability tokens: log-probs of −1e4 on either side of the ratio
+    out.append(Batch.of([[-10000.0, 0.0], [-10000.0, -10000.0]], [[-10000.0, 0.0], [-10000.0, -10000.0]],
+                        [[0.0, -10000.0], [-10000.0, -10000.0]], [[1.0, -1.0], [-1.0, 1.0]], name="zero-probability"))
+    # finite but extreme values under the mask of kept rows
+    out.append(Batch.of([[0.0, -1.0, 0.0], [-0.5, 0.0, 0.0]], [[0.0, -1.0, 0.0], [-0.5, 0.0, -10000.0]],
+                        [[0.0, -1.0, -1000.0], [-0.5, -1000.0, 0.0]], [[1.0, 1.0, 1.0], [-1.0, 1.0, 1.0]],
+                        [[1, 1, 0], [1, 0, 0]], name="extreme-padding"))
+    return out
+
+
+def padding_variants(batches: list[Batch]) -> list[Batch]:
+    """Invariant 4: each batch with NaN, +inf or −inf at its masked positions, and with one more
+    masked column holding it."""
+    out = []
+    for value, label in ((NAN, "nan"), (INF, "inf"), (-INF, "-inf")):
+        for b in batches:
+            if b.has_padding:
+                out.append(b.with_padding(value, name=f"{b.name}-{label}-padding"))
+    for value, label in ((NAN, "nan"), (INF, "inf"), (-INF, "-inf")):
+        for b in batches:
+            if b.shape[1] < 64:
+                out.append(b.add_padding_column(value).with_padding(value, name=f"{b.name}+{label}-padding"))
+    return out
+
+
+# --------------------------------------------------------------------------------- shrinking
+def shrink(batch: Batch, fails: Callable[[Batch], bool], budget: int = 400) -> Batch:
+    """Greedy: drop rows, then chunks of columns (halves, quarters, …, single columns), while the
+    failure persists. Hypothesis has usually shrunk already; this also shrinks the hand cases."""
+    calls = 0
+
+    def still(b: Batch) -> bool:
+        nonlocal calls
+        calls += 1
+        return fails(b)
+
+    progress = True
+    while progress and calls < budget:
+        progress = False
+        B, T = batch.shape
+        for i in range(B):
+            if B > 1 and calls < budget:
+                cand = batch.rows([j for j in range(B) if j != i])
+                if still(cand):
+                    batch, progress = cand, True
+                    break
+        if progress:
+            continue
+        size = max(T // 2, 1)
+        while size >= 1 and not progress and T > 1 and calls < budget:
+            for start in range(0, T, size):
+                keep = [j for j in range(T) if not start <= j < start + size]
+                if keep and calls < budget:
+                    cand = batch.cols(keep)
+                    if still(cand):
+                        batch, progress = cand, True
+                        break
+            size //= 2
+    return batch

@@ -1,0 +1,287 @@
+"""`is-study audit` (issue 7): the seven invariants find the seed bug by themselves, our presets pass
+them all, external losses in OpenRLHF's PolicyLoss convention can be audited, and every failure
+comes with a shrunk case file that `is-study case` reproduces.
+
+Hypothesis always runs derandomized (runner/audit/generators.py: hypothesis_settings), so these
+tests are deterministic. They audit one preset at a time, or use the "fast" profile, to stay fast.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from runner.cases import load_case_file
+
+SEED_PRESET = "openrlhf-bc71bb1/seq-mask-tis"
+PLANTED = "tests.external_loss_planted_bug:PlantedLoss"
+KEYS = {"preset", "invariant", "status", "faithful", "counterexample"}
+
+
+def _audit(cli, out: Path, *args: str) -> tuple[int, list[dict], str]:
+    code, stdout, stderr = cli("audit", "--json", "--out", str(out), *args)
+    cells = json.loads(stdout) if stdout.strip() else []
+    return code, cells, stderr
+
+
+def _by_invariant(cells: list[dict], preset: str | None = None) -> dict[int, dict]:
+    return {c["invariant"]: c for c in cells if preset is None or c["preset"] == preset}
+
+
+def _check_schema(cells: list[dict]) -> None:
+    assert cells
+    for c in cells:
+        assert set(c) == KEYS, c
+        assert isinstance(c["preset"], str) and c["preset"]
+        assert isinstance(c["invariant"], int) and 1 <= c["invariant"] <= 7
+        assert c["status"] in ("pass", "fail", "n/a")
+        assert isinstance(c["faithful"], bool)
+        if c["status"] == "fail":
+            assert isinstance(c["counterexample"], str) and Path(c["counterexample"]).is_file(), c
+        else:
+            assert c["counterexample"] is None, c
+    for preset in {c["preset"] for c in cells}:
+        assert sorted(c["invariant"] for c in cells if c["preset"] == preset) == list(range(1, 8))
+
+
+def _number(value) -> float:
+    return float(value) if not isinstance(value, str) else {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}[value]
+
+
+def _case_loss(cli, path: str, *overrides: str) -> float:
+    code, out, err = cli("case", path, *overrides, "--json")
+    assert code == 0, err
+    results = json.loads(out)
+    assert len(results) == 1
+    return _number(results[0]["loss"])
+
+
+def _shape(path: str) -> tuple[int, int]:
+    (case,) = load_case_file(path).cases
+    return len(case.log_probs), len(case.log_probs[0])
+
+
+# --------------------------------------------------------------------------------- acceptance
+def test_seed_bug_fails_1_and_2_with_a_tiny_counterexample(cli, tmp_path):
+    code, cells, err = _audit(cli, tmp_path / "out", f"correction={SEED_PRESET}")
+    _check_schema(cells)
+    assert code == 0, err  # a faithful preset reproduces upstream behaviour: no exit 1
+    inv = _by_invariant(cells)
+    assert inv[1]["status"] == "fail" and inv[2]["status"] == "fail"
+    assert all(c["faithful"] for c in cells)
+    for n in (1, 2):
+        path = inv[n]["counterexample"]
+        B, T = _shape(path)
+        assert B == 1 and T <= 2, (n, B, T)
+        text = Path(path).read_text()
+        assert text.startswith("# is-study audit:") and f"is-study case {path} correction={SEED_PRESET}" in text
+        assert not math.isfinite(_case_loss(cli, path, f"correction={SEED_PRESET}"))
+
+
+def test_hypothesis_alone_finds_and_shrinks_the_seed_bug(tmp_path):
+    """Without the hand-written cases, the property-based search finds and shrinks it too."""
+    from runner.studies.audit import run_audit
+
+    cells = run_audit([f"correction={SEED_PRESET}"], out_dir=tmp_path, profile="fast", invariants=[1, 2], hand=False)
+    assert [c.status for c in cells] == ["fail", "fail"]
+    for c in cells:
+        assert "hypothesis" in c.found_by
+        B, T = _shape(c.counterexample)
+        assert B == 1 and T <= 2
+
+
+def test_bc71bb1_icepop_fails_invariant_1(cli, tmp_path):
+    code, cells, _ = _audit(cli, tmp_path, "correction=openrlhf-bc71bb1/icepop")
+    _check_schema(cells)
+    assert code == 0
+    assert _by_invariant(cells)[1]["status"] == "fail"
+
+
+def test_openrlhf_011_seq_mask_fails_1_on_an_accepted_extreme_sequence(cli, tmp_path):
+    from runner import hydra_app
+    from runner.corrections import Correction, apply_correction
+
+    preset = "openrlhf-0.11/seq-mask"
+    code, cells, _ = _audit(cli, tmp_path, f"correction={preset}")
+    assert code == 0
+    cell = _by_invariant(cells)[1]
+    assert cell["status"] == "fail"
+    (case,) = load_case_file(cell["counterexample"]).cases
+    t = case.tensors(torch.float32)
+    corr = Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={preset}"]).correction))
+    res = apply_correction(corr, t["old_log_probs"], t["rollout_log_probs"], t["action_mask"], metrics=False)
+    inside = t["action_mask"] > 0
+    assert bool(inside.all()) and bool(res.keep[inside].all())  # every token generated, the sequence accepted
+    assert float((t["old_log_probs"] - t["rollout_log_probs"]).abs().max()) > 88.8  # e^lr overflows float32
+    assert not math.isfinite(_case_loss(cli, cell["counterexample"], f"correction={preset}"))
+
+
+def test_every_own_preset_passes_every_invariant(tmp_path):
+    from runner import registry
+    from runner.studies.audit import audit_groups, preset_groups
+    from runner.audit.generators import PROFILES
+
+    own = registry.own_presets()
+    assert {"none", "tis", "icepop", "seq-mask-tis", "seq-tis", "seq-mis", "geo-mask"} <= set(own)
+    groups = [g for g in preset_groups([]) if g.name in own]
+    cells = audit_groups(groups, PROFILES["default"], tmp_path)
+    failures = [f"{c.preset} #{c.invariant} (loss={c.loss}): {c.detail}" for c in cells if c.status == "fail"]
+    assert not failures, failures
+    for c in cells:  # these apply to every preset: they must really have run
+        if c.invariant in (1, 4, 5, 6, 7):
+            assert c.status == "pass", c
+    assert not list(tmp_path.iterdir())
+
+
+def test_an_own_preset_that_fails_exits_1_and_its_case_file_checks(cli, tmp_path):
+    """tis with low=2 is not plain PPO on-policy (coefficient 2): invariant 5, exit 1, and the saved
+    file carries `none`'s numbers, so `is-study case FILE --check` shows the mismatch."""
+    code, cells, _ = _audit(cli, tmp_path, "correction=tis", "correction.low=2")
+    _check_schema(cells)
+    assert code == 1
+    inv = _by_invariant(cells)
+    assert inv[5]["status"] == "fail" and not inv[5]["faithful"]
+    assert inv[1]["status"] == "pass"
+    path = inv[5]["counterexample"]
+    assert f"is-study case {path} --check" in Path(path).read_text()
+    code, _, err = cli("case", path, "--check")
+    assert code == 1 and "MISMATCH" in err
+
+
+def test_padding_counterexample_checks_against_clean_padding(cli, tmp_path):
+    from runner.studies.audit import run_audit
+
+    (cell,) = run_audit(["correction=verl/token-tis"], out_dir=tmp_path, invariants=[4])
+    assert cell.status == "fail" and cell.faithful
+    cases = load_case_file(cell.counterexample).cases
+    assert [c.name for c in cases] == ["clean-padding", "garbage-padding"]
+    code, _, err = cli("case", cell.counterexample, "--check")
+    assert code == 1 and "garbage-padding" in err
+
+
+# --------------------------------------------------------------------------------- external targets
+def test_planted_bug_fails_and_a_correct_external_loss_passes(cli, tmp_path):
+    code, cells, _ = _audit(cli, tmp_path / "planted", "--target", PLANTED)
+    _check_schema(cells)
+    assert code == 1
+    inv = _by_invariant(cells)
+    assert {c["preset"] for c in cells} == {PLANTED} and not any(c["faithful"] for c in cells)
+    assert inv[1]["status"] == "fail" and inv[2]["status"] == "fail" and inv[4]["status"] == "fail"
+    assert inv[3]["status"] == "n/a"
+    B, T = _shape(inv[1]["counterexample"])
+    assert B == 1 and T <= 2
+
+    for target, kwargs in (("tests.external_loss_planted_bug:CorrectLoss", None),
+                           ("tests.external_loss_planted_bug:correct_policy_loss", '{"high": 3.0}')):
+        args = ["--target", target] + (["--target-kwargs", kwargs] if kwargs else [])
+        code, cells, err = _audit(cli, tmp_path / "correct", *args)
+        _check_schema(cells)
+        assert code == 0, (target, err)
+        assert {c["invariant"]: c["status"] for c in cells} == {1: "pass", 2: "pass", 3: "n/a", 4: "pass",
+                                                                 5: "pass", 6: "pass", 7: "pass"}
+
+
+def test_invariants_5_6_7_have_teeth(tmp_path):
+    """External losses with one planted defect each: a wrong scale, a batch-order dependence and a
+    gradient that does not match the loss."""
+    from runner.audit.generators import PROFILES
+    from runner.audit.subjects import ExternalSubject
+    from runner.corrections import Correction
+    from runner.losses import LossSpec, policy_loss
+    from runner.studies.audit import Group, audit_groups
+
+    corr = Correction(name="seq-mask-tis", weight="token", weight_op="clamp", filter="geometric", low=0.5, high=5.0)
+
+    def good(lp, old, adv, action_mask=None, rollout_log_probs=None):
+        return policy_loss(LossSpec(), corr, lp, old, rollout_log_probs, adv, action_mask, metrics=False).loss
+
+    def doubled(*args, **kw):
+        return 2 * good(*args, **kw)
+
+    def first_row_advantage(lp, old, adv, **kw):
+        return good(lp, old, torch.where(kw["action_mask"] > 0, adv[:1].nan_to_num(), adv), **kw)
+
+    def detached_half(lp, old, adv, **kw):
+        return good(0.5 * (lp + lp.detach()), old, adv, **kw) + 0.0 * lp.sum()
+
+    expected = {doubled: 5, first_row_advantage: 6, detached_half: 7}
+    for fn, n in expected.items():
+        (cell,) = audit_groups([Group(fn.__name__, False, [ExternalSubject(fn.__name__, fn)])], PROFILES["default"],
+                               tmp_path, invariants=[n])
+        assert cell.status == "fail", (fn.__name__, n)
+    (cell,) = audit_groups([Group("good", False, [ExternalSubject("good", good)])], PROFILES["default"], tmp_path,
+                           invariants=[7])
+    assert cell.status == "pass"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--target", "nocolon"), "module:attr"),
+    (("--target", "no_such_module_xyz:Loss"), "cannot import"),
+    (("--target", "tests.external_loss_planted_bug:Missing"), "no attribute"),
+    (("--target", "tests.external_loss_planted_bug:NOT_CALLABLE"), "not callable"),
+    (("--target", PLANTED, "--target-kwargs", "{bad json"), "not valid JSON"),
+    (("--target", PLANTED, "--target-kwargs", "[1, 2]"), "JSON object"),
+    (("--target", PLANTED, "--target-kwargs", '{"nope": 1}'), "failed"),
+    (("--target-kwargs", "{}"), "needs --target"),
+    (("--target", PLANTED, "correction=tis"), "do not apply"),
+    (("correction=no-such-preset",), "unknown correction"),
+])
+def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, needle):
+    code, out, err = cli("audit", "--out", str(tmp_path), *args)
+    assert code == 2, (out, err)
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_help_documents_the_external_convention(cli):
+    code, out, _ = cli("audit", "--help")
+    flat = " ".join(out.split())
+    assert code == 0
+    for needle in ("module:attr", "rollout_log_probs", "action_mask", "first item", "--thorough", "--json",
+                   "e.g. is-study audit"):
+        assert needle in flat, needle
+
+
+# --------------------------------------------------------------------------------- behaviour
+def test_table_output_marks_faithful_failures_as_upstream(cli, tmp_path):
+    code, out, _ = cli("audit", "--out", str(tmp_path), f"correction={SEED_PRESET}")
+    assert code == 0
+    flat = " ".join(out.split())
+    assert "FAIL" in flat and ("reproduces upstream behaviour" in flat)
+
+
+def test_the_audit_is_deterministic_and_removes_stale_counterexamples(tmp_path):
+    from runner.studies.audit import run_audit
+
+    stale = tmp_path / "tis.inv1.yaml"
+    stale.write_text("cases: []\n")
+    args = dict(out_dir=tmp_path, profile="fast", invariants=[1, 2, 4], hand=False)
+    first = run_audit([f"correction={SEED_PRESET}"], **args)
+    texts = {c.counterexample: Path(c.counterexample).read_text() for c in first if c.counterexample}
+    second = run_audit([f"correction={SEED_PRESET}"], **args)
+    assert [c.to_json() for c in first] == [c.to_json() for c in second]
+    assert texts == {c.counterexample: Path(c.counterexample).read_text() for c in second if c.counterexample}
+    run_audit(["correction=tis"], out_dir=tmp_path, profile="fast", invariants=[1])
+    assert not stale.exists()
+
+
+def test_thorough_profile_searches_longer():
+    from runner.audit.generators import KINDS, PROFILES
+
+    for kind in KINDS:
+        thorough, default, fast = (PROFILES[p].examples[kind] for p in ("thorough", "default", "fast"))
+        assert thorough > default > fast
+
+
+# --------------------------------------------------------------------------------- algebra findings
+def test_gspo_finite_inputs_give_a_finite_gradient(tmp_path):
+    """Found by this audit: gspo's sequence ratio overflowed to inf on lp − old = 1000 and the
+    clipped branch's backward gave 0·inf = NaN; the log-ratio is now clamped to ±20 like PPO's."""
+    from runner.studies.audit import run_audit
+
+    (cell,) = run_audit(["correction=none", "loss=gspo"], out_dir=tmp_path, profile="fast", invariants=[1])
+    assert cell.status == "pass", cell.detail
