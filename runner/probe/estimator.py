@@ -1,0 +1,235 @@
+"""Every arm's gradient estimate of J from one batch: a fast vectorised path and a slow reference.
+
+At lp = old the PPO ratio is exactly 1, inside the clip range, so the per-token surrogate's
+gradient is −coef·A·∇lp (REINFORCE's is the same). With the reduction's weight s (1/N for
+seq-mean-token-sum) the estimate of ∇J = −∇loss is
+
+    ĝ = Σ_{i,t} g_it · ∇_θ log π_θ(y_it | s_it),    g_it = A_i · coef_it · mask'_it · s_it,
+
+a weighting of the SAME per-token score vectors for every arm. The bigram's score is
+e_y − softmax(θ[s]) in row s, so Σ g·score is a scatter-add of g into the [S, V] grid of
+(state, token) cells minus, per row, (Σ of the row's g)·softmax(θ[s]). `fast_estimates` does this for
+every arm at once: one batched coefficient evaluation per preset over all its bands, then one
+index_add of the [arms, N·T] weight matrix. `reference_estimates` runs `runner.losses.policy_loss`
+and a backward pass per arm; tests/test_probe.py checks they agree to 1e-5.
+
+Reductions other than seq-mean-token-sum are rescaled by T = rollout.seq_len, which is exact when
+every response has T tokens (no EOS) and nothing is dropped from the denominator.
+
+NaN/inf follow autograd's semantics: a non-finite coefficient times any zero factor (an advantage
+of 0, a mask of 0 under `padding: multiply`) is NaN in both paths, as in the released code.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from runner.corrections import Correction
+from runner.losses import LossSpec, policy_loss
+from runner.probe.settings import Arm
+from runner.synthetic.policy import Bigram
+
+
+@dataclass(frozen=True)
+class PresetGroup:
+    """The arms that share one preset: the band-free correction and its bands as [K, 1, 1] bounds
+    (a missing bound is ∓inf, which clamps and compares exactly like no bound)."""
+
+    correction: Correction
+    index: tuple[int, ...]  # positions in the arm list
+    low: torch.Tensor
+    high: torch.Tensor
+    log_low: torch.Tensor
+    log_high: torch.Tensor
+    any_bound: bool
+
+
+def plan(arms: list[Arm]) -> list[PresetGroup]:
+    groups: dict[Correction, list[int]] = {}
+    for i, arm in enumerate(arms):
+        groups.setdefault(replace(arm.correction, low=None, high=None), []).append(i)
+    out = []
+    for corr, index in groups.items():
+        lows = [arms[i].correction.low for i in index]
+        highs = [arms[i].correction.high for i in index]
+
+        def bounds(values, missing, log=False):
+            vals = []
+            for v in values:
+                if v is None:
+                    vals.append(missing)
+                elif log:
+                    vals.append(math.log(v) if v > 0 else -math.inf)
+                else:
+                    vals.append(v)
+            return torch.tensor(vals, dtype=torch.float32).view(-1, 1, 1)
+
+        out.append(PresetGroup(corr, tuple(index), bounds(lows, -math.inf), bounds(highs, math.inf),
+                               bounds(lows, -math.inf, log=True), bounds(highs, math.inf, log=True),
+                               any(v is not None for v in lows + highs)))
+    return out
+
+
+def band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor,
+                      full: bool = False):
+    """`apply_correction` for one preset and its K bands at once, at lp = old: (coef, reduction
+    mask, keep or None), each broadcastable to [K, B, T] (a sequence-level factor stays [.., B, 1]
+    until it is used). The band-free parts (log-ratios, raw weight, filter statistic, veto) are
+    computed once. `full`: the mask is all ones, so the padding wheres are skipped."""
+    corr = group.correction
+    inside = None if full and corr.veto is None else mask > 0
+    lr = old - roll  # decoupled; bypass (lp − roll) is the same at lp = old
+    if corr.padding in ("ignore", "zero-logratio") and not full:
+        lr = torch.where(inside, lr, 0.0)
+
+    def exp_clamped(x, bound):
+        return torch.exp(x if bound is None else x.clamp(-bound, bound))
+
+    def per_seq(x, geometric):
+        x = (x * mask).sum(-1, keepdim=True) if not full else x.sum(-1, keepdim=True)
+        return x / mask.sum(-1, keepdim=True).clamp(min=1) if geometric else x
+
+    if corr.weight == "none":
+        raw = torch.ones(1, 1, dtype=old.dtype)
+    elif corr.weight == "token":
+        raw = exp_clamped(lr, corr.log_clamp)
+    else:
+        raw = exp_clamped(per_seq(lr, corr.weight == "geometric"), corr.log_clamp)  # [B, 1]
+    if corr.weight_op == "clamp" and group.any_bound:
+        weight = raw.clamp(min=group.low, max=group.high)
+    elif corr.weight_op == "clamp-high" and bool(torch.isfinite(group.high).any()):
+        weight = raw.clamp(max=group.high)
+    else:
+        weight = raw
+
+    keep = None
+    if corr.filter != "none":
+        stat_lr = lr if corr.filter_log_clamp is None else lr.clamp(-corr.filter_log_clamp, corr.filter_log_clamp)
+        stat = stat_lr if corr.filter == "token" else per_seq(stat_lr, corr.filter == "geometric")
+        if corr.filter_inverted:
+            stat = -stat
+        if corr.band_space == "ratio":
+            value = torch.exp(stat)
+            keep = (value >= group.low) & (value <= group.high)
+        else:
+            keep = (stat >= group.log_low) & (stat <= group.log_high)
+    if corr.veto is not None:
+        threshold = math.log(corr.veto) if corr.veto > 0 else -math.inf
+        vetoed = ((lr < threshold) & inside).any(-1, keepdim=True)
+        keep = ~vetoed if keep is None else keep & ~vetoed
+
+    red_mask = mask
+    if keep is None:
+        coef = weight
+    else:
+        if corr.reject == "where":
+            coef = torch.where(keep, weight, 0.0)
+        else:
+            coef = weight * keep.to(weight.dtype)
+        if corr.denominator == "drop":
+            red_mask = mask * keep.to(mask.dtype)
+    if corr.padding == "ignore" and not full:
+        coef = torch.where(inside, coef, 0.0)
+    return coef, red_mask, keep
+
+
+def reduction_weights(red_mask: torch.Tensor, reduction: str, n_seq: int) -> torch.Tensor:
+    """mask'·s: d(reduced loss)/d(per-token loss) for [.., B, T] reduction masks."""
+    if reduction == "seq-mean-token-sum":
+        return red_mask * (1.0 / max(n_seq, 1))
+    if reduction == "token-mean":
+        return red_mask / red_mask.sum((-2, -1), keepdim=True).clamp(min=1)
+    counts = red_mask.sum(-1, keepdim=True)
+    nonempty = counts > 0
+    per_seq = torch.where(nonempty, 1.0 / counts.clamp(min=1), 0.0)
+    return red_mask * per_seq / nonempty.sum((-2, -1), keepdim=True).clamp(min=1)
+
+
+def scale_for(reduction: str, seq_len: int) -> float:
+    """The exact rescale that makes the estimate's on-policy mean ∇J (see the module docstring)."""
+    return 1.0 if reduction == "seq-mean-token-sum" else float(seq_len)
+
+
+@dataclass
+class Estimates:
+    grad: torch.Tensor  # [K, S, V] float32: each arm's estimate of ∇J
+    # None when not asked for (metrics=False):
+    ess: torch.Tensor | None  # [K]: (Σw)² / (n·Σw²) over masked-in tokens (as correction_metrics)
+    masked: torch.Tensor | None  # [K]: the fraction of masked-in tokens rejected
+    seq_masked: torch.Tensor | None  # [K]: the fraction of non-empty sequences with every token rejected
+
+
+def score_scatter(weights: torch.Tensor, prev: torch.Tensor, tokens: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """Σ_{i,t} w_kit ∇_θ log π_θ(y_it | s_it) for K weightings at once: [K, B, T] → [K, S, V].
+    One index_add of the weights into the (state, token) cells, then minus each row's total times
+    softmax(θ[s]): exactly what autograd's gather + log_softmax backward computes."""
+    S, V = theta.shape
+    K = weights.shape[0]
+    cell = (prev * V + tokens).reshape(-1)
+    pos = torch.zeros(K, S * V, dtype=weights.dtype)
+    pos.index_add_(1, cell, weights.reshape(K, -1))
+    pos = pos.view(K, S, V)
+    probs = torch.softmax(theta.to(weights.dtype), dim=-1)
+    return pos - pos.sum(-1, keepdim=True) * probs
+
+
+def fast_estimates(groups: list[PresetGroup], n_arms: int, batch, theta: torch.Tensor, reduction: str,
+                   seq_len: int, metrics: bool = True) -> Estimates:
+    """Every arm's estimate from one batch: per preset, the coefficients of all its bands, times
+    the shared A·mask'·s, written straight into one [arms, B, T] weight matrix; then one scatter."""
+    mask = batch.mask
+    B, T = mask.shape
+    full = bool(mask.min() > 0)
+    weights = torch.empty(n_arms, B, T, dtype=torch.float32)
+    shared = batch.adv * reduction_weights(mask, reduction, B)  # A·mask·s when nothing is dropped
+    if metrics:
+        inside = mask > 0
+        n_in = inside.sum()
+        n_tok = n_in.clamp(min=1)
+        nonempty = inside.any(-1)
+        n_seq = nonempty.sum().clamp(min=1)
+        ess, masked, seq_masked = (torch.zeros(n_arms) for _ in range(3))
+    for group in groups:
+        coef, red_mask, keep = band_coefficients(group, batch.old, batch.roll, mask, full)
+        base = shared if red_mask is mask else batch.adv * reduction_weights(red_mask, reduction, B)
+        i, j = group.index[0], group.index[-1] + 1
+        contiguous = group.index == tuple(range(i, j))
+        out = weights[i:j] if contiguous else torch.empty(len(group.index), B, T)
+        # A·coef·mask'·s: a NaN wherever a non-finite coefficient meets a 0, as in autograd
+        torch.mul(coef.expand(len(group.index), B, T), base, out=out)
+        if not contiguous:
+            weights[list(group.index)] = out
+        if metrics:
+            idx = list(group.index)
+            c = coef.expand(len(idx), B, T)
+            w = c if full else torch.where(inside, c, 0.0)
+            sum_w, sum_w2 = w.sum((-2, -1)), (w * w).sum((-2, -1))
+            ess[idx] = torch.where(sum_w2 > 0, sum_w * sum_w / (n_tok * sum_w2.clamp(min=torch.finfo(w.dtype).tiny)),
+                                   0.0)
+            if keep is not None:
+                kept = (keep.expand(len(idx), B, T) & inside)
+                masked[idx] = (n_in - kept.sum((-2, -1))) / n_tok
+                seq_masked[idx] = (nonempty & ~kept.any(-1)).sum(-1) / n_seq
+    grad = score_scatter(weights, batch.prev, batch.tokens, theta)
+    scale = scale_for(reduction, seq_len)
+    if scale != 1:
+        grad = grad * scale
+    if not metrics:
+        return Estimates(grad=grad, ess=None, masked=None, seq_masked=None)
+    return Estimates(grad=grad, ess=ess, masked=masked, seq_masked=seq_masked)
+
+
+def reference_estimates(arms: list[Arm], batch, theta: torch.Tensor, spec: LossSpec, seq_len: int) -> torch.Tensor:
+    """The slow path: for each arm, the trainer's lp from θ, `policy_loss`, one backward pass."""
+    scale = scale_for(spec.reduction, seq_len)
+    out = []
+    for arm in arms:
+        th = theta.detach().clone().requires_grad_(True)
+        lp = Bigram.token_log_probs(Bigram.log_prob_table(th), batch.prev, batch.tokens)
+        res = policy_loss(spec, arm.correction, lp, batch.old, batch.roll, batch.adv, batch.mask, metrics=False)
+        res.loss.backward()
+        out.append(-th.grad * scale)
+    return torch.stack(out)

@@ -1,0 +1,258 @@
+"""The `probe` study: exact bias/variance of every correction's gradient against the exact ∇J(θ).
+
+Statistical tests use fixed seeds and say their tolerance; each claim is checked on two seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pandas as pd
+import pytest
+import torch
+
+from runner.corrections import apply_correction
+from runner.errors import UserError
+from runner.hydra_app import compose
+from runner.probe.estimator import fast_estimates, plan, reference_estimates
+from runner.probe.settings import default_preset_names
+from runner.probe.world import build, validate
+from runner.registry import faithful_presets, own_presets
+from runner.studies import run_study
+from runner.studies.probe import COLUMNS
+
+SEQ_IS = "{name:seq-is,weight:sequence,log_clamp:20}"  # untruncated sequence-level IS
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The probe study runs its small tensors on one thread (probe.threads); so do the direct calls."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def probe(tmp_path, overrides, name="run"):
+    run_dir = tmp_path / name
+    run_study(compose(["study=probe", "log.quiet=true", *overrides]), run_dir)
+    return pd.read_csv(run_dir / "probe.csv"), run_dir
+
+
+def row(df, preset):
+    (i,) = df.index[df.preset == preset]
+    return df.loc[i]
+
+
+# ------------------------------------------------------------------------------ outputs
+def test_outputs_columns_and_rows(tmp_path):
+    bands = [[0.5, 5.0], [None, 2.0]]
+    df, run_dir = probe(tmp_path, ["probe.repeats=4", "probe.pretrain_steps=2", "rollout.seq_len=6",
+                                   "probe.bands=[[0.5,5.0],[null,2.0]]"])
+    assert sorted(p.name for p in run_dir.iterdir()) == ["DONE", "probe.csv", "summary.json"]
+    assert list(df.columns) == list(COLUMNS)
+    presets = default_preset_names()
+    assert presets == own_presets() + [n for n in faithful_presets() if n.startswith("openrlhf")]
+    assert len(presets) == 13 and len(df) == 13 * 2  # one row per preset × band
+    assert list(df.preset) == [p for p in presets for _ in bands]
+    assert df.low.isna().tolist() == [False, True] * 13 and (df.high == [5.0, 2.0] * 13).all()
+    assert (df.faithful == [int(p.startswith("openrlhf")) for p in presets for _ in bands]).all()
+    first = df.iloc[0]
+    assert (first.seed, first.staleness, first.precision, first.seq_len, first.vocab_size) == (0, 1, "bf16", 6, 16)
+    assert (first.repeats, first.batch_size, first.group_size, first.pretrain_steps) == (4, 64, 8, 2)
+    assert (first.baseline, first.reduction, first.ci, first.loss) == ("rloo", "seq-mean-token-sum", "bootstrap", "ppo")
+    assert math.isnan(first.eos_token) and first.outlier_rate == 0.0 and first.logit_noise == 0.0
+    assert (df.n_finite == 4).all() and (df.nonfinite_rate == 0).all()
+    for col in ("bias_norm", "bias_norm_ci", "variance", "mse", "cosine", "mean_grad_norm", "mean_ess"):
+        assert df[col].notna().all() and (df[col].abs() < 1e3).all(), col
+    assert ((df.bias_norm_lo <= df.bias_norm) & (df.bias_norm <= df.bias_norm_hi)).all()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["study"] == "probe" and summary["status"] == "ok" and summary["n_arms"] == 26
+    assert summary["world"]["objective"] == pytest.approx(first.objective)
+
+
+def test_own_bands_and_inline_preset(tmp_path):
+    df, _ = probe(tmp_path, ["probe.repeats=3", "probe.pretrain_steps=0", "rollout.seq_len=4",
+                             f"probe.presets=[seq-tis,geo-mask,trl/token-mask,{SEQ_IS}]"])
+    assert list(df.preset) == ["seq-tis", "geo-mask", "trl/token-mask", "seq-is"]
+    assert math.isnan(row(df, "seq-tis").low) and row(df, "seq-tis").high == 5.0
+    assert (row(df, "geo-mask").low, row(df, "geo-mask").high) == (0.999, 1.001)
+    assert math.isnan(row(df, "trl/token-mask").low) and row(df, "trl/token-mask").high == 3.0
+    assert df.objective.iloc[0] == pytest.approx(0.25)  # θ₀ is uniform: 4 targets of 16
+
+
+# ------------------------------------------------------------------ fast path = reference path
+WORLDS = {
+    "outliers-eos-bf16": ["mismatch=outliers", "mismatch.outlier_rate=0.02", "rollout.eos_token=3",
+                          "mismatch.staleness=2"],
+    "noise-topp-prompts-dualclip-token-mean": ["mismatch.logit_noise=0.5", "mismatch.top_p=0.9",
+                                               "rollout.prompt_len=3", "loss.dual_clip=3", "mismatch.staleness=3",
+                                               "probe.reduction=token-mean", "mismatch.precision=fp16"],
+    "reinforce-eos-seq-mean-token-mean": ["loss=reinforce", "rollout.eos_token=0", "mismatch.precision=fp8",
+                                          "probe.reduction=seq-mean-token-mean", "probe.baseline=none"],
+}
+
+
+@pytest.mark.parametrize("world_name", list(WORLDS))
+def test_vectorised_path_matches_reference(world_name):
+    """Every preset (all 22) × 4 bands: the batched weighting equals one policy_loss + backward per
+    arm to 1e-5 (absolute, or relative where an estimate is large), non-finite estimates are
+    flagged alike, and the per-arm ESS / masked fractions are correction_metrics' values."""
+    presets = "[" + ",".join(own_presets() + faithful_presets()) + "]"
+    cfg = compose(["study=probe", "rollout.vocab_size=6", "rollout.seq_len=7", "rollout.batch_size=4",
+                   "probe.pretrain_steps=3", "probe.repeats=2", f"probe.presets={presets}",
+                   "probe.bands=[[0.5,5.0],[null,2.0],[0.9,1.1],[0.0,1.0e9]]", *WORLDS[world_name]])
+    setup, settings, n = validate(cfg)
+    world = build(setup, settings, n)
+    arms = settings.arms()
+    assert len(arms) == 22 * 4
+    groups = plan(arms)
+    spec = replace(setup.loss, reduction=settings.reduction)
+    gen, noise_gen = world.generators()
+    T = setup.world.seq_len
+    for _ in range(2):
+        batch = world.sample(gen, noise_gen)
+        fast = fast_estimates(groups, len(arms), batch, world.theta, settings.reduction, T)
+        slow = reference_estimates(arms, batch, world.theta, spec, T)
+        f_ok, s_ok = torch.isfinite(fast.grad).flatten(1).all(1), torch.isfinite(slow).flatten(1).all(1)
+        assert torch.equal(f_ok, s_ok)
+        assert f_ok.sum() >= len(arms) // 2
+        # 1e-5 absolute, and relative for the huge (finite) estimates an unclamped exp(L_i) gives
+        torch.testing.assert_close(fast.grad[f_ok], slow[f_ok], atol=1e-5, rtol=1e-5)
+        for k, arm in enumerate(arms):
+            m = apply_correction(arm.correction, batch.old, batch.roll, batch.mask, lp=batch.old).metrics
+            for ours, theirs in ((fast.ess, "ess"), (fast.masked, "token_masked_fraction"),
+                                 (fast.seq_masked, "seq_masked_fraction")):
+                torch.testing.assert_close(ours[k], m[theirs].float(), atol=1e-5, rtol=0, equal_nan=True,
+                                           msg=f"{arm.preset} {arm.low} {arm.high} {theirs}")
+    if world_name.startswith("outliers"):
+        assert not f_ok.all()  # the faithful presets' inf·0 = NaN is reproduced, not hidden
+
+
+# ----------------------------------------------------------------------------- unbiasedness
+@pytest.mark.parametrize("seed,ci", [(0, "bootstrap"), (1, "clt")])
+def test_on_policy_every_preset_is_unbiased(tmp_path, seed, ci):
+    """k=0, fp32, no noise: every preset's weight is exactly 1, and the RLOO + seq-mean-token-sum
+    estimate is unbiased: ‖mean − ∇J‖ lies inside its 95% CI radius (300 batches × 64 rollouts;
+    the radius is ~10% of ‖∇J‖, so a (1 − 1/G) scale error would show: see the next test)."""
+    df, _ = probe(tmp_path, ["mismatch=none", f"seed={seed}", "probe.repeats=300", f"probe.ci={ci}"])
+    assert len(df) == 13
+    assert (df.bias_norm <= df.bias_norm_ci).all() and (df.bias_norm_lo == 0).all()
+    assert (df.bias_significant == 0).all() and (df.nonfinite_rate == 0).all()
+    assert df.bias_norm_ci.max() < 0.15 * df.exact_grad_norm.iloc[0]
+    assert (df.cosine > 0.98).all() and (df.mean_ess == 1).all() and (df.mean_masked_fraction == 0).all()
+    assert df.bias_norm.nunique() == 1 and df.variance.nunique() == 1  # the same estimate for every preset
+    assert df.engine_kl.iloc[0] == 0.0
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_group_mean_baseline_bias_is_detected(tmp_path, seed):
+    """Power check: the group-mean baseline scales the on-policy expectation by exactly (1 − 1/G), so
+    the true bias norm is ‖∇J‖/G; the probe flags it and its CI for the bias norm contains it."""
+    df, _ = probe(tmp_path, ["mismatch=none", f"seed={seed}", "probe.repeats=300", "probe.baseline=group-mean",
+                             "probe.presets=[none]"])
+    r = df.iloc[0]
+    true_bias = r.exact_grad_norm / r.group_size
+    assert r.bias_significant == 1 and r.bias_norm > r.bias_norm_ci
+    assert r.bias_norm_lo <= true_bias <= r.bias_norm_hi
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_stale_uncorrected_gradient_is_biased(tmp_path, seed):
+    """k=4 drift steps plus logit noise σ=0.1 (fp32): `none` is biased far outside its CI (> 2×
+    the radius), and token TIS removes part of that bias."""
+    df, _ = probe(tmp_path, ["mismatch=none", "mismatch.staleness=4", "mismatch.logit_noise=0.1", f"seed={seed}",
+                             "probe.repeats=300", "probe.presets=[none,tis]"])
+    none, tis = row(df, "none"), row(df, "tis")
+    assert none.bias_norm > 2 * none.bias_norm_ci and none.bias_significant == 1
+    assert tis.bias_norm < 0.8 * none.bias_norm
+    assert none.engine_kl > 0.005
+
+
+# ------------------------------------------------------------------------- literature claims
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bias_variance_tradeoff_over_length(tmp_path, seed):
+    """Liu & Li (2025): under a fixed per-token mismatch (k=8 drift steps + logit noise σ=0.3, fp32;
+    engine KL ≈ 0.1 nats/token at both lengths), as rollout.seq_len goes 2 → 32:
+    1. untruncated sequence IS's variance grows by > 100× while token TIS's grows by < 3×;
+    2. token TIS's bias grows: ≥ 2× larger, with disjoint CIs (lo at 32 > hi at 2)."""
+    runs = {}
+    for T in (2, 32):
+        runs[T], _ = probe(tmp_path, ["mismatch=none", "mismatch.staleness=8", "mismatch.logit_noise=0.3",
+                                      f"rollout.seq_len={T}", "rollout.batch_size=16", f"seed={seed}",
+                                      "probe.repeats=300", f"probe.presets=[tis,{SEQ_IS}]"], name=f"T{T}")
+    kl = [runs[T].engine_kl.iloc[0] for T in (2, 32)]
+    assert 0.05 < min(kl) and max(kl) < 1.5 * min(kl)  # the per-token mismatch is held (roughly) fixed
+    seq_growth = row(runs[32], "seq-is").variance / row(runs[2], "seq-is").variance
+    tis_growth = row(runs[32], "tis").variance / row(runs[2], "tis").variance
+    assert seq_growth > 100 and tis_growth < 3 and seq_growth > 30 * tis_growth
+    short, long = row(runs[2], "tis"), row(runs[32], "tis")
+    assert long.bias_norm > 2 * short.bias_norm
+    assert long.bias_norm_lo > short.bias_norm_hi
+
+
+# ----------------------------------------------------------------------------- bad configs
+BAD = [
+    (["probe.repeats=1"], "probe.repeats must be >= 2"),
+    (["probe.bands=[[2.0,1.0]]"], "low > high"),
+    (["probe.bands=[[0.5]]"], "is not a [low, high] pair"),
+    (["probe.presets=[tis,nope]"], "unknown preset 'nope'"),
+    (["probe.batch_size=12"], "multiple of rollout.group_size"),
+    (["probe.baseline=mean"], "probe.baseline"),
+    (["+probe.foo=1"], "unknown key(s) foo"),
+    (["loss=gspo"], "loss=gspo is not supported"),
+    (["rollout.group_size=1"], "group_size >= 2"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", BAD, ids=[b[1] for b in BAD])
+def test_bad_probe_config_fails_before_any_file(tmp_path, overrides, message):
+    run_dir = tmp_path / "run"
+    with pytest.raises(UserError, match=None) as info:
+        run_study(compose(["study=probe", "log.quiet=true", *overrides]), run_dir)
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert not run_dir.exists()
+
+
+def test_cli_end_to_end_and_bad_config(cli, tmp_path):
+    run_dir = tmp_path / "cli-run"
+    code, out, err = cli("run", "study=probe", "probe.repeats=3", "probe.pretrain_steps=1", "rollout.seq_len=4",
+                         "probe.presets=[none,tis,openrlhf-bc71bb1/seq-mask-tis]", "mismatch=outliers",
+                         f"hydra.run.dir={run_dir}", "--quiet")
+    assert code == 0, err
+    assert out.strip() == str(run_dir)
+    assert (run_dir / "DONE").is_file() and (run_dir / "summary.json").is_file()
+    df = pd.read_csv(run_dir / "probe.csv")
+    assert list(df.preset) == ["none", "tis", "openrlhf-bc71bb1/seq-mask-tis"] and df.outlier_rate.iloc[0] == 0.01
+
+    bad_dir = tmp_path / "bad"
+    code, out, err = cli("run", "study=probe", "probe.bands=[[3,1]]", f"hydra.run.dir={bad_dir}")
+    assert code == 2
+    assert err.strip().splitlines()[-1].startswith("is-study: error: probe.bands: low > high")
+    assert not (bad_dir / "probe.csv").exists() and not (bad_dir / "DONE").exists()
+
+
+def test_world_theta_is_shared_across_mismatch():
+    """θ and ∇J(θ) do not depend on the mismatch: worlds that differ in staleness compare paired."""
+    worlds = []
+    for extra in (["mismatch=none"], ["mismatch.staleness=3", "mismatch.logit_noise=0.2"]):
+        setup, settings, n = validate(compose(["study=probe", "probe.pretrain_steps=3", "rollout.seq_len=5", *extra]))
+        worlds.append(build(setup, settings, n))
+    a, b = worlds
+    assert torch.equal(a.theta, b.theta) and torch.equal(a.grad, b.grad)
+    assert torch.equal(a.theta_engine, a.theta) and not torch.equal(b.theta_engine, b.theta)
+    # drift goes down J: the engine's policy is worse than the trainer's
+    from runner.synthetic.task import exact_gradient
+
+    assert float(exact_gradient(b.setup.task, b.setup.world, b.theta_engine)[0]) < b.objective
+
+
+def test_bench_tiny_smoke(monkeypatch, capsys):
+    from scripts import bench_probe
+
+    monkeypatch.setattr("sys.argv", ["bench_probe.py", "--tiny"])
+    assert bench_probe.main() == 0
+    out = capsys.readouterr().out
+    assert "ratio slow/fast" in out and "agreement: max |fast − slow|" in out
