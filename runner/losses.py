@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import torch
 
-from runner.corrections import Correction, CorrectionResult, apply_correction
+from runner.corrections import Correction, CorrectionResult, apply_correction, zero_padding
 from runner.errors import UserError
 
 LOSSES = ("ppo", "gspo", "reinforce")
@@ -101,27 +101,27 @@ def policy_loss(
 ) -> LossResult:
     """The corrected policy loss for one batch of [B, T] tensors; lp carries the gradient."""
     mask = mask.to(lp.dtype)
-    inside = mask > 0
-    cres = apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics, inside=inside)
+    cres = apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics)
     old, roll, adv = old.detach(), roll.detach(), adv.detach()
-    # Our presets: NaN/inf at masked positions must not reach the loss or any gradient. A where on
-    # each difference (not on each input) is enough: its backward sends exactly 0 to padding.
+    # Our presets: NaN/inf at masked positions must not reach the loss or any gradient. Zeroing each
+    # difference (not each input) is enough: the backward of x·mask (or of a where) sends exactly 0
+    # to padding.
     sanitise = corr.padding == "ignore"
     if sanitise:
-        adv = torch.where(inside, adv, 0.0)
+        adv = zero_padding(adv, mask)
 
     clipped = None
     if spec.name == "ppo":
         log_ratio = lp - old
         if sanitise:
-            log_ratio = torch.where(inside, log_ratio, 0.0)
+            log_ratio = zero_padding(log_ratio, mask)
         ratio = torch.exp(log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND))
         token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
         per_token = token_loss * cres.coef
         red_mask = cres.mask
     elif spec.name == "gspo":
         diff = lp - (roll if corr.active else old)
-        diff = torch.where(inside, diff, 0.0) if sanitise else diff * mask
+        diff = zero_padding(diff, mask) if sanitise else diff * mask
         seq_log_ratio = diff.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
         # The same ±20 bound as PPO's token ratio (verl clamps this log-ratio too): without it a
         # finite but extreme sequence overflows to inf, and 0·inf in the backward gives NaN.
@@ -130,7 +130,7 @@ def policy_loss(
         per_token = token_loss  # GSPO's sequence ratio already is the correction
         red_mask = mask
     else:
-        live = torch.where(inside, lp, 0.0) if sanitise else lp
+        live = zero_padding(lp, mask) if sanitise else lp
         per_token = -adv * live * cres.coef
         red_mask = cres.mask
 
@@ -145,7 +145,7 @@ def policy_loss(
         if clipped is None:
             out.metrics["ppo_clip_fraction"] = torch.zeros(())
         else:
-            out.metrics["ppo_clip_fraction"] = (clipped & inside).sum() / mask.sum().clamp(min=1)
+            out.metrics["ppo_clip_fraction"] = (clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
         out.metrics["nonfinite_loss"] = (~torch.isfinite(loss.detach())).to(lp.dtype)
         out.metrics["all_rejected"] = torch.tensor(float(all_rejected))
     return out

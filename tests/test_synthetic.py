@@ -229,3 +229,18 @@ def test_world_config_errors(rollout, task, match):
         world = Bigram.from_config({"vocab_size": 16, "seq_len": 16, "prompt_len": 1, "eos_token": None, **rollout},
                                    {"name": "bigram", "init_std": 0.0})
         make_task(task, world)
+
+
+@pytest.mark.parametrize("eos,prompt_len", [(None, 1), (None, 3), (3, 1), (3, 3)])
+def test_target_count_objective_matches_the_forward_recursion(eos, prompt_len):
+    """The two-op-per-position objective equals Σ_t q_t[targets] / T from _chain, to float64 rounding."""
+    from runner.synthetic import task as task_module
+
+    world = Bigram.from_config({"vocab_size": 8, "seq_len": 6, "batch_size": 2, "group_size": 2,
+                                "prompt_len": prompt_len, "eos_token": eos, "adv_std_norm": False},
+                               {"name": "bigram", "init_std": 1.0})
+    tk = task_module.TargetCount(world, (0, 1, 5))
+    theta = torch.randn(world.num_states, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    idx = torch.tensor(tk.targets)
+    reference = sum(q.index_select(0, idx).sum() for q in task_module._chain(world, theta)) / world.seq_len
+    assert float(tk.objective(world, theta)) == pytest.approx(float(reference), abs=1e-14)
