@@ -283,12 +283,18 @@ def sweep(
     req = sweeps.Request(overrides=_overrides(overrides), name=name, resume=resume, dry_run=dry_run,
                          launcher=launcher, jobs=jobs)
     if dry_run:
-        plan = sweeps.dry_run(req)
+        plan, done = sweeps.dry_run(req)
         for num, job in enumerate(plan.jobs):
-            typer.echo(f"#{num} {' '.join(job)}")
-        typer.echo(f"{len(plan.jobs)} jobs (dry run: nothing ran; sweep dir would be {plan.sweep_dir})")
+            typer.echo(f"#{num} {' '.join(job)}" + ("  [done: skipped on --resume]" if num in done else ""))
+        resumed = f", {len(done)} already done" if resume else ""
+        typer.echo(f"{len(plan.jobs)} jobs{resumed} (dry run: nothing ran; sweep dir {plan.sweep_dir})")
         return
-    result = sweeps.run(req)
+    try:
+        result = sweeps.run(req)
+    except KeyboardInterrupt as exc:
+        if getattr(exc, "resume_hint", None):
+            typer.echo(f"is-study: sweep interrupted; finish it with: {exc.resume_hint}", err=True)
+        raise
     sweeps.print_result(result, req, _console(stderr=True))
     typer.echo(str(result.sweep_dir))
     if not result.ok:

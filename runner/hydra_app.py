@@ -92,13 +92,36 @@ def compose(overrides: list[str] | tuple[str, ...] = (), with_hydra: bool = Fals
         return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides), return_hydra_config=with_hydra)
 
 
-def run(overrides: list[str], task: Callable[[Any], Any]) -> Any:
+def run(overrides: list[str], task: Callable[[Any], Any], validate: Callable[[Any], None] | None = None) -> Any:
     """One Hydra run: the run dir (hydra.run.dir) and .hydra/ are Hydra's; `task(cfg)` does the work.
-    Returns the task's return value; the task's own UserError propagates unchanged."""
+    `validate(cfg)` runs first on the composed config, before Hydra creates anything on disk, so bad
+    input leaves no half-made run dir. Returns the task's return value; the task's own exception
+    propagates unchanged (without Hydra's extra "Error executing job" line)."""
+    failure: list[Exception] = []
+
+    def guarded(cfg: Any) -> Any:
+        # Hydra reports a failed job on stderr before re-raising; keep the exception to ourselves.
+        try:
+            return task(cfg)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, unchanged
+            failure.append(exc)
+            return None
+
     with _initialized() as hydra:
-        job = hydra.run(config_name=CONFIG_NAME, task_function=task, overrides=list(overrides),
+        if validate is not None:
+            validate(hydra_compose_for_run(hydra, overrides))
+        job = hydra.run(config_name=CONFIG_NAME, task_function=guarded, overrides=list(overrides),
                         with_log_configuration=False)
+    if failure:
+        raise failure[0]
     return job.return_value
+
+
+def hydra_compose_for_run(hydra: Any, overrides: list[str]) -> Any:
+    from hydra.types import RunMode
+
+    return hydra.compose_config(config_name=CONFIG_NAME, overrides=list(overrides), run_mode=RunMode.RUN,
+                                with_log_configuration=False)
 
 
 def multirun(overrides: list[str], task: Callable[[Any], Any]) -> Any:
@@ -135,3 +158,139 @@ def job(cfg: Any) -> Any:
     from runner.studies import run_study
 
     return run_study(cfg, output_dir())
+
+
+# ----------------------------------------------------------------------------------------- sweeps
+# What `is-study sweep` / `aggregate` need from Hydra; the rest of the sweep logic (resume, progress,
+# failures, aggregation) is Hydra-free, in runner/sweep.py and runner/aggregate.py.
+
+BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
+
+
+def sweep_plan(overrides: list[str]) -> dict:
+    """Compose the sweep's master config (multirun mode) and expand its jobs exactly as Hydra's
+    BasicSweeper will: `hydra.sweeper.params` (an experiment's sweep) first, then the command line's
+    task overrides, through Hydra's own override parser and `BasicSweeper.split_arguments`.
+
+    Returns {"jobs": [[override, ...], ...] (job num = index), "sweep_dir": the resolved
+    hydra.sweep.dir, "launcher": hydra.launcher._target_}."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    with _initialized() as hydra:
+        cfg = hydra.compose_config(config_name=CONFIG_NAME, overrides=list(overrides), run_mode=RunMode.MULTIRUN,
+                                   with_log_configuration=False)
+        sweeper = cfg.hydra.sweeper
+        target = sweeper.get("_target_")
+        if target != BASIC_SWEEPER:
+            raise UserError(f"sweep: only Hydra's basic sweeper is supported (hydra.sweeper is {target})")
+        params = sweeper.get("params")
+        params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
+        arguments = [f"{k}={v}" for k, v in params.items()]
+        arguments += OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)
+        parsed = OverridesParser.create(config_loader=hydra.config_loader).parse_overrides(arguments)
+        batches = BasicSweeper.split_arguments(parsed, None)
+        return {
+            "jobs": [list(job) for job in batches[0]],
+            "sweep_dir": str(cfg.hydra.sweep.dir),
+            "launcher": str(cfg.hydra.launcher.get("_target_")),
+        }
+
+
+def quote_override_value(value: str) -> str:
+    """A string as a Hydra override value: single-quoted, with ' and \\ escaped."""
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def parse_job_overrides(overrides: list[str]) -> list[tuple[str, str]]:
+    """(key, value) for each override string of a job's `.hydra/overrides.yaml`, parsed by Hydra's
+    override grammar: `+`/`++` prefixes dropped, quotes removed; deletions (`~key`) left out."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    with translated_errors():
+        parsed = OverridesParser.create().parse_overrides(list(overrides))
+    out = []
+    for o in parsed:
+        if o.is_delete():
+            continue
+        value = o.value()
+        key = o.key_or_group + (f"@{o.package}" if o.package else "")
+        out.append((key, value if isinstance(value, str) else o.get_value_element_as_str()))
+    return out
+
+
+def sweep_job(cfg: Any) -> Any:
+    """The task function of every `is-study sweep` job (module-level, so joblib, submitit and ray
+    can pickle it): skips a job whose dir holds DONE (--resume), reruns a partial one from scratch,
+    and turns an exception into <job dir>/ERROR plus a failure marker, so one failing job never
+    stops the sweep. See runner.sweep.run_job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from runner import sweep
+    from runner.studies import run_study
+
+    hydra_cfg = HydraConfig.get()
+    return sweep.run_job(cfg, Path(hydra_cfg.runtime.output_dir), Path(str(hydra_cfg.sweep.dir)), run_study)
+
+
+def representative_jobs(jobs: list[list[str]], is_group: Callable[[str], bool]) -> list[list[str]]:
+    """One job per distinct combination of config-group choices (and set of keys). Composing a job can
+    fail only through which configs are picked (`correction=nope`) or which keys are set
+    (`correction.hgh=2`), not through the value of a plain key (`seed=7`), so composing these
+    representatives finds the errors that composing every job would."""
+    seen: set[tuple] = set()
+    chosen = []
+    for job in jobs:
+        signature = []
+        for o in job:
+            key, _, value = o.partition("=")
+            bare = key.lstrip("+~")
+            signature.append((key, value if is_group(bare.split("@", 1)[0]) else None))
+        sig = tuple(signature)
+        if sig not in seen:
+            seen.add(sig)
+            chosen.append(job)
+    return chosen
+
+
+@contextlib.contextmanager
+def _representative_validation() -> Iterator[None]:
+    """Hydra's BasicSweeper composes every job's config to validate a batch before launching it, and
+    the launcher then composes each again to run it: two full compositions per job (~0.1 s each on
+    this conf tree), the bulk of a small job's overhead. For `is-study sweep` only, the validation
+    composes the representative jobs instead (see representative_jobs): the same errors are caught
+    before anything runs, at a fraction of the cost. Restored on exit."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+
+    had_own = "validate_batch_is_legal" in BasicSweeper.__dict__
+    original = BasicSweeper.validate_batch_is_legal
+    groups: dict[str, bool] = {}
+
+    def validate(self, batch):
+        loader = self.hydra_context.config_loader
+
+        def is_group(key: str) -> bool:
+            if key not in groups:
+                groups[key] = bool(loader.get_group_options(key))
+            return groups[key]
+
+        return original(self, representative_jobs([list(b) for b in batch], is_group))
+
+    BasicSweeper.validate_batch_is_legal = validate
+    try:
+        yield
+    finally:
+        if had_own:
+            BasicSweeper.validate_batch_is_legal = original
+        else:
+            del BasicSweeper.validate_batch_is_legal
+
+
+def sweep_multirun(overrides: list[str]) -> Any:
+    """`is-study sweep`'s multirun: Hydra's configured sweeper and launcher, the task function
+    `sweep_job`, and the representative validation above."""
+    with _initialized() as hydra, _representative_validation():
+        return hydra.multirun(config_name=CONFIG_NAME, task_function=sweep_job, overrides=list(overrides),
+                              with_log_configuration=False)

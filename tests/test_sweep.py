@@ -1,0 +1,312 @@
+"""`is-study sweep` and `is-study aggregate`: Hydra multiruns on the basic, joblib and submitit-local
+launchers, resume after SIGKILL, dry-run counts, failure isolation, and the aggregated tables.
+
+Every sweep here is tiny (3 steps of 2 prompts × 2 responses: 6 metrics rows per job) and runs with
+log.timing=false, so a job's metrics.csv is byte-identical whichever launcher ran it.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from runner import hydra_app, sweep
+from runner.errors import UserError
+from tests.conftest import REPO
+
+TINY = ["train.steps=3", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.timing=false"]
+ROWS_PER_JOB = 3 * 2  # steps × train.updates_per_step
+GRID = ["correction=tis,icepop", "correction.high=2,5", "seed=0,1"]  # 2 × 2 × 2
+GRID_KEYS = ["correction", "correction.high", "seed"]
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _markers(sweep_dir: Path, name: str) -> list[Path]:
+    return sorted(sweep_dir.glob(f"*/{name}"))
+
+
+def _jobs_from_dry_run(out: str) -> int:
+    match = re.search(r"^(\d+) jobs(, \d+ already done)? \(dry run", out, flags=re.M)
+    assert match, out
+    listed = [ln for ln in out.splitlines() if ln.startswith("#")]
+    assert len(listed) == int(match.group(1))
+    return int(match.group(1))
+
+
+def _check_grid_sweep(sweep_dir: Path) -> None:
+    assert len(_markers(sweep_dir, "DONE")) == 8
+    assert not _markers(sweep_dir, "ERROR")
+    rows = _read_csv(sweep_dir / "sweep.csv")
+    assert len(rows) == 8 * ROWS_PER_JOB
+    assert list(rows[0])[:4] == ["job", *GRID_KEYS]
+    cells = {(r["correction"], r["correction.high"], r["seed"]) for r in rows}
+    assert cells == {(c, h, s) for c in ("tis", "icepop") for h in ("2", "5") for s in ("0", "1")}
+    per_job = {}
+    for r in rows:
+        per_job.setdefault(r["job"], []).append(r)
+    assert sorted(per_job, key=int) == [str(i) for i in range(8)]
+    assert all(len(v) == ROWS_PER_JOB for v in per_job.values())
+    assert [r["step"] for r in per_job["0"]] == ["0", "0", "1", "1", "2", "2"]
+    summary = _read_csv(sweep_dir / "sweep_summary.csv")
+    assert len(summary) == 8 and {r["job_status"] for r in summary} == {"done"}
+    assert all(r["status"] == "ok" and r["steps_run"] == "3" for r in summary)
+
+
+@pytest.fixture(scope="module")
+def basic_sweep(tmp_path_factory):
+    """The 2×2×2 grid on the basic launcher, run once for the module."""
+    from runner import cli as cli_module
+
+    sweep_dir = tmp_path_factory.mktemp("sweeps") / "basic"
+    old = sys.argv
+    sys.argv = ["is-study", "sweep", *GRID, *TINY, f"hydra.sweep.dir={sweep_dir}"]
+    try:
+        with pytest.raises(SystemExit) as exc:
+            cli_module.main()
+    finally:
+        sys.argv = old
+    assert exc.value.code == 0
+    return sweep_dir
+
+
+def test_basic_launcher_grid(basic_sweep):
+    _check_grid_sweep(basic_sweep)
+    assert (basic_sweep / "multirun.yaml").is_file() and (basic_sweep / "sweep.json").is_file()
+    assert not list(basic_sweep.glob(".*.tmp"))
+
+
+def test_joblib_two_workers_gives_the_same_table(basic_sweep, tmp_path, cli):
+    d = tmp_path / "joblib"
+    code, out, err = cli("sweep", *GRID, *TINY, "--launcher", "joblib", "--jobs", "2", f"hydra.sweep.dir={d}")
+    assert code == 0, err
+    assert out.strip().splitlines()[-1] == str(d)
+    _check_grid_sweep(d)
+    assert "n_jobs: 2" in (d / "0" / ".hydra" / "hydra.yaml").read_text()  # the preset, n_jobs from --jobs
+    assert (d / "sweep.csv").read_bytes() == (basic_sweep / "sweep.csv").read_bytes()
+
+
+def test_submitit_local_completes(basic_sweep, tmp_path, cli):
+    d = tmp_path / "submitit"
+    code, _, err = cli("sweep", *GRID, *TINY, "--launcher", "submitit-local", "--jobs", "8", f"hydra.sweep.dir={d}")
+    assert code == 0, err
+    _check_grid_sweep(d)
+    assert (d / ".submitit").is_dir()  # submitit ran each job in its own process
+    assert (d / "sweep.csv").read_bytes() == (basic_sweep / "sweep.csv").read_bytes()
+
+
+def test_sigkill_then_resume_reruns_only_unfinished_jobs(tmp_path, cli):
+    d = tmp_path / "killed"
+    args = ["seed=range(0,8)", "train.steps=60", "log.quiet=true", "log.timing=false", f"hydra.sweep.dir={d}"]
+    proc = subprocess.Popen([sys.executable, "-m", "runner", "sweep", *args], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and proc.poll() is None:
+            if len(_markers(d, "DONE")) >= 1:
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    done_before = {p.parent.name: p.stat().st_mtime_ns for p in _markers(d, "DONE")}
+    assert 1 <= len(done_before) < 8
+
+    code, out, _ = cli("sweep", *args, "--resume", "--dry-run")
+    assert code == 0 and f"8 jobs, {len(done_before)} already done (dry run" in out
+    assert out.count("[done: skipped on --resume]") == len(done_before)
+    time.sleep(0.05)  # a rerun job would get a visibly later mtime
+    code, _, err = cli("sweep", *args, "--resume")
+    assert code == 0, err
+    assert f"({len(done_before)} already done before this run)" in err
+    done_after = {p.parent.name: p.stat().st_mtime_ns for p in _markers(d, "DONE")}
+    assert len(done_after) == 8
+    for name, mtime in done_before.items():
+        assert done_after[name] == mtime, f"job dir {name} was rerun"
+    rows = _read_csv(d / "sweep.csv")
+    assert len(rows) == 8 * 60 * 2
+    for job_dir in d.glob("*/.hydra"):  # no job holds rows of two attempts
+        assert len(_read_csv(job_dir.parent / "metrics.csv")) == 60 * 2
+
+
+def test_resume_needs_the_same_overrides_and_a_fresh_sweep_refuses_an_old_dir(basic_sweep, cli):
+    code, _, err = cli("sweep", *GRID, *TINY, f"hydra.sweep.dir={basic_sweep}")
+    assert code == 2 and "already holds a sweep" in err and "--resume" in err
+    code, _, err = cli("sweep", "correction=tis,icepop", "correction.high=2,10", "seed=0,1", *TINY,
+                       f"hydra.sweep.dir={basic_sweep}", "--resume")
+    assert code == 2 and "overrides differ" in err, err
+    code, _, err = cli("sweep", *GRID, "--resume")
+    assert code == 2 and "--resume needs" in err
+
+
+def test_dry_run_counts_match_real_runs(basic_sweep, tmp_path, cli):
+    code, out, _ = cli("sweep", *GRID, *TINY, "--dry-run", f"hydra.sweep.dir={tmp_path}/dry")
+    assert code == 0 and _jobs_from_dry_run(out) == 8 == len(_markers(basic_sweep, "DONE"))
+    assert "#7 correction=icepop correction.high=5 seed=1" in out
+    assert not (tmp_path / "dry").exists()  # nothing ran, nothing was written
+
+    code, out, _ = cli("sweep", "correction=tis,icepop,seq-tis", "seed=range(0,4)", "--dry-run")
+    assert _jobs_from_dry_run(out) == 12
+    assert _jobs_from_dry_run(cli("sweep", "experiment=threshold-tradeoff", "--dry-run")[1]) == 81
+    assert _jobs_from_dry_run(cli("sweep", "experiment=staleness-ladder", "--dry-run")[1]) == 48
+
+    # The experiment's own sweep (band: tight,mid,loose) narrowed on the command line, run for real.
+    exp = ["experiment=threshold-tradeoff", "correction=tis", "mismatch.staleness=0", "seed=range(0,2)", *TINY]
+    n = _jobs_from_dry_run(cli("sweep", *exp, "--dry-run")[1])
+    assert n == 6
+    d = tmp_path / "experiment"
+    code, _, err = cli("sweep", *exp, f"hydra.sweep.dir={d}")
+    assert code == 0, err
+    assert len(_markers(d, "DONE")) == n
+    rows = _read_csv(d / "sweep_summary.csv")
+    assert {(r["band"], r["seed"]) for r in rows} == {(b, s) for b in ("tight", "mid", "loose") for s in ("0", "1")}
+    assert all(r["experiment"] == "threshold-tradeoff" for r in rows)
+
+
+def test_failing_jobs_do_not_lose_the_others_and_rerun_on_resume(tmp_path, cli, monkeypatch):
+    from runner.studies import train
+
+    real_run = train.run
+
+    def flaky(cfg, run_dir):  # seed 1 raises after writing part of its metrics
+        if cfg.seed == 1:
+            (Path(run_dir) / "metrics.csv").write_text("step\n0\n")
+            raise RuntimeError("boom in seed 1")
+        return real_run(cfg, run_dir)
+
+    d = tmp_path / "failing"
+    # updates_per_step=5 > 2 × 2 sequences: those jobs fail in validation, with a one-line UserError
+    args = ["train.updates_per_step=1,5", "seed=0,1", *TINY, f"hydra.sweep.dir={d}"]
+    monkeypatch.setattr(train, "run", flaky)
+    code, out, err = cli("sweep", *args)
+    assert code == 1
+    assert out.strip() == str(d)
+    statuses = {r["job"]: r for r in _read_csv(d / "sweep_summary.csv")}
+    assert [statuses[j]["job_status"] for j in "0123"] == ["done", "failed", "failed", "failed"]
+    assert statuses["1"]["error"] == "RuntimeError: boom in seed 1"
+    assert statuses["2"]["error"].startswith("train.updates_per_step (5) > rollout.batch_size")
+    for j in ("1", "2", "3"):
+        assert f"FAILED job {j} " in err
+        text = (d / j / "ERROR").read_text()
+        assert text.splitlines()[0] == statuses[j]["error"] and "Traceback" in text
+    assert "--resume" in err  # the hint to rerun what failed
+    # finished jobs' rows: job 0 (3 steps × 1 update), and the partial rows jobs 1 and 3 wrote before raising
+    assert [r["job"] for r in _read_csv(d / "sweep.csv")] == ["0", "0", "0", "1", "3"]
+
+    monkeypatch.setattr(train, "run", real_run)
+    done0 = (d / "0" / "DONE").stat().st_mtime_ns
+    code, _, err = cli("sweep", *args, "--resume")
+    assert code == 1  # updates_per_step=5 still fails; seed 1 now succeeds
+    statuses = {r["job"]: r["job_status"] for r in _read_csv(d / "sweep_summary.csv")}
+    assert statuses == {"0": "done", "1": "done", "2": "failed", "3": "failed"}
+    assert not (d / "1" / "ERROR").exists()
+    assert len(_read_csv(d / "1" / "metrics.csv")) == 3  # rerun from scratch: no row of the failed attempt
+    assert (d / "0" / "DONE").stat().st_mtime_ns == done0
+
+
+def test_aggregate_reads_hydra_files_not_dir_names(basic_sweep, tmp_path, cli):
+    d = tmp_path / "copy"
+    shutil.copytree(basic_sweep, d)
+    for name in ("sweep.csv", "sweep_summary.csv"):
+        (d / name).unlink()
+    for job in list(d.glob("*/.hydra")):  # rename every job dir: numbers must come from .hydra/
+        job.parent.rename(job.parent.with_name(f"run-{9 - int(job.parent.name)}"))
+    for job in d.glob("run-*"):  # a probe study's table aggregates the same way
+        (job / "probe.csv").write_text("quantity,value\nbias,0.5\nvariance,2.0\n")
+    code, out, err = cli("aggregate", str(d))
+    assert code == 0, err
+    assert (d / "sweep.csv").read_bytes() == (basic_sweep / "sweep.csv").read_bytes()
+    probe = _read_csv(d / "sweep_probe.csv")
+    assert len(probe) == 16 and list(probe[0])[:4] == ["job", *GRID_KEYS] and list(probe[0])[-2:] == ["quantity", "value"]
+    assert {(r["job"], r["quantity"]) for r in probe} == {(str(j), q) for j in range(8) for q in ("bias", "variance")}
+    assert "sweep_probe.csv\t16 rows" in out and "8 done" in err
+    assert not list(d.glob(".*.tmp"))
+
+
+def test_missing_launcher_extra_is_one_line(cli, monkeypatch):
+    monkeypatch.setattr(sweep, "plugin_installed", lambda module: False)
+    code, _, err = cli("sweep", "seed=0,1", "--launcher", "joblib", "--dry-run")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1
+    assert lines[0] == "is-study: error: launcher joblib needs the [parallel] extra: pip install 'is-study[parallel]'"
+    code, _, err = cli("sweep", "seed=0,1", "hydra/launcher=submitit_slurm", "--dry-run")
+    assert code == 2 and "pip install 'is-study[slurm]'" in err
+
+
+def test_launcher_flags(cli):
+    code, _, err = cli("sweep", "seed=0,1", "--jobs", "4", "--dry-run")
+    assert code == 2 and "--launcher joblib" in err
+    code, _, err = cli("sweep", "seed=0,1", "--launcher", "slurm", "--dry-run")
+    assert code == 2 and "submitit-slurm" in err
+    if not sweep.plugin_installed("hydra_plugins.hydra_ray_launcher"):
+        code, _, err = cli("sweep", "seed=0,1", "--launcher", "ray", "--dry-run")
+        assert code == 2 and "pip install 'is-study[ray]'" in err
+
+
+def test_launcher_presets_compose_with_jobs():
+    cases = {
+        "joblib": ("n_jobs", 3),
+        "submitit-slurm": ("array_parallelism", 3),
+    }
+    for name, (key, value) in cases.items():
+        overrides, _ = sweep.build_overrides(sweep.Request(launcher=name, jobs=3))
+        cfg = hydra_app.compose(overrides, with_hydra=True)
+        assert cfg.hydra.launcher[key] == value
+    overrides, _ = sweep.build_overrides(sweep.Request(launcher="submitit-local", jobs=3))
+    cfg = hydra_app.compose(overrides, with_hydra=True)
+    assert cfg.hydra.sweeper.max_batch_size == 3 and cfg.hydra.launcher.cpus_per_task == 1
+    slurm = hydra_app.compose(["hydra/launcher=submitit-slurm", "hydra.launcher.partition=cpu"], with_hydra=True)
+    assert slurm.hydra.launcher.partition == "cpu" and slurm.hydra.launcher.timeout_min == 30
+
+
+def test_name_goes_to_multirun_and_two_default_dirs_never_collide(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    p = sweep.plan(sweep.Request(overrides=["seed=0,1"], name="ladder"))
+    assert p.sweep_dir == tmp_path / "multirun" / "ladder"
+    explicit = sweep.plan(sweep.Request(overrides=["seed=0,1", f"hydra.sweep.dir={tmp_path}/x"], name="ladder"))
+    assert explicit.sweep_dir == tmp_path / "x"
+    dirs = {sweep.plan(sweep.Request(overrides=["seed=0,1"])).sweep_dir for _ in range(5)}
+    assert len(dirs) == 5  # same second, distinct suffixes
+    with pytest.raises(UserError, match="plain name"):
+        sweep.plan(sweep.Request(name="../up"))
+
+
+def test_representative_validation_keeps_one_job_per_group_choice():
+    jobs = [[f"correction={c}", f"correction.high={h}", f"seed={s}"]
+            for c in ("tis", "icepop") for h in (2, 5) for s in range(10)]
+    reps = hydra_app.representative_jobs(jobs, lambda key: key == "correction")
+    assert reps == [["correction=tis", "correction.high=2", "seed=0"], ["correction=icepop", "correction.high=2", "seed=0"]]
+
+
+def test_a_launcher_error_is_reported_and_the_disk_decides(tmp_path, cli, monkeypatch):
+    real = hydra_app.sweep_multirun
+
+    def collects_badly(overrides):  # every job runs, then the launcher fails collecting results
+        real(overrides)
+        raise RuntimeError("result pickle vanished")
+
+    monkeypatch.setattr(hydra_app, "sweep_multirun", collects_badly)
+    code, _, err = cli("sweep", "seed=0,1", *TINY, f"hydra.sweep.dir={tmp_path / 'late'}")
+    assert code == 0 and "note: the launcher raised after every job had finished" in err
+
+    def fails_first(overrides):  # nothing ran: one line, exit 2, no sweep dir left behind
+        raise RuntimeError("could not reach the cluster")
+
+    monkeypatch.setattr(hydra_app, "sweep_multirun", fails_first)
+    code, _, err = cli("sweep", "seed=0,1", *TINY, f"hydra.sweep.dir={tmp_path / 'early'}")
+    assert code == 2 and err.strip() == "is-study: error: sweep: RuntimeError: could not reach the cluster"
+    assert not (tmp_path / "early").exists()
