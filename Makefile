@@ -22,5 +22,8 @@ bench: install
 figures: install
 	bash scripts/figures.sh
 
+gallery: install
+	bash scripts/make_gallery.sh
+
 clean:
 	rm -rf runs multirun outputs .pytest_cache .hypothesis audit-cases bench.json

@@ -1,0 +1,573 @@
+"""`is-study report PATH [OVERRIDES]`: Markdown for an issue or a lab notebook.
+
+For a run dir, a sweep dir or a probe dir: the verdict per correction, the command that produced
+the data (from `.hydra/overrides.yaml`, or the sweep's `multirun.yaml`), the config's differences
+from the defaults (`runner.hydra_app.compose([])` against the run's `.hydra/config.yaml`), a results
+table, and the key figures embedded by relative path (drawn into PATH/figures/ when missing).
+OVERRIDES filter the jobs of a sweep (`correction=tis mismatch.staleness=0,8`).
+
+For a case file (`is-study report case.yaml correction=...`): the repro card. The inputs, the
+expected against the actual results (runner.studies.case.evaluate and compare, the preset composed
+by runner.hydra_app.compose) and which invariant broke: 1 a finite loss and gradient, 2 exactly zero
+gradient at every rejected unit (runner.audit's check).
+
+This module never imports torch itself; the case card calls runner code that does.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from analysis.load import (QUIET_KEYS, Dataset, command, flatten, fmt_value, load_dataset, parse_override, per_job,
+                           same_value)
+from runner.errors import UserError
+
+CASE_SUFFIXES = (".yaml", ".yml", ".json")
+MAX_TABLE_ROWS = 120
+REPORT_FIGURES = ("training", "stability", "threshold", "mismatch", "grad-norm", "masking")
+
+
+# ----------------------------------------------------------------------------------------- entry
+def build(path: str, overrides: Sequence[str] = (), out: str | None = None) -> tuple[str, Path | None]:
+    """(the Markdown, where it goes: a file path, or None for stdout)."""
+    target = Path(path)
+    if target.is_dir() or (target.is_file() and target.suffix == ".csv"):
+        ds = load_dataset(target).select(list(overrides))
+        dest = _destination(out, ds.path / "report.md")
+        return dataset_report(ds, overrides, dest), dest
+    case_path = _case_path(path)
+    if case_path is None:
+        raise UserError(f"no such file or directory: {path}")
+    dest = _destination(out, None)
+    return case_report(case_path, list(overrides), shown=path), dest
+
+
+def write(text: str, dest: Path | None) -> None:
+    if dest is None:
+        sys.stdout.write(text)
+        return
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        dest.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"cannot write --out {dest}: {exc.strerror or exc}") from None
+
+
+def _destination(out: str | None, default: Path | None) -> Path | None:
+    if out == "-":
+        return None
+    if out is None:
+        return default
+    dest = Path(out)
+    if dest.is_dir():
+        raise UserError(f"--out {out} is a directory; give a file name, e.g. {dest / 'report.md'}")
+    return dest
+
+
+def _case_path(path: str) -> Path | None:
+    p = Path(path)
+    if p.is_file():
+        if p.suffix not in CASE_SUFFIXES:
+            raise UserError(f"{p}: expected a run dir, a sweep dir or a case file (.yaml/.json)")
+        return p
+    if not p.exists() and "/" not in path and os.sep not in path:
+        from runner import registry
+
+        return registry.shipped_case(path)
+    return None
+
+
+# ----------------------------------------------------------------------------------------- markdown bits
+def _fmt(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        if v == int(v) and abs(v) < 1e6:
+            return str(int(v))
+        return f"{v:.{digits}g}"
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_fmt(x, digits) for x in v) + "]"
+    return str(v)
+
+
+def _cell(v: Any) -> str:
+    return _fmt(v).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
+    """A GitHub Markdown table via pandas.to_markdown (tabulate)."""
+    import pandas as pd
+
+    if not rows:
+        return "_(no rows)_"
+    df = pd.DataFrame([{k: _cell(v) for k, v in r.items()} for r in rows], columns=columns)
+    return df.to_markdown(index=False, disable_numparse=True)
+
+
+def _mean_sd(values) -> str:
+    import numpy as np
+
+    vals = np.asarray([v for v in values if v is not None], dtype=float)
+    vals = vals[np.isfinite(vals)]
+    if len(vals) == 0:
+        return "nan"
+    if len(vals) == 1:
+        return f"{vals[0]:.3f}"
+    return f"{vals.mean():.3f} ± {vals.std(ddof=1):.3f}"
+
+
+# ----------------------------------------------------------------------------------------- dataset report
+def dataset_report(ds: Dataset, filters: Sequence[str] = (), dest: Path | None = None) -> str:
+    parts: list[str] = []
+    kind = _kind_words(ds)
+    parts.append(f"# is-study report: {ds.name}\n")
+    parts.append(f"{kind}. Data: `{ds.path}`" + (f", filtered to `{' '.join(filters)}`" if filters else "") + ".\n")
+
+    is_probe = ds.metrics is None and ds.probe is not None
+    verdicts = _probe_verdicts(ds) if is_probe else _train_verdicts(ds)
+    parts.append("## Verdict\n")
+    parts.extend(f"- {v}" for v in verdicts)
+    parts.append("")
+
+    cmd, source = command(ds)
+    parts.append("## Command\n")
+    parts.append(f"```bash\n{cmd}\n```\n")
+    parts.append(f"_(source: {source})_\n")
+
+    parts.append("## Config: differences from the defaults\n")
+    parts.append(_config_diff(ds) + "\n")
+
+    parts.append("## Results\n")
+    parts.append((_probe_table(ds) if is_probe else _train_table(ds)) + "\n")
+
+    figs = _figures(ds, filters, dest)
+    if figs:
+        parts.append("## Figures\n")
+        parts.extend(figs)
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _kind_words(ds: Dataset) -> str:
+    studies = sorted(ds.studies)
+    study = studies[0] if len(studies) == 1 else "/".join(studies)
+    if ds.kind == "run":
+        job = ds.first
+        status = "complete" if job.done else "NOT complete (no DONE marker)"
+        return f"One `{study}` run, {status}"
+    done = sum(j.done for j in ds.jobs)
+    swept = " × ".join(f"`{k}`" for k in ds.swept) or "nothing"
+    return f"A `{study}` sweep of {len(ds.jobs)} jobs ({done} complete) over {swept}"
+
+
+def _facet_keys(ds: Dataset, frame) -> list[str]:
+    return [k for k in ds.swept if k not in ("seed", "correction") and k in frame.columns]
+
+
+def _replicates(ds: Dataset) -> str:
+    """'seeds' when only the seed varies within a correction, else 'runs'."""
+    others = [k for k in ds.swept if k not in ("seed", "correction")]
+    return "runs" if others else "seeds"
+
+
+def _train_verdicts(ds: Dataset) -> list[str]:
+    from analysis.style import preset_rank
+
+    per = per_job(ds)
+    if per is None or per.empty:
+        return ["no training metrics to judge"]
+    word = _replicates(ds)
+    facet_keys = _facet_keys(ds, per)
+    out = []
+    for name in sorted(per["correction"].unique(), key=preset_rank):
+        cur = per[per["correction"] == name]
+        n = len(cur)
+        bad = cur[cur["nonfinite_events"] > 0]
+        if bad.empty:
+            line = f"finite in all {n} {word}" if n > 1 else "finite"
+        else:
+            events = int(bad["nonfinite_events"].sum())
+            first = int(bad["first_bad"].min())
+            line = (f"**{events} nonfinite event{'s' if events != 1 else ''}** "
+                    f"({int((bad['nonfinite'] * bad['updates']).round().sum())} updates with a NaN/inf loss or "
+                    f"gradient, {int(bad['skipped'].sum())} skipped) in {len(bad)} of {n} {word}, first at step {first}")
+            by = cur.groupby(facet_keys)["nonfinite_events"].sum() if facet_keys else None
+            if by is not None and by.nunique() > 1:
+                worst = by.idxmax()
+                worst = worst if isinstance(worst, tuple) else (worst,)
+                line += f"; most at {', '.join(f'{k}={fmt_value(v)}' for k, v in zip(facet_keys, worst))}"
+        collapsed = cur["collapsed"].dropna()
+        if len(collapsed):
+            c = int(collapsed.sum())
+            line += f"; collapsed in {c} of {len(collapsed)} {word}" if c else "; no collapse"
+        not_done = int((~cur["done"].astype(bool)).sum())
+        if not_done:
+            line += f"; {not_done} unfinished"
+        finals = _mean_sd(cur["final_objective"])
+        line += f"; final J(θ) {finals}"
+        out.append(f"**{name}**: {line}")
+    return out
+
+
+def _train_table(ds: Dataset) -> str:
+    from analysis.style import preset_rank
+
+    per = per_job(ds)
+    if per is None:
+        return "_(no metrics)_"
+    facet_keys = _facet_keys(ds, per)
+    rows = []
+    groups = per.groupby(["correction", *facet_keys], sort=False, dropna=False)
+    ordered = sorted(groups, key=lambda kv: (preset_rank(str(kv[0][0] if isinstance(kv[0], tuple) else kv[0])),
+                                             [str(x) for x in (kv[0] if isinstance(kv[0], tuple) else (kv[0],))]))
+    word = "seeds" if _replicates(ds) == "seeds" or facet_keys else "runs"
+    for key, g in ordered:
+        key = key if isinstance(key, tuple) else (key,)
+        row = {"correction": key[0]}
+        row.update({k: fmt_value(v) for k, v in zip(facet_keys, key[1:])})
+        if ds.kind == "run":
+            j = ds.first
+            row.update({"seed": fmt_value(j.value("seed")), "staleness": fmt_value(g["staleness"].iloc[0]),
+                        "updates": int(g["updates"].iloc[0])})
+        else:
+            row[word] = len(g)
+        row["final J(θ)"] = _mean_sd(g["final_objective"])
+        row["best J(θ)"] = _mean_sd(g["best_objective"])
+        row["final reward"] = _mean_sd(g["final_reward"])
+        row["NaN/inf events"] = int(g["nonfinite_events"].sum())
+        row["skipped updates"] = int(g["skipped"].sum())
+        col = g["collapsed"].dropna()
+        row["collapsed"] = f"{int(col.sum())}/{len(col)}" if len(col) else "—"
+        rows.append(row)
+    note = ""
+    if len(rows) > MAX_TABLE_ROWS:
+        note = f"\n\n_(first {MAX_TABLE_ROWS} of {len(rows)} rows)_"
+        rows = rows[:MAX_TABLE_ROWS]
+    legend = ("\n\nJ(θ) is the exact expected reward of the policy (0–1); mean ± s.d. over the " + word +
+              " where there are several. NaN/inf events count NaN/inf losses and gradients (events.csv).")
+    return _table(rows) + note + legend
+
+
+def _band(low: Any, high: Any) -> str:
+    def one(v):
+        return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else _fmt(v)
+    return f"[{one(low)}, {one(high)}]"
+
+
+def _probe_verdicts(ds: Dataset) -> list[str]:
+    from analysis.style import preset_rank
+
+    pr = ds.probe
+    out = []
+    for name in sorted(pr["preset"].astype(str).unique(), key=preset_rank):
+        cur = pr[pr["preset"].astype(str) == name]
+        nb = len(cur)
+        rate = cur["nonfinite_rate"].astype(float) if "nonfinite_rate" in cur.columns else None
+        if rate is None or rate.fillna(0).max() == 0:
+            line = f"finite in every batch at {'all ' + str(nb) + ' bands/cells' if nb > 1 else 'its band'}"
+        else:
+            worst = cur.loc[rate.idxmax()]
+            line = (f"**NaN/inf in {100 * float(worst['nonfinite_rate']):.3g}% of batches** at band "
+                    f"{_band(worst['low'], worst['high'])}; {int((rate > 0).sum())} of {nb} cells affected")
+        if "mse" in cur.columns and cur["mse"].notna().any():
+            best = cur.loc[cur["mse"].astype(float).idxmin()]
+            line += (f"; lowest MSE {_fmt(float(best['mse']), 3)} at {_band(best['low'], best['high'])} "
+                     f"(bias {_fmt(float(best['bias_norm']), 3)}, variance {_fmt(float(best['variance']), 3)})")
+        out.append(f"**{name}**: {line}")
+    return out
+
+
+def _probe_table(ds: Dataset) -> str:
+    from analysis.style import preset_rank
+
+    pr = ds.probe.copy()
+    facet_keys = [k for k in ds.swept if k in pr.columns]
+    pr["_rank"] = pr["preset"].astype(str).map(lambda n: preset_rank(n))
+    pr = pr.sort_values(["_rank", *facet_keys, "high"], kind="stable")
+    cols = [c for c in ("preset", *facet_keys, "low", "high", "bias_norm", "bias_norm_ci", "variance", "mse", "cosine",
+                        "nonfinite_rate", "mean_ess", "mean_masked_fraction") if c in pr.columns]
+    rows = [{c: (None if c in ("low", "high") and isinstance(r[c], float) and math.isnan(r[c]) else r[c])
+             for c in cols} for _, r in pr.iterrows()]
+    note = ""
+    if len(rows) > MAX_TABLE_ROWS:
+        note = f"\n\n_(first {MAX_TABLE_ROWS} of {len(rows)} rows; all of them are in probe.csv)_"
+        rows = rows[:MAX_TABLE_ROWS]
+    legend = ("\n\nbias_norm = ‖mean estimate − ∇J‖ (± bias_norm_ci), variance = trace of the estimate's "
+              "covariance, mse = bias² + variance, all against the exact on-policy gradient ∇J(θ).")
+    return _table(rows, cols) + note + legend
+
+
+def _config_diff(ds: Dataset) -> str:
+    """The config keys whose value differs from the defaults: `is-study show` for the train study,
+    `is-study show study=NAME` for another study (its own section is then not all "new")."""
+    if not ds.jobs:
+        return "_(no .hydra/config.yaml beside this sweep.csv)_"
+    flats = [j.flat_config for j in ds.jobs]
+    if not any(flats):
+        return "_(no .hydra/config.yaml in the run dir)_"
+    studies = {f.get("study.name") for f in flats} - {None}
+    base = [f"study={studies.pop()}"] if len(studies) == 1 else []
+    try:
+        from runner import hydra_app
+
+        defaults = flatten(hydra_app.to_container(hydra_app.compose([])))
+        if base and defaults.get("study.name") != base[0].split("=", 1)[1]:
+            defaults = flatten(hydra_app.to_container(hydra_app.compose(base)))
+        else:
+            base = []
+    except UserError as exc:
+        return f"_(the defaults could not be composed: {exc})_"
+    keys: dict[str, None] = {}
+    for flat in flats:
+        for k in flat:
+            keys.setdefault(k, None)
+    for k in defaults:
+        keys.setdefault(k, None)
+    rows = []
+    many = len(ds.jobs) > 1
+    # A swept config group (correction=a,b): its .name row says it all; the fields it implies are left out.
+    groups = {k for k in ds.swept if "." not in k and f"{k}.name" in keys}
+    for k in keys:
+        if k.endswith(".description") or k in QUIET_KEYS:
+            continue
+        if k.split(".", 1)[0] in groups and k.split(".", 1)[1] != "name" and k not in ds.keys:
+            continue
+        values: dict[str, Any] = {}
+        for flat in flats:
+            v = flat.get(k, "(absent)")
+            values.setdefault(fmt_value(v), v)
+        values = list(values.values())
+        default = defaults.get(k, "(absent)")
+        if len(values) == 1 and fmt_value(values[0]) == fmt_value(default):
+            continue
+        shown = ", ".join(_fmt(v) for v in values[:8]) + (" …" if len(values) > 8 else "")
+        if many:
+            shown = f"{shown} (swept)" if len(values) > 1 else shown
+        rows.append({"key": f"`{k}`", "default": _fmt(default), "this sweep" if many else "this run": shown})
+    against = f"`is-study show {base[0]}`" if base else "`is-study show`"
+    if not rows:
+        return f"_(none: the defaults of {against})_"
+    return f"Against the defaults ({against}):\n\n" + _table(rows)
+
+
+# ----------------------------------------------------------------------------------------- figures
+def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str]:
+    """Markdown image lines for the figures that apply, drawn into PATH/figures[/FILTER] if missing."""
+    from analysis import plots
+
+    avail = plots.availability(ds)
+    kinds = [k for k in REPORT_FIGURES if avail.get(k) is None]
+    if not kinds:
+        return []
+    fig_dir = ds.path / "figures"
+    if filters:
+        fig_dir = fig_dir / re.sub(r"[^A-Za-z0-9._=,-]+", "_", "_".join(filters))
+    missing = [k for k in kinds if not (fig_dir / f"{k}.png").is_file()]
+    note = []
+    if missing:
+        try:
+            plots.render(ds, fig_dir, missing)
+        except UserError as exc:
+            note.append(f"_(figures not drawn: {exc})_\n")
+    base = (dest.parent if dest is not None else Path.cwd()).resolve()
+    lines = []
+    for k in kinds:
+        png = fig_dir / f"{k}.png"
+        if not png.is_file():
+            continue
+        rel = Path(os.path.relpath(png.resolve(), base)).as_posix()
+        lines.append(f"![{plots.TITLES[k]}]({rel})\n")
+    return note + lines
+
+
+# ----------------------------------------------------------------------------------------- case card
+def case_report(path: Path, overrides: list[str], shown: str | None = None) -> str:
+    from runner import hydra_app
+    from runner.cases import load_case_file
+    from runner.corrections import Correction
+    from runner.losses import LossSpec
+    from runner.studies.case import compare, evaluate
+
+    case_file = load_case_file(path)
+    cfg = hydra_app.compose(overrides)
+    corr_cfg = hydra_app.to_container(cfg.correction)
+    loss_cfg = hydra_app.to_container(cfg.loss)
+    corr = Correction.from_config(corr_cfg)
+    spec = LossSpec.from_config(loss_cfg)
+    results = [evaluate(c, spec, corr) for c in case_file.cases]
+    expected, why = _expected_for(case_file, corr.name, overrides)
+    mismatches = compare(results, expected) if expected is not None else []
+    inv = _invariants(case_file, corr, spec, results)
+
+    parts = [f"# Repro card: `{Path(shown or path).name}` under correction={corr.name}\n"]
+    broken = [f"invariant {n} ({text}) fails in {', '.join(cases)}" for n, text, cases in inv["broken"]]
+    if broken:
+        text = "; ".join(broken)
+        parts.append(f"**Verdict: BROKEN.** {text[0].upper() + text[1:]}.\n")
+    else:
+        parts.append("**Verdict: OK.** Every case gives a finite loss and gradient, and rejected units get exactly "
+                     "zero gradient.\n")
+    if expected is None:
+        parts.append(f"No expected results to compare with: {why}.\n")
+    elif mismatches:
+        parts.append(f"**{len(mismatches)} mismatch(es) with the file's expected results** (tolerance 1e-5): "
+                     + "; ".join(str(m) for m in mismatches[:5]) + ".\n")
+    else:
+        parts.append("The actual results match the file's expected results (tolerance 1e-5)"
+                     + (": the reported behaviour is reproduced." if broken else ".") + "\n")
+
+    shown_path = shown or str(path)
+    parts.append("## Command\n")
+    parts.append("```bash\n" + " ".join(["is-study", "case", shown_path, *overrides]) + "\n```\n")
+
+    parts.append("## Setup\n")
+    band = f"[{_fmt(corr_cfg.get('low'))}, {_fmt(corr_cfg.get('high'))}]"
+    setup = [
+        {"": "correction", "value": f"`{corr.name}`" + (" (faithful reproduction)" if corr_cfg.get("faithful") else "")},
+        {"": "what it computes", "value": corr_cfg.get("description", "")},
+        {"": "band [low, high]", "value": band + (f", veto {_fmt(corr_cfg.get('veto'))}"
+                                                  if corr_cfg.get("veto") is not None else "")},
+        {"": "loss", "value": f"`{loss_cfg.get('name')}`, reduction {loss_cfg.get('reduction')}"},
+    ]
+    parts.append(_table(setup) + "\n")
+
+    parts.append("## Inputs\n")
+    parts.append("Per token: the trainer's log-probs under θ (`log_probs`), at rollout time (`old_log_probs`), "
+                 "the engine's (`rollout_log_probs`), the advantage and the action mask; log-ratio = old − roll.\n")
+    for case in case_file.cases:
+        parts.append(f"**{case.name}**\n")
+        parts.append(_inputs_table(case) + "\n")
+
+    parts.append("## Expected vs actual\n")
+    parts.append(_expect_table(results, expected, mismatches) + "\n")
+
+    parts.append("## Invariants\n")
+    parts.append(_table(inv["rows"]) + "\n")
+    parts.append("1: the loss and d loss / d log_probs are finite (NaN or ±inf is the bug). "
+                 "2: a unit the correction rejects contributes exactly zero gradient (not 0·inf = NaN).\n")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _expected_for(case_file, preset: str, overrides: list[str]) -> tuple[list | None, str]:
+    if not case_file.expect:
+        return None, f"{case_file.path.name} has no `expect:` list"
+    user = {parse_override(o)[0]: parse_override(o)[1] for o in overrides if "=" in o}
+    user.pop("correction", None)
+    candidates = []
+    for entry in case_file.expect:
+        if not isinstance(entry, dict) or entry.get("preset") != preset or "results" not in entry:
+            continue
+        extra = dict(parse_override(o) for o in entry.get("overrides", []) or [])
+        if all(k in user and same_value(user[k], v) for k, v in extra.items()):
+            candidates.append((len(extra), entry))
+    if not candidates:
+        return None, f"{case_file.path.name} has no expect entry for `{preset}` with these overrides"
+    return max(candidates, key=lambda c: c[0])[1]["results"], ""
+
+
+def _inputs_table(case) -> str:
+    rows = []
+    B = len(case.log_probs)
+    for b in range(B):
+        for t in range(len(case.log_probs[b])):
+            row = {"seq": b} if B > 1 else {}
+            old, roll = case.old_log_probs[b][t], case.rollout_log_probs[b][t]
+            row.update({"t": t, "log_probs": case.log_probs[b][t], "old_log_probs": old, "rollout_log_probs": roll,
+                        "advantages": case.advantages[b][t], "action_mask": case.action_mask[b][t],
+                        "log-ratio": old - roll if math.isfinite(old) and math.isfinite(roll) else float("nan")})
+            # Full precision (the shortest repr that round-trips): the card must reproduce the case.
+            rows.append({k: _exact(v) if isinstance(v, float) else v for k, v in row.items()})
+    return _table(rows)
+
+
+def _exact(v: float) -> str:
+    if not math.isfinite(v):
+        return _fmt(v)
+    return str(int(v)) if v == int(v) and abs(v) < 1e15 else repr(v)
+
+
+def _expect_table(results: list[dict], expected: list | None, mismatches) -> str:
+    bad = {(m.case, m.field.split("[")[0]) for m in mismatches}
+    rows = []
+    for i, res in enumerate(results):
+        exp = expected[i] if expected is not None and i < len(expected) else {}
+        for field in ("loss", "grad"):
+            row = {"case": res["name"], "field": field if field == "loss" else "d loss / d log_probs",
+                   "expected": _fmt(_num(exp[field]), 7) if field in exp else "—", "actual": _fmt(_num(res[field]), 7)}
+            if field in exp:
+                row["match"] = "✗" if (res["name"], field) in bad else "✓"
+            else:
+                row["match"] = "—"
+            rows.append(row)
+        rows.append({"case": res["name"], "field": "finite", "expected": "—",
+                     "actual": "yes" if res["finite"] else "**NO**", "match": "—"})
+    return _table(rows, ["case", "field", "expected", "actual", "match"])
+
+
+def _num(v: Any) -> Any:
+    """Case-file numbers may be the strings 'nan' / 'inf' / '-inf'."""
+    if isinstance(v, list):
+        return [_num(x) for x in v]
+    if isinstance(v, str):
+        try:
+            return float(v)
+        except ValueError:
+            return v
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+
+
+def _invariants(case_file, corr, spec, results: list[dict]) -> dict:
+    """Per case: invariant 1 (finite loss and gradient) and 2 (zero gradient at rejected units)."""
+    try:
+        from runner.audit.invariants import applies_rejection, check_rejection
+        from runner.audit.subjects import Batch, PresetSubject
+    except ImportError:  # pragma: no cover - runner.audit ships with is-study
+        applies_rejection = check_rejection = Batch = PresetSubject = None
+    subject = PresetSubject(corr, spec) if PresetSubject is not None else None
+    rows, fail1, fail2 = [], [], []
+    for case, res in zip(case_file.cases, results):
+        masked_in = [(b, t) for b, row in enumerate(case.action_mask) for t, m in enumerate(row) if m > 0]
+        inputs_finite = all(math.isfinite(getattr(case, k)[b][t]) for b, t in masked_in
+                            for k in ("log_probs", "old_log_probs", "rollout_log_probs", "advantages"))
+        if res["finite"]:
+            one = "✓"
+        else:
+            one = f"✗ loss {_fmt(res['loss'])}" + ("" if inputs_finite else " (the inputs hold NaN/inf)")
+            fail1.append(res["name"])
+        if subject is None:
+            two = "n/a (runner.audit unavailable)"
+        else:
+            reason = applies_rejection(subject)
+            if reason:
+                two = f"n/a ({reason})"
+            else:
+                batch = Batch.from_case(case)
+                outcome = subject(batch)
+                rejected = ((batch.mask > 0) & ~outcome.keep)
+                n_rej = int(rejected.sum())
+                if n_rej == 0:
+                    two = "n/a (nothing rejected)"
+                else:
+                    msg = check_rejection(subject, batch)
+                    if msg:
+                        two = f"✗ {msg}"
+                        fail2.append(res["name"])
+                    else:
+                        two = f"✓ ({n_rej} rejected token{'s' if n_rej != 1 else ''}, gradient 0)"
+        rows.append({"case": res["name"], "1 finite loss and gradient": one, "2 zero gradient at rejected units": two})
+    broken = []
+    if fail1:
+        broken.append((1, "finite loss and gradient", fail1))
+    if fail2:
+        broken.append((2, "zero gradient at rejected units", fail2))
+    return {"rows": rows, "broken": broken}

@@ -1,0 +1,390 @@
+"""analysis/: loading, every figure kind, `is-study plot` and `is-study report`, on real outputs
+made here: a tiny train run, a tiny sweep (is-study sweep), a tiny probe run, a shipped case file."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["train.steps=6", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.tokens_every=2"]
+# 5% of rollout log-probs shifted by −1000 nats: the as-shipped OpenRLHF preset meets NaN/inf in a few steps.
+FAULTS = ["mismatch.outlier_rate=0.05"]
+BUG = "openrlhf-bc71bb1/seq-mask-tis"
+
+
+def _cli(*args: str) -> tuple[int, str, str]:
+    """`is-study ARGS` in-process (module-scoped fixtures cannot use capsys)."""
+    from runner import cli as cli_module
+
+    out, err = io.StringIO(), io.StringIO()
+    old = sys.argv
+    sys.argv = ["is-study", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli_module.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = old
+    return code, out.getvalue(), err.getvalue()
+
+
+def _run(run_dir: Path, *overrides: str) -> Path:
+    code, _, err = _cli("run", *TINY, *overrides, f"hydra.run.dir={run_dir}")
+    assert code == 0, err
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("run") / "r", f"correction={BUG}", *FAULTS)
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory):
+    """correction × staleness × seed = 8 jobs, with `is-study sweep` (sweep.csv by its aggregator)."""
+    d = tmp_path_factory.mktemp("sweep") / "s"
+    code, _, err = _cli("sweep", f"correction=tis,{BUG}", "mismatch.staleness=0,2", "seed=0,1", *TINY, *FAULTS,
+                        f"hydra.sweep.dir={d}")
+    assert code == 0, err
+    assert (d / "sweep.csv").is_file()
+    return d
+
+
+@pytest.fixture(scope="module")
+def probe_dir(tmp_path_factory):
+    from runner.studies import STUDIES
+
+    if "probe" not in STUDIES:
+        pytest.skip("the probe study is not in this checkout")
+    d = tmp_path_factory.mktemp("probe") / "p"
+    code, _, err = _cli("run", "study=probe", "probe.repeats=16", "probe.n_boot=100", "probe.pretrain_steps=0",
+                        f"probe.presets=[tis,seq-tis,{BUG}]", "probe.bands=[[0.5,1.5],[0.5,4],[0.5,40]]",
+                        "rollout.batch_size=2", "rollout.group_size=4", "rollout.seq_len=8", "mismatch.staleness=2",
+                        "log.quiet=true", f"hydra.run.dir={d}")
+    assert code == 0, err
+    return d
+
+
+# ----------------------------------------------------------------------------------------- loading
+def test_load_run_is_tidy_with_override_columns(run_dir):
+    from analysis import load
+
+    df = load(run_dir)
+    assert len(df) == 6 * 2  # steps × train.updates_per_step
+    assert {"job", "step", "update", "objective", "grad_norm", "correction", "train.steps"} <= set(df.columns)
+    assert set(df["correction"]) == {BUG} and set(df["train.steps"]) == {6}
+    assert df.attrs["kind"] == "run" and df.attrs["swept"] == [] and "correction" in df.attrs["keys"]
+
+
+def test_load_sweep_reads_keys_from_hydra_files(sweep_dir, tmp_path):
+    from analysis import load, load_dataset
+
+    df = load(sweep_dir)
+    assert df.attrs["swept"] == ["correction", "mismatch.staleness", "seed"]
+    assert len(df) == 8 * 6 * 2 and df["job"].nunique() == 8
+    per_job = df.groupby("job")[["correction", "mismatch.staleness", "seed"]].nunique()
+    assert (per_job == 1).all().all()
+    # The same table from the job dirs alone (no sweep.csv), and the keys never come from dir names.
+    ds = load_dataset(sweep_dir)
+    alone = tmp_path / "renamed"
+    alone.mkdir()
+    for i, job in enumerate(ds.jobs):
+        os.symlink(job.path, alone / f"job-{chr(97 + i)}")
+    df2 = load(alone)
+    cols = ["correction", "mismatch.staleness", "seed", "step", "update", "objective"]
+    a = df[cols].astype(str).sort_values(cols).reset_index(drop=True)
+    b = df2[cols].astype(str).sort_values(cols).reset_index(drop=True)
+    assert a.equals(b)
+
+
+def test_load_probe_one_row_per_cell(probe_dir):
+    from analysis import load
+
+    df = load(probe_dir)
+    assert len(df) == 3 * 3  # presets × bands
+    assert {"preset", "low", "high", "bias_norm", "variance", "mse", "job"} <= set(df.columns)
+
+
+def test_load_errors_are_one_line(tmp_path):
+    from analysis import load
+    from runner.errors import UserError
+
+    with pytest.raises(UserError, match="no such file"):
+        load(tmp_path / "missing")
+    with pytest.raises(UserError, match="no run dirs"):
+        load(tmp_path)
+
+
+def test_no_torch_in_analysis_and_no_pandas_in_the_cli():
+    code = ("import sys, analysis, analysis.load, analysis.style, analysis.plots, analysis.report\n"
+            "assert 'torch' not in sys.modules, 'analysis imported torch'\n"
+            "import runner.cli\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+    code = ("import sys, runner.cli\n"
+            "bad = [m for m in ('pandas', 'matplotlib', 'torch') if m in sys.modules]\n"
+            "assert not bad, bad\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# ----------------------------------------------------------------------------------------- figures
+def _series(ax) -> list:
+    return [ln for ln in ax.get_lines() if ln.get_gid() == "series"]
+
+
+def _visible_axes(fig) -> list:
+    return [ax for ax in fig.axes if ax.get_visible()]
+
+
+def _check_common(fig, n_axes: int, title_bit: str) -> None:
+    axes = _visible_axes(fig)
+    assert len(axes) == n_axes
+    assert all(ax.get_ylabel() for ax in axes if ax.get_subplotspec().is_first_col())
+    assert any(ax.get_xlabel() for ax in axes)
+    assert title_bit in fig._suptitle.get_text()
+    assert fig.legends and fig.legends[0].get_texts()
+
+
+def test_training_figure(sweep_dir):
+    from analysis import load_dataset, plots
+
+    fig = plots.training_figure(load_dataset(sweep_dir))
+    _check_common(fig, 2 * 2, "correction × mismatch.staleness × seed")  # objective, reward × 2 staleness panels
+    for ax in _visible_axes(fig):
+        assert len(_series(ax)) == 2  # tis and the bug preset, each the mean over 2 seeds
+        assert {ln.get_label() for ln in _series(ax)} == {"tis", BUG}
+        assert any(c.get_gid() == "band" for c in ax.collections)  # ± 1 s.d. over seeds
+    marks = [ln for ax in fig.axes for ln in ax.get_lines() if ln.get_gid() == "events"]
+    assert marks, "the bug preset's NaN/inf updates are marked on the x axis"
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:2] == ["tis", BUG] and any("NaN/inf" in lab for lab in labels)
+    assert "objective" in fig.axes[0].get_ylabel() and "step" in _visible_axes(fig)[-1].get_xlabel()
+
+
+def test_grad_norm_figure(run_dir):
+    from analysis import load_dataset, plots
+
+    fig = plots.grad_norm_figure(load_dataset(run_dir))
+    _check_common(fig, 1, f"correction={BUG}")
+    (ax,) = _visible_axes(fig)
+    assert ax.get_yscale() == "log" and "norm" in ax.get_ylabel()
+    assert len(_series(ax)) == 1
+    assert any(ln.get_gid() == "events" for ln in ax.get_lines())  # NaN/inf gradients on the top edge
+
+
+def test_stability_figure(sweep_dir):
+    from analysis import load_dataset, plots
+
+    fig = plots.stability_figure(load_dataset(sweep_dir))
+    _check_common(fig, 2, "mismatch.staleness")
+    nonfinite, collapse = _visible_axes(fig)
+    assert "NaN/inf" in nonfinite.get_ylabel() and "collapse" in collapse.get_ylabel()
+    assert "staleness" in nonfinite.get_xlabel() or "staleness" in collapse.get_xlabel()
+    assert [t.get_text() for t in nonfinite.get_xticklabels()] == ["0", "2"]
+    lines = {ln.get_label(): ln for ln in _series(nonfinite)}
+    assert set(lines) == {"tis", BUG}
+    assert max(lines[BUG].get_ydata()) > 0 and max(lines["tis"].get_ydata()) == 0
+
+
+def test_threshold_figure(probe_dir):
+    from analysis import load_dataset, plots
+
+    fig = plots.threshold_figure(load_dataset(probe_dir))
+    _check_common(fig, 3, "study=probe")
+    bias, var, mse = _visible_axes(fig)
+    assert "bias" in bias.get_ylabel() and "variance" in var.get_ylabel() and "MSE" in mse.get_ylabel()
+    assert "threshold" in mse.get_xlabel() and mse.get_xscale() == "log"
+    for ax in (bias, var, mse):
+        assert {ln.get_label() for ln in _series(ax)} == {"tis", "seq-tis", BUG}
+        assert all(len(ln.get_xdata()) == 3 for ln in _series(ax))  # one point per band
+    assert any(ln.get_gid() == "best" for ln in mse.get_lines())  # the lowest MSE is starred
+
+
+def test_mismatch_figure(run_dir):
+    from analysis import load_dataset, plots
+
+    ds = load_dataset(run_dir)
+    assert ds.tokens is not None and {"step", "seq", "pos", "token", "old", "roll"} <= set(ds.tokens.columns)
+    fig = plots.mismatch_figure(ds)
+    _check_common(fig, 3, f"correction={BUG}")
+    hist, scatter, binned = _visible_axes(fig)
+    assert "log-ratio" in hist.get_xlabel() and "nats" in hist.get_xlabel()
+    assert scatter.get_xscale() == scatter.get_yscale() == "log" and "rollout" in scatter.get_ylabel()
+    assert "token probability" in binned.get_xlabel() and len(_series(binned)) == 1
+    assert any(p.get_gid() == "series" for p in hist.patches)
+
+
+def test_masking_figure(run_dir):
+    from analysis import load_dataset, plots
+
+    fig = plots.masking_figure(load_dataset(run_dir))
+    _check_common(fig, 3, "is-study run")
+    labels = [ax.get_ylabel() for ax in _visible_axes(fig)]
+    assert "masked" in labels[0] and "clamped" in labels[1] and "ESS" in labels[2]
+    assert all(len(_series(ax)) == 1 for ax in _visible_axes(fig))
+
+
+def test_colours_are_fixed_per_preset(run_dir, sweep_dir):
+    from analysis import load_dataset, plots, style
+
+    colour = {}
+    for fig in (plots.training_figure(load_dataset(sweep_dir)), plots.stability_figure(load_dataset(sweep_dir)),
+                plots.masking_figure(load_dataset(run_dir))):
+        for ax in fig.axes:
+            for ln in _series(ax):
+                colour.setdefault(ln.get_label(), set()).add(ln.get_color())
+    assert all(len(c) == 1 for c in colour.values()), colour
+    assert colour["tis"] != colour[BUG]
+    looks = [style.look(e) for e in ("tis", "seq-mask-tis", BUG, "some-inline-arm")]
+    assert looks[1].color != looks[2].color and looks[1].linestyle != looks[2].linestyle
+    assert style.look("some-inline-arm") == looks[3]  # unknown names: stable
+
+
+def test_paper_style_is_single_column(sweep_dir):
+    from analysis import load_dataset, plots
+
+    fig = plots.training_figure(load_dataset(sweep_dir), style="paper")
+    assert abs(fig.get_figwidth() - 3.3) < 1e-6
+
+
+# ----------------------------------------------------------------------------------------- plot command
+def _is_png(path: Path) -> bool:
+    return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def _is_pdf(path: Path) -> bool:
+    return path.read_bytes()[:5] == b"%PDF-"
+
+
+def test_plot_command_writes_png_and_pdf(sweep_dir, tmp_path):
+    code, out, err = _cli("plot", str(sweep_dir), "--out", str(tmp_path / "figs"))
+    assert code == 0, err
+    files = [Path(line) for line in out.split()]
+    kinds = {f.stem for f in files}
+    assert {"training", "grad-norm", "stability", "masking", "mismatch"} <= kinds
+    assert "threshold" in err  # skipped, with the reason
+    for f in files:
+        assert f.is_file() and (_is_png(f) if f.suffix == ".png" else _is_pdf(f))
+    from PIL import Image
+
+    with Image.open(tmp_path / "figs" / "training.png") as im:
+        dpi = im.info.get("dpi", (0, 0))[0]
+    assert abs(dpi - 150) < 1
+
+
+def test_plot_command_kinds_and_paper_style(probe_dir, run_dir, tmp_path):
+    code, out, err = _cli("plot", str(probe_dir), "--kind", "threshold", "--style", "paper", "-o", str(tmp_path))
+    assert code == 0, err
+    assert sorted(Path(p).name for p in out.split()) == ["threshold.pdf", "threshold.png"]
+    code, out, err = _cli("plot", str(run_dir), "-k", "training,masking", "-o", str(tmp_path / "two"))
+    assert code == 0 and len(out.split()) == 4
+
+
+def test_plot_command_errors_exit_2(run_dir, tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "file").write_text("x")
+    cases = [
+        ((str(tmp_path / "missing"),), "no such file"),
+        ((str(tmp_path / "empty"),), "no run dirs"),
+        ((str(run_dir), "--kind", "nope"), "unknown --kind"),
+        ((str(run_dir), "--kind", "stability"), "staleness"),
+        ((str(run_dir), "--kind", "threshold"), "probe"),
+        ((str(run_dir), "--out", str(tmp_path / "file" / "sub")), "cannot write to --out"),
+        ((str(run_dir), "--style", "poster"), "unknown --style"),
+    ]
+    for args, msg in cases:
+        code, _, err = _cli("plot", *args)
+        assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, (args, err)
+
+
+def test_bare_sweep_csv_plots(sweep_dir, tmp_path):
+    """A sweep.csv copied away from its job dirs still plots (its key columns name the jobs)."""
+    import shutil
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(sweep_dir / "sweep.csv", bare / "sweep.csv")
+    code, out, err = _cli("plot", str(bare / "sweep.csv"), "-k", "training,stability", "-o", str(tmp_path / "f"))
+    assert code == 0, err
+    from analysis import load
+
+    assert load(bare / "sweep.csv")["job"].nunique() == 8
+
+
+# ----------------------------------------------------------------------------------------- report
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)]+)\)")
+
+
+def _links_exist(text: str, base: Path) -> list[str]:
+    links = LINK.findall(text)
+    assert all((base / link).is_file() for link in links), [x for x in links if not (base / x).is_file()]
+    return links
+
+
+def test_report_run(run_dir):
+    code, out, err = _cli("report", str(run_dir))
+    assert code == 0, err
+    report = Path(out.strip())
+    assert report == run_dir / "report.md"
+    text = report.read_text()
+    assert f"is-study run {' '.join(TINY)} correction={BUG}" in text
+    assert "| correction" in text and "NaN/inf events" in text  # the results table
+    assert "| `train.steps`" in text and "| 200 " in text  # the diff from the defaults
+    assert f"**{BUG}**: **" in text and "nonfinite event" in text
+    links = _links_exist(text, report.parent)
+    assert "figures/training.png" in links and "figures/mismatch.png" in links
+
+
+def test_report_sweep_and_filters(sweep_dir, tmp_path):
+    out_file = tmp_path / "notes" / "sweep.md"
+    code, _, err = _cli("report", str(sweep_dir), "--out", str(out_file))
+    assert code == 0, err
+    text = out_file.read_text()
+    assert f"is-study sweep correction=tis,{BUG} mismatch.staleness=0,2 seed=0,1" in text
+    assert "**tis**: finite in all 4 runs" in text
+    assert re.search(rf"\*\*{re.escape(BUG)}\*\*: \*\*\d+ nonfinite events\*\*", text)
+    assert "| correction" in text and "| mismatch.staleness" in text and "(swept)" in text
+    links = _links_exist(text, out_file.parent)
+    assert any(link.endswith("stability.png") for link in links)
+    # Filters pick jobs by their keys; the figures of a filtered report go to their own folder.
+    code, out, err = _cli("report", str(sweep_dir), "correction=tis", "--out", "-")
+    assert code == 0, err
+    assert BUG not in out.split("## Command")[0] and "**tis**" in out
+    assert _links_exist(out, Path.cwd())
+    code, _, err = _cli("report", str(sweep_dir), "correction=nope")
+    assert code == 2 and "no job" in err
+
+
+def test_report_probe(probe_dir):
+    code, out, err = _cli("report", str(probe_dir), "-o", "-")
+    assert code == 0, err
+    assert "| preset" in out and "bias_norm" in out and "lowest MSE" in out
+    assert "threshold.png" in out and _links_exist(out, Path.cwd())
+
+
+def test_report_case_card():
+    code, out, err = _cli("report", "openrlhf-seq-mask-tis", f"correction={BUG}")
+    assert code == 0, err
+    assert "**Verdict: BROKEN.** Invariant 1 (finite loss and gradient) fails in accepted-extreme, rejected-extreme; invariant 2" in out
+    assert "## Expected vs actual" in out and "match the file's expected results" in out
+    assert re.search(r"\| rejected-extreme +\| loss +\| nan +\| nan +\| ✓", out)  # expected vs actual
+    assert "| -2.402585092994046 " in out  # the inputs, at full precision
+    code, out, err = _cli("report", "openrlhf-seq-mask-tis", "correction=seq-mask-tis")
+    assert code == 0 and "**Verdict: OK.**" in out and "✗" not in out
+    code, _, err = _cli("report", "no-such-case-file")
+    assert code == 2 and "no such file" in err
+
+
+def test_report_unwritable_out(run_dir, tmp_path):
+    (tmp_path / "f").write_text("x")
+    code, _, err = _cli("report", str(run_dir), "--out", str(tmp_path / "f" / "r.md"))
+    assert code == 2 and "cannot write --out" in err
