@@ -250,7 +250,23 @@ def _script_results(script: str, tiny: bool) -> list[Result]:
         return [Result(f"{script}", float("nan"), "-", False, f"failed: {tail[0]}")]
     rows = json.loads(out_file.read_text())
     out_file.unlink()
+    if isinstance(rows, dict):  # bench_sweep.py's richer record
+        rows = _sweep_rows(rows)
     return [Result(r["name"], r["value"], str(r["target"]), bool(r["pass"]), r.get("detail", "")) for r in rows]
+
+
+def _sweep_rows(fig: dict) -> list[dict]:
+    steady, targets = fig["steady"], fig["targets"]
+    basic = steady["basic"]
+    size = f"{fig['jobs']} jobs × {fig['steps']} steps"
+    return [
+        {"name": f"sweep overhead per job, basic launcher ({size})", "value": basic["overhead_ms_per_job"],
+         "target": f"<= {targets['overhead_ms_per_job']:g} ms", "pass": targets["overhead_ok"],
+         "detail": f"wall {basic['wall_s']:.2f} s, in-job compute {basic['compute_s']:.2f} s"},
+        {"name": f"sweep joblib speedup, {fig['workers']} workers over basic ({size})", "value": steady["speedup"],
+         "target": f">= {targets['speedup']:g}x", "pass": targets["speedup_ok"],
+         "detail": f"joblib wall {steady['joblib']['wall_s']:.2f} s"},
+    ]
 
 
 BENCHES = {

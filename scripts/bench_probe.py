@@ -59,6 +59,7 @@ def main() -> int:
     parser.add_argument("--tiny", action="store_true", help="a quick smoke run: 3 presets × 2 bands, B=16, T=8, V=8")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (the probe's default is 1)")
     parser.add_argument("--rounds", type=int, default=None)
+    parser.add_argument("--out", default=None, help="also write [{name, value, target, pass, detail}] as JSON")
     args = parser.parse_args()
 
     from runner.probe.estimator import fast_estimates, plan, reference_estimates
@@ -111,6 +112,16 @@ def main() -> int:
     print(f"  slow (policy_loss + backward per arm): {statistics.median(t_slow) / n * 1e3:8.2f} ms per batch")
     print(f"  fast (one batched weighting)         : {statistics.median(t_fast) / n * 1e3:8.2f} ms per batch")
     print(f"  ratio slow/fast: {ratio:.1f}x (median of {rounds} round(s); target >= {TARGET:g}x)")
+    if args.out:
+        import json
+        from pathlib import Path
+
+        Path(args.out).write_text(json.dumps([{
+            "name": f"probe vectorised vs per-preset backward ({len(arms)} arms, B={world.batch_size}, T={T}, "
+                    f"V={world.policy.vocab_size})",
+            "value": ratio, "target": f">= {TARGET:g}x", "pass": ratio >= TARGET,
+            "detail": f"slow {statistics.median(t_slow) / n * 1e3:.1f} ms vs fast {statistics.median(t_fast) / n * 1e3:.2f} "
+                      f"ms per batch; max |fast − slow| {worst:.1e}"}], indent=1))
     if not args.tiny and ratio < TARGET:
         print(f"FAIL: {ratio:.1f}x < {TARGET:g}x", file=sys.stderr)
         return 1
