@@ -252,35 +252,60 @@ def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep) -> di
         n_seq = nonempty.sum().clamp(min=1).to(dtype)
         keep_float = torch.ones((1, 1), dtype=dtype) if keep is None else keep.to(dtype)
 
-        w = zero_padding(coef, mask)
+        # Temporaries are freed as soon as their sums are taken (the metrics add at most three
+        # [B, T] tensors to the peak memory of a long batch), and sums of squares are dot products,
+        # which allocate nothing: on CPU a fresh [B, T] tensor costs page faults, not just a pass.
+        w = zero_padding(coef, mask).reshape(-1)
         sum_w = w.sum()
-        sum_w2 = (w * w).sum()
+        sum_w2 = torch.dot(w, w)
         w_mean = sum_w / n_safe
         w_var = (sum_w2 / n_safe - w_mean * w_mean).clamp(min=0)
         ess = torch.where(sum_w2 > 0, sum_w * sum_w / (n_safe * sum_w2.clamp(min=torch.finfo(dtype).tiny)), 0.0)
-        # padding pushed out of the way by a huge finite offset (a multiply, not a select)
-        outside = (1 - mask) * torch.finfo(dtype).max
-        w_min = (w + outside).min() if w.numel() else n_tok
-        w_max = (w - outside).max() if w.numel() else n_tok
+        if w.numel():
+            w_max = w.max()  # coefficients are ≥ 0, so the zeros at padding never win
+            # padding pushed out of the way by a huge finite offset (a multiply, not a select)
+            w_min = torch.addcmul(w, (1 - mask).reshape(-1), torch.tensor(torch.finfo(dtype).max)).min()
+        else:
+            w_min = w_max = n_tok
+        del w
 
-        kept = mask * keep_float  # [B, T] (or broadcast)
-        rejected = n_tok - kept.sum()
-        seq_rejected = (nonempty & (kept.sum(-1) == 0)).sum()
-        clamped = (kept * (weight != raw).to(dtype)).sum()
+        # Rejections and clamps, counted per sequence when the filter is a sequence filter.
+        changed = (weight != raw) if corr.weight_op != "raw" else None
+        if keep is None:
+            rejected = torch.zeros((), dtype=dtype)
+            seq_rejected = rejected
+            clamped = (changed * mask).sum() if changed is not None else rejected
+        elif keep.shape[-1] == 1:
+            kept_seq = keep_float.reshape(-1)
+            rejected = n_tok - (seq_len * kept_seq).sum()
+            seq_rejected = (nonempty & (kept_seq == 0)).sum()
+            clamped = ((changed * mask).sum(-1) * kept_seq).sum() if changed is not None else rejected * 0
+        else:
+            kept = mask * keep_float
+            rejected = n_tok - kept.sum()
+            seq_rejected = (nonempty & (kept.sum(-1) == 0)).sum()
+            clamped = kept.mul_(changed).sum() if changed is not None else rejected * 0
+            del kept
+        del changed
 
         # Mismatch diagnostics use the decoupled log-ratio old − roll (0 at padding), whatever the
         # ratio base; expm1 keeps k3 and χ² accurate for tiny mismatches, where ρ − 1 would cancel.
         reuse = corr.ratio == "decoupled" and corr.padding in ("ignore", "zero-logratio")
         lr_dec = lr if reuse else zero_padding(old - roll, mask)
+        L = lr_dec.sum(-1)  # the sequence log-ratios
+        sum_lr = L.sum()
         lr_safe = lr_dec.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        del lr_dec
         rho_m1 = torch.expm1(lr_safe)
-        sum_lr = lr_dec.sum()
-        sum_k3 = (rho_m1 - lr_safe).sum()
-        sum_chi2 = (rho_m1 * (rho_m1 + 2)).sum()  # ρ² − 1
-        L = lr_safe.sum(-1)
+        sum_k3 = torch.sub(rho_m1, lr_safe).sum()
+        del lr_safe
+        flat = rho_m1.reshape(-1)
+        sum_chi2 = torch.dot(flat, flat) + 2 * flat.sum()  # Σ (ρ² − 1) = Σ (ρ−1)² + 2(ρ−1)
+        del rho_m1, flat
         G = L / seq_len.clamp(min=1)
-        prob_diff = zero_padding(torch.exp(old) - torch.exp(roll), mask).nan_to_num(nan=0.0)
+        prob_diff = zero_padding(torch.exp(old).sub_(torch.exp(roll)), mask).nan_to_num_(nan=0.0)
         lo, hi = torch.aminmax(prob_diff) if prob_diff.numel() else (n_tok, n_tok)
+        del prob_diff
         nonempty_f = nonempty.to(dtype)
         has = n_tok > 0
         return dict(zip(METRIC_NAMES, (

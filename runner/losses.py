@@ -62,7 +62,7 @@ class LossResult:
 def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, spec: LossSpec,
                       want_clipped: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A), with the optional dual clip. Returns the per-token
-    loss and (if wanted) where the clipped branch is the active one."""
+    loss and (if wanted) where the clipped branch is the active one. Plain autograd (GSPO)."""
     surr1 = ratio * adv
     surr2 = ratio.clamp(1 - spec.eps_low, 1 + spec.eps_high) * adv
     pessimistic = torch.minimum(surr1, surr2)
@@ -70,6 +70,46 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, spec: LossSpec,
     if spec.dual_clip is not None:
         pessimistic = torch.where(adv < 0, torch.maximum(pessimistic, spec.dual_clip * adv), pessimistic)
     return -pessimistic, clipped
+
+
+class _WeightedPPO(torch.autograd.Function):
+    """coef · (PPO's per-token loss) as a function of the log-ratio lp − old, with its derivative
+    formed in the forward pass. Autograd would keep about six [B, T] tensors for the backward (and
+    spend a dozen passes in it); this keeps one, and its backward is one multiply.
+
+    d/dx of −min(r·A, clip(r)·A) with r = exp(clamp(x, ±20)) is −A·r where the unclipped branch is
+    the minimum (inside the clip range both branches are equal and the gradient is the same), 0
+    where the clipped branch binds, the dual clip binds, or |x| > 20: what autograd gives."""
+
+    @staticmethod
+    def forward(ctx, log_ratio, adv, coef, eps_low, eps_high, dual_clip, want_clipped):
+        # In-place where a temporary is not needed again: at most four [B, T] floats live at once.
+        bound = PPO_LOG_RATIO_BOUND
+        inbound = log_ratio.abs().le_(bound)  # 1.0 / 0.0: clamp passes the gradient inside
+        ratio = log_ratio.clamp(-bound, bound).exp_()
+        surr1 = ratio * adv
+        surr2 = ratio.clamp_(1 - eps_low, 1 + eps_high).mul_(adv)
+        del ratio
+        clipped = torch.lt(surr2, surr1) if want_clipped else torch.zeros((), dtype=torch.bool)
+        active = torch.le(surr1, surr2)
+        pessimistic = torch.minimum(surr1, surr2)
+        del surr2
+        slope = surr1.mul_(active).mul_(inbound)
+        del active, inbound
+        if dual_clip is not None:
+            floor = adv * dual_clip
+            capped = (adv < 0) & (floor > pessimistic)
+            pessimistic = torch.where(capped, floor, pessimistic)
+            slope.masked_fill_(capped, 0.0)
+            del floor, capped
+        ctx.save_for_backward(slope.mul_(coef).neg_())  # d per_token / d log_ratio
+        ctx.mark_non_differentiable(clipped)
+        return pessimistic.neg_().mul_(coef), clipped
+
+    @staticmethod
+    def backward(ctx, grad_out, _grad_clipped):
+        (slope,) = ctx.saved_tensors
+        return grad_out * slope, None, None, None, None, None, None
 
 
 def reduce(per_token: torch.Tensor, mask: torch.Tensor, how: str, count: torch.Tensor | None = None,
@@ -115,9 +155,9 @@ def policy_loss(
         log_ratio = lp - old
         if sanitise:
             log_ratio = zero_padding(log_ratio, mask)
-        ratio = torch.exp(log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND))
-        token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
-        per_token = token_loss * cres.coef
+        per_token, clipped = _WeightedPPO.apply(log_ratio, adv, cres.coef, spec.eps_low, spec.eps_high,
+                                                spec.dual_clip, metrics)
+        clipped = clipped if metrics else None
         red_mask = cres.mask
     elif spec.name == "gspo":
         diff = lp - (roll if corr.active else old)

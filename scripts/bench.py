@@ -174,11 +174,15 @@ def bench_long_sequences(tiny: bool) -> list[Result]:
     T = 4096 if tiny else 32768
     out = []
     for metrics in (True, False):
-        m = _peak_memory(8, T, metrics)
-        ratio = m["peak_delta_bytes"] / m["input_bytes"]
+        # the peak-RSS mark moves with the allocator's whims: median of fresh processes
+        runs = [_peak_memory(8, T, metrics) for _ in range(3 if tiny else 5)]
+        peaks = sorted(r["peak_delta_bytes"] for r in runs)
+        inputs = runs[0]["input_bytes"]
+        ratio = statistics.median(peaks) / inputs
         out.append(Result(f"long sequences peak memory / inputs, metrics={'on' if metrics else 'off'} (B=8, T={T}, fwd+bwd)",
                           ratio, "<= 3x", ratio <= 3.0,
-                          f"peak +{m['peak_delta_bytes'] / 2**20:.1f} MiB for {m['input_bytes'] / 2**20:.1f} MiB of inputs"))
+                          f"median peak +{statistics.median(peaks) / 2**20:.1f} MiB (max {peaks[-1] / 2**20:.1f}) "
+                          f"for {inputs / 2**20:.1f} MiB of inputs, {len(runs)} processes"))
     # linear, not quadratic, in T: time at 4T over time at T
     import torch  # noqa: F401
 
