@@ -264,7 +264,7 @@ def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep) -> di
         if w.numel():
             w_max = w.max()  # coefficients are ≥ 0, so the zeros at padding never win
             # padding pushed out of the way by a huge finite offset (a multiply, not a select)
-            w_min = torch.addcmul(w, (1 - mask).reshape(-1), torch.tensor(torch.finfo(dtype).max)).min()
+            w_min = w.addcmul_((1 - mask).reshape(-1), torch.tensor(torch.finfo(dtype).max)).min()
         else:
             w_min = w_max = n_tok
         del w
@@ -303,7 +303,11 @@ def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep) -> di
         sum_chi2 = torch.dot(flat, flat) + 2 * flat.sum()  # Σ (ρ² − 1) = Σ (ρ−1)² + 2(ρ−1)
         del rho_m1, flat
         G = L / seq_len.clamp(min=1)
-        prob_diff = zero_padding(torch.exp(old).sub_(torch.exp(roll)), mask).nan_to_num_(nan=0.0)
+        prob_diff = torch.exp(old).sub_(torch.exp(roll))
+        if bool(torch.isfinite(prob_diff.sum())):
+            prob_diff.mul_(mask)
+        else:
+            prob_diff = torch.where(mask > 0, prob_diff, 0.0).nan_to_num_(nan=0.0)
         lo, hi = torch.aminmax(prob_diff) if prob_diff.numel() else (n_tok, n_tok)
         del prob_diff
         nonempty_f = nonempty.to(dtype)
