@@ -630,7 +630,6 @@ def _token_groups(ds: Dataset, tokens) -> tuple[str | None, list]:
 
 def _mismatch(ds: Dataset, style: str):
     from matplotlib.lines import Line2D
-    from matplotlib.patches import Patch
 
     tok = ds.tokens
     old = tok["old"].to_numpy(dtype=float)

@@ -140,6 +140,9 @@ def case(
 ) -> None:
     from runner import hydra_app
     from runner.cases import load_case_file
+    from runner.corrections import Correction
+    from runner.losses import LossSpec
+    from runner.studies.case import compare, evaluate
 
     overrides = _overrides(overrides)
     case_file = load_case_file(_resolve_case_path(file))
@@ -147,9 +150,6 @@ def case(
     failures: list[str] = []
     printed: list[dict] = []
     verdicts: list[tuple[str, str, int]] = []
-    from runner.corrections import Correction
-    from runner.losses import LossSpec
-    from runner.studies.case import compare, evaluate
 
     for preset, extra, expected in runs:
         cfg = hydra_app.compose(extra + overrides)

@@ -255,7 +255,8 @@ def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep) -> di
         # Temporaries are freed as soon as their sums are taken (the metrics add at most three
         # [B, T] tensors to the peak memory of a long batch), and sums of squares are dot products,
         # which allocate nothing: on CPU a fresh [B, T] tensor costs page faults, not just a pass.
-        w = zero_padding(coef, mask).reshape(-1)
+        # under padding=ignore the coefficient already is exactly 0 at padding
+        w = (coef if corr.padding == "ignore" else zero_padding(coef, mask)).reshape(-1)
         sum_w = w.sum()
         sum_w2 = torch.dot(w, w)
         w_mean = sum_w / n_safe
@@ -264,7 +265,9 @@ def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep) -> di
         if w.numel():
             w_max = w.max()  # coefficients are ≥ 0, so the zeros at padding never win
             # padding pushed out of the way by a huge finite offset (a multiply, not a select)
-            w_min = w.addcmul_((1 - mask).reshape(-1), torch.tensor(torch.finfo(dtype).max)).min()
+            offset, big = (1 - mask).reshape(-1), torch.tensor(torch.finfo(dtype).max)
+            # in place only on our own copy: under padding=ignore w is a view of the coefficient
+            w_min = (torch.addcmul(w, offset, big) if corr.padding == "ignore" else w.addcmul_(offset, big)).min()
         else:
             w_min = w_max = n_tok
         del w
@@ -294,14 +297,18 @@ def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep) -> di
         lr_dec = lr if reuse else zero_padding(old - roll, mask)
         L = lr_dec.sum(-1)  # the sequence log-ratios
         sum_lr = L.sum()
-        lr_safe = lr_dec.clamp(-SAFETY_BOUND, SAFETY_BOUND)
+        lo_lr, hi_lr = torch.aminmax(lr_dec) if lr_dec.numel() else (sum_lr, sum_lr)
+        within = bool((hi_lr <= SAFETY_BOUND) & (lo_lr >= -SAFETY_BOUND))
+        lr_safe = lr_dec if within else lr_dec.clamp(-SAFETY_BOUND, SAFETY_BOUND)
         del lr_dec
-        rho_m1 = torch.expm1(lr_safe)
-        sum_k3 = torch.sub(rho_m1, lr_safe).sum()
+        rho_m1 = torch.expm1(lr_safe).reshape(-1)
+        # k3 = Σ (ρ − 1) − Σ lr: both sums in float64, so the difference of two large sums keeps
+        # the small k3 exact (float32 would cancel it away for a tiny mismatch)
+        sum_rho_m1 = rho_m1.sum(dtype=torch.float64)
+        sum_k3 = (sum_rho_m1 - lr_safe.sum(dtype=torch.float64)).to(dtype)
         del lr_safe
-        flat = rho_m1.reshape(-1)
-        sum_chi2 = torch.dot(flat, flat) + 2 * flat.sum()  # Σ (ρ² − 1) = Σ (ρ−1)² + 2(ρ−1)
-        del rho_m1, flat
+        sum_chi2 = torch.dot(rho_m1, rho_m1) + 2 * sum_rho_m1.to(dtype)  # Σ (ρ² − 1) = Σ (ρ−1)² + 2(ρ−1)
+        del rho_m1
         G = L / seq_len.clamp(min=1)
         prob_diff = torch.exp(old).sub_(torch.exp(roll))
         if bool(torch.isfinite(prob_diff.sum())):

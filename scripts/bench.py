@@ -17,7 +17,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -184,8 +184,6 @@ def bench_long_sequences(tiny: bool) -> list[Result]:
                           f"median peak +{statistics.median(peaks) / 2**20:.1f} MiB (max {peaks[-1] / 2**20:.1f}) "
                           f"for {inputs / 2**20:.1f} MiB of inputs, {len(runs)} processes"))
     # linear, not quadratic, in T: time at 4T over time at T
-    import torch  # noqa: F401
-
     from runner.corrections import Correction
     from runner.losses import LossSpec, policy_loss
     from torch.utils import benchmark

@@ -65,10 +65,6 @@ def steady(n: int, steps: int, workers: int, root: Path) -> dict:
     from runner import sweep
     from runner.studies import train  # noqa: F401 - warm imports: torch, the study
 
-    import torch
-
-    torch.optim.Adam([torch.zeros(1, requires_grad=True)])  # its first use imports torch._dynamo
-
     def timed(name: str, **kw) -> tuple[float, Path]:
         d = root / name
         t0 = time.perf_counter()

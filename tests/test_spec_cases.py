@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 import yaml
 
 from runner import hydra_app

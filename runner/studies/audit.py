@@ -262,7 +262,7 @@ def run_audit(overrides: Sequence[str] = (), out_dir: str | Path = "audit-cases"
     try:
         import hypothesis  # noqa: F401
     except ImportError:
-        raise UserError("is-study audit needs hypothesis: pip install 'is-study[audit]'") from None
+        raise UserError("is-study audit needs hypothesis: pip install hypothesis") from None
     from runner.audit.generators import PROFILES
 
     if profile not in PROFILES:
