@@ -265,9 +265,10 @@ def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep) -> di
         if w.numel():
             w_max = w.max()  # coefficients are ≥ 0, so the zeros at padding never win
             # padding pushed out of the way by a huge finite offset (a multiply, not a select)
-            offset, big = (1 - mask).reshape(-1), torch.tensor(torch.finfo(dtype).max)
-            # in place only on our own copy: under padding=ignore w is a view of the coefficient
-            w_min = (torch.addcmul(w, offset, big) if corr.padding == "ignore" else w.addcmul_(offset, big)).min()
+            # shift by a constant above every weight and mask: masked-in values go negative, padding
+            # stays 0, so the minimum is a masked-in one (no select, one temporary)
+            shift = w_max + 1
+            w_min = (w - shift).mul_(mask.reshape(-1)).min() + shift
         else:
             w_min = w_max = n_tok
         del w
@@ -302,12 +303,10 @@ def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep) -> di
         lr_safe = lr_dec if within else lr_dec.clamp(-SAFETY_BOUND, SAFETY_BOUND)
         del lr_dec
         rho_m1 = torch.expm1(lr_safe).reshape(-1)
-        # k3 = Σ (ρ − 1) − Σ lr: both sums in float64, so the difference of two large sums keeps
-        # the small k3 exact (float32 would cancel it away for a tiny mismatch)
-        sum_rho_m1 = rho_m1.sum(dtype=torch.float64)
-        sum_k3 = (sum_rho_m1 - lr_safe.sum(dtype=torch.float64)).to(dtype)
+        # k3 per token before summing: a difference of two large sums would cancel a tiny k3 away
+        sum_k3 = torch.sub(rho_m1, lr_safe.reshape(-1)).sum()
         del lr_safe
-        sum_chi2 = torch.dot(rho_m1, rho_m1) + 2 * sum_rho_m1.to(dtype)  # Σ (ρ² − 1) = Σ (ρ−1)² + 2(ρ−1)
+        sum_chi2 = torch.dot(rho_m1, rho_m1) + 2 * rho_m1.sum()  # Σ (ρ² − 1) = Σ (ρ−1)² + 2(ρ−1)
         del rho_m1
         G = L / seq_len.clamp(min=1)
         prob_diff = torch.exp(old).sub_(torch.exp(roll))
