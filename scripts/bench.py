@@ -94,6 +94,31 @@ def bare_seq_mask_tis_nan_safe(lp, old, roll, adv, mask, low=0.5, high=5.0, eps=
 
 
 def bench_correction(tiny: bool) -> list[Result]:
+    """The median over fresh processes: within one process the allocator's history (glibc's
+    adaptive mmap and trim thresholds decide which [B, T] tensors cost page faults) moves a ratio by
+    up to 2x from one run to the next."""
+    if tiny:
+        return _bench_correction_once(tiny)
+    code = ("import sys, json; sys.path.insert(0, {repo!r}); from scripts.bench import _bench_correction_once; "
+            "print(json.dumps([r.__dict__ for r in _bench_correction_once(False)]))").format(repo=str(REPO))
+    runs = []
+    for _ in range(3):
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+        if res.returncode != 0:
+            raise RuntimeError(res.stderr.strip().splitlines()[-1])
+        runs.append([Result(**r) for r in json.loads(res.stdout.strip().splitlines()[-1])])
+    out = []
+    for rows in zip(*runs):
+        values = sorted(r.value for r in rows)
+        mid = statistics.median(values)
+        target = float(rows[0].target.strip("<= x"))
+        out.append(Result(rows[0].name, mid, rows[0].target, mid <= target,
+                          f"median of {len(rows)} processes (range {values[0]:.2f}–{values[-1]:.2f}); "
+                          + min(rows, key=lambda r: abs(r.value - mid)).detail))
+    return out
+
+
+def _bench_correction_once(tiny: bool) -> list[Result]:
     from runner.corrections import Correction
     from runner.losses import LossSpec, policy_loss
 

@@ -12,8 +12,8 @@ One step:
 Outputs in the run dir:
   metrics.csv   one row per update, flushed as written:
                 - ids: step, update, seed, correction, staleness, precision
-                - training: reward (mean over the step's whole batch), objective (the exact J(θ) at
-                  the parameters this update starts from), loss, grad_norm (before clipping),
+                - training: reward (mean over the step's whole batch), objective (the exact J(θ_t) at
+                  the start of the step: one exact evaluation a step), loss, grad_norm (before clipping),
                   update_norm (‖Δθ‖ of this update; 0 when skipped), entropy (of π_θ, mean over
                   the mini-batch's tokens)
                 - faults: nonfinite_loss, nonfinite_grad, skipped, all_rejected (0/1)
@@ -333,10 +333,11 @@ class Trainer:
             with torch.no_grad():
                 old = Bigram.token_log_probs(Bigram.log_prob_table(self.theta), ro.prev, ro.tokens)
             reward = rewards.mean()
+            objective = self.objective_tensor()  # once a step: J(θ_t), the θ that `old` comes from
             if self.tokens_csv is not None and step % s.tokens_every == 0:
                 self.tokens_csv.write_rows(_token_rows(step, ro, old))
             for update, sl in enumerate(slices):
-                self.update(step, update, sl, ro, old, adv, reward)
+                self.update(step, update, sl, ro, old, adv, reward, objective)
                 if self.params_nonfinite:
                     break
             self.steps_run = step + 1
@@ -348,12 +349,11 @@ class Trainer:
         self._track_objective(s.train.steps, self.final_objective)
 
     def update(self, step: int, update: int, sl: slice, ro: Rollout, old: torch.Tensor, adv: torch.Tensor,
-               reward: torch.Tensor) -> None:
+               reward: torch.Tensor, objective: torch.Tensor) -> None:
         """One mini-batch update on the sequences `sl` of the step's batch, and its metrics row."""
         s = self.s
         theta = self.theta
         mask = ro.mask[sl]
-        objective = self.objective_tensor()
         table = Bigram.log_prob_table(theta)
         lp = Bigram.token_log_probs(table, ro.prev[sl], ro.tokens[sl])
         res = policy_loss(s.loss, s.correction, lp, old[sl], ro.roll[sl], adv[sl], mask, metrics=s.metrics)
