@@ -401,9 +401,9 @@ class Trainer:
             params_finite = torch.isfinite(theta).all()
 
         keys = METRICS if s.metrics else ()
-        values = torch.stack([t.detach().double() for t in (
-            reward, objective, res.loss, grad_norm, update_norm, entropy, params_finite,
-            *(res.metrics[k] for k in keys))]).tolist()
+        # one stack (it promotes to float64, the objective's dtype) and one .tolist() for the row
+        values = torch.stack([reward, objective, res.loss.detach(), grad_norm, update_norm, entropy, params_finite,
+                              *(res.metrics[k] for k in keys)]).tolist()
         reward_f, objective_f, loss_f, grad_norm_f, update_norm_f, entropy_f, params_ok = values[:7]
         row = {"step": step, "update": update, "seed": s.seed, "correction": s.correction.name,
                "staleness": s.mismatch.staleness, "precision": s.mismatch.precision,
