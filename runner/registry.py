@@ -9,10 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import re
+
 import yaml
 
 # Groups a user picks on the command line, in the order `list` shows them.
 GROUPS = ("correction", "loss", "study", "policy", "task", "mismatch", "experiment", "hydra/launcher", "cases")
+
+
+# a full stop that ends a sentence, not "et al." or "e.g."
+SENTENCE_END = re.compile(r"(?<!\bal)(?<!e\.g)(?<!i\.e)\.\s")
 
 
 @dataclass(frozen=True)
@@ -54,10 +60,22 @@ def _describe(path: Path) -> tuple[str, bool, str]:
     if isinstance(data, dict) and isinstance(data.get("description"), str):
         band = _band(data) if data.get("weight_op", "raw") != "raw" or data.get("filter", "none") != "none" else ""
         return data["description"], bool(data.get("faithful", False)), band
-    # Otherwise the first comment line that is not the command line.
-    comments = [ln.lstrip("# ").strip() for ln in text.splitlines() if ln.startswith("#")]
-    comments = [c for c in comments if c and not c.startswith(("is-study", "@package", "bash "))]
-    return (comments[0] if comments else ""), False, ""
+    # Otherwise the first sentence of the header comment, after the command line.
+    words: list[str] = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        body = line.lstrip("#").strip()
+        if body.startswith(("is-study", "@package", "bash ")):
+            continue
+        if not body:
+            if words:
+                break
+            continue
+        words.append(body)
+    header = " ".join(words)
+    end = SENTENCE_END.search(header)
+    return (header[: end.start() + 1] if end else header), False, ""
 
 
 def entries(group: str) -> list[Entry]:
