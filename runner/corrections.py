@@ -240,87 +240,95 @@ METRIC_NAMES = ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_m
 
 
 def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep) -> dict[str, torch.Tensor]:
-    """verl-style per-batch diagnostics over masked-in tokens, with multiplies by the mask rather
-    than selections (see zero_where_not). Never raises: an empty batch or all-zero weights give 0,
-    and the KL/χ² metrics use the ±20 safety bound so they stay finite."""
+    """verl-style per-batch diagnostics over masked-in tokens.
+
+    The [B, T] work is a handful of sums, dot products and extremes, with multiplies by the mask
+    rather than selections; their scalars leave torch in one `.tolist()` and the fractions are
+    formed in Python (a small batch pays per torch call, not per element). Never raises: an empty
+    batch or all-zero weights give 0, and the KL/χ² metrics use the ±20 safety bound."""
     with torch.no_grad():
         dtype = coef.dtype
         seq_len = mask.sum(-1)
+        nonempty = (seq_len > 0).to(dtype)
         n_tok = seq_len.sum()
-        nonempty = seq_len > 0
-        n_safe = n_tok.clamp(min=1)
-        n_seq = nonempty.sum().clamp(min=1).to(dtype)
-        keep_float = torch.ones((1, 1), dtype=dtype) if keep is None else keep.to(dtype)
 
-        # Temporaries are freed as soon as their sums are taken (the metrics add at most three
-        # [B, T] tensors to the peak memory of a long batch), and sums of squares are dot products,
-        # which allocate nothing: on CPU a fresh [B, T] tensor costs page faults, not just a pass.
-        # under padding=ignore the coefficient already is exactly 0 at padding
+        # Weights: under padding=ignore the coefficient already is exactly 0 at padding. The
+        # temporaries are freed as soon as their sums are taken (at most three [B, T] extra).
         w = (coef if corr.padding == "ignore" else zero_padding(coef, mask)).reshape(-1)
-        sum_w = w.sum()
-        sum_w2 = torch.dot(w, w)
-        w_mean = sum_w / n_safe
-        w_var = (sum_w2 / n_safe - w_mean * w_mean).clamp(min=0)
-        ess = torch.where(sum_w2 > 0, sum_w * sum_w / (n_safe * sum_w2.clamp(min=torch.finfo(dtype).tiny)), 0.0)
         if w.numel():
             w_max = w.max()  # coefficients are ≥ 0, so the zeros at padding never win
-            # padding pushed out of the way by a huge finite offset (a multiply, not a select)
-            # shift by a constant above every weight and mask: masked-in values go negative, padding
-            # stays 0, so the minimum is a masked-in one (no select, one temporary)
+            # shift every weight below 0 and mask: padding stays 0, the minimum is a masked-in one
             shift = w_max + 1
             w_min = (w - shift).mul_(mask.reshape(-1)).min() + shift
         else:
             w_min = w_max = n_tok
+        sums = [n_tok, nonempty.sum(), w.sum(), torch.dot(w, w), w_min, w_max]
         del w
 
         # Rejections and clamps, counted per sequence when the filter is a sequence filter.
         changed = (weight != raw) if corr.weight_op != "raw" else None
+        zero = torch.zeros((), dtype=dtype)
         if keep is None:
-            rejected = torch.zeros((), dtype=dtype)
-            seq_rejected = rejected
-            clamped = (changed * mask).sum() if changed is not None else rejected
+            kept_tokens, seq_rejected = n_tok, zero
+            clamped = (changed * mask).sum() if changed is not None else zero
         elif keep.shape[-1] == 1:
-            kept_seq = keep_float.reshape(-1)
-            rejected = n_tok - (seq_len * kept_seq).sum()
-            seq_rejected = (nonempty & (kept_seq == 0)).sum()
-            clamped = ((changed * mask).sum(-1) * kept_seq).sum() if changed is not None else rejected * 0
+            kept_seq = keep.reshape(-1).to(dtype)
+            kept_tokens = torch.dot(seq_len, kept_seq)
+            seq_rejected = torch.dot(nonempty, 1 - kept_seq)
+            clamped = torch.dot((changed * mask).sum(-1), kept_seq) if changed is not None else zero
         else:
-            kept = mask * keep_float
-            rejected = n_tok - kept.sum()
-            seq_rejected = (nonempty & (kept.sum(-1) == 0)).sum()
-            clamped = kept.mul_(changed).sum() if changed is not None else rejected * 0
+            kept = mask * keep.to(dtype)
+            kept_tokens = kept.sum()
+            seq_rejected = torch.dot(nonempty, (kept.sum(-1) == 0).to(dtype))
+            clamped = kept.mul_(changed).sum() if changed is not None else zero
             del kept
         del changed
+        sums += [kept_tokens, seq_rejected, clamped]
 
         # Mismatch diagnostics use the decoupled log-ratio old − roll (0 at padding), whatever the
         # ratio base; expm1 keeps k3 and χ² accurate for tiny mismatches, where ρ − 1 would cancel.
         reuse = corr.ratio == "decoupled" and corr.padding in ("ignore", "zero-logratio")
         lr_dec = lr if reuse else zero_padding(old - roll, mask)
         L = lr_dec.sum(-1)  # the sequence log-ratios
-        sum_lr = L.sum()
-        lo_lr, hi_lr = torch.aminmax(lr_dec) if lr_dec.numel() else (sum_lr, sum_lr)
+        lo_lr, hi_lr = torch.aminmax(lr_dec) if lr_dec.numel() else (zero, zero)
         within = bool((hi_lr <= SAFETY_BOUND) & (lo_lr >= -SAFETY_BOUND))
         lr_safe = lr_dec if within else lr_dec.clamp(-SAFETY_BOUND, SAFETY_BOUND)
         del lr_dec
         rho_m1 = torch.expm1(lr_safe).reshape(-1)
         # k3 per token before summing: a difference of two large sums would cancel a tiny k3 away
-        sum_k3 = torch.sub(rho_m1, lr_safe.reshape(-1)).sum()
-        del lr_safe
-        sum_chi2 = torch.dot(rho_m1, rho_m1) + 2 * rho_m1.sum()  # Σ (ρ² − 1) = Σ (ρ−1)² + 2(ρ−1)
-        del rho_m1
-        G = L / seq_len.clamp(min=1)
+        sums += [L.sum(), torch.sub(rho_m1, lr_safe.reshape(-1)).sum(), torch.dot(rho_m1, rho_m1), rho_m1.sum()]
+        del lr_safe, rho_m1
+        per_seq_chi2 = torch.expm1(2 * L.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+        sums += [torch.dot(per_seq_chi2, nonempty), torch.dot(L / seq_len.clamp(min=1), nonempty)]
+
         prob_diff = torch.exp(old).sub_(torch.exp(roll))
         if bool(torch.isfinite(prob_diff.sum())):
             prob_diff.mul_(mask)
         else:
             prob_diff = torch.where(mask > 0, prob_diff, 0.0).nan_to_num_(nan=0.0)
-        lo, hi = torch.aminmax(prob_diff) if prob_diff.numel() else (n_tok, n_tok)
+        lo, hi = torch.aminmax(prob_diff) if prob_diff.numel() else (zero, zero)
         del prob_diff
-        nonempty_f = nonempty.to(dtype)
-        has = n_tok > 0
-        return dict(zip(METRIC_NAMES, (
-            w_mean, w_var.sqrt(), torch.where(has, w_min, 0.0), torch.where(has, w_max, 0.0), ess,
-            rejected / n_safe, seq_rejected / n_seq, clamped / n_safe, -sum_lr / n_safe, sum_k3 / n_safe,
-            sum_chi2 / n_safe, (torch.expm1(2 * L.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * nonempty_f).sum() / n_seq,
-            (G * nonempty_f).sum() / n_seq, torch.maximum(hi, -lo),
-        )))
+        sums += [lo, hi]
+
+        (n, n_nonempty, sum_w, sum_w2, w_min, w_max, kept_tokens, seq_rejected, clamped, sum_lr, sum_k3,
+         sum_rho_m1_sq, sum_rho_m1, chi2_seq_sum, log_ppl_sum, lo, hi) = torch.stack(sums).tolist()
+    n_safe, n_seq = max(n, 1.0), max(n_nonempty, 1.0)
+    w_mean = sum_w / n_safe
+    variance = sum_w2 / n_safe - w_mean * w_mean
+    values = (
+        w_mean,
+        math.sqrt(variance) if variance > 0 else (variance if variance != variance else 0.0),
+        w_min if n > 0 else 0.0,
+        w_max if n > 0 else 0.0,
+        sum_w * sum_w / (n_safe * sum_w2) if sum_w2 > 0 else 0.0,  # Kish ESS as a fraction
+        (n - kept_tokens) / n_safe,
+        seq_rejected / n_seq,
+        clamped / n_safe,
+        -sum_lr / n_safe,  # k1
+        sum_k3 / n_safe,
+        (sum_rho_m1_sq + 2 * sum_rho_m1) / n_safe,  # χ² = mean(ρ²) − 1 = mean((ρ−1)² + 2(ρ−1))
+        chi2_seq_sum / n_seq,
+        log_ppl_sum / n_seq,
+        max(hi, -lo),
+    )
+    return dict(zip(METRIC_NAMES, torch.tensor(values, dtype=dtype).unbind()))
