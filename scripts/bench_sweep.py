@@ -28,6 +28,7 @@ recorded too: on a shared machine other processes inflate every wall time.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -136,7 +137,9 @@ def main() -> None:
 
     root = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
     try:
+        # loky (joblib) workers call gc.collect() every second when psutil is absent: worth recording.
         figures = {"jobs": args.n, "steps": args.steps, "workers": args.workers, "cpus": os.cpu_count(),
+                   "psutil": importlib.util.find_spec("psutil") is not None,
                    "loadavg_before": [round(x, 2) for x in os.getloadavg()],
                    "steady": steady(args.n, args.steps, args.workers, root)}
         if not args.skip_cold:

@@ -292,6 +292,34 @@ def test_representative_validation_keeps_one_job_per_group_choice():
     assert reps == [["correction=tis", "correction.high=2", "seed=0"], ["correction=icepop", "correction.high=2", "seed=0"]]
 
 
+def test_worker_tuning_keeps_plugins_and_freezes_only_in_a_worker():
+    """In a launcher's worker process (not the one that called sweep_multirun), set_state keeps the
+    discovered plugins instead of rescanning them each job, and the heap is frozen after the first
+    job; the launching process (basic launcher) is left alone. Run in a fresh interpreter."""
+    code = """
+import gc, os
+from hydra.core.plugins import Plugins
+from hydra.core.singleton import Singleton
+from runner import hydra_app
+hydra_app._LAUNCHING_PID = os.getpid()
+assert not hydra_app._in_worker()
+hydra_app._LAUNCHING_PID = None
+assert hydra_app._in_worker()
+plugins = Plugins.instance()
+state = Singleton.get_state()
+assert Plugins not in state["instances"]
+hydra_app._keep_plugins_across_jobs()
+hydra_app._keep_plugins_across_jobs()  # idempotent: wraps once
+Singleton.set_state(state)
+assert Plugins.instance() is plugins and Plugins not in state["instances"]
+hydra_app._freeze_worker_heap()
+assert gc.get_freeze_count() > 0
+print("ok")
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
+
+
 def test_a_launcher_error_is_reported_and_the_disk_decides(tmp_path, cli, monkeypatch):
     real = hydra_app.sweep_multirun
 
