@@ -58,7 +58,7 @@ def _trainer(overrides: list[str], logging: bool, run_dir: Path):
     if logging:
         metrics = CsvWriter(run_dir / "metrics.csv", train._columns(setup))
         events = EventWriter(run_dir / "events.csv")
-        tokens = CsvWriter(run_dir / "tokens.csv", train.TOKEN_COLUMNS)
+        tokens = CsvWriter(run_dir / "tokens.csv", train.TOKEN_COLUMNS) if setup.tokens_every else None
         trainer = train.Trainer(setup, metrics, events, tokens)
     else:
         trainer = train.Trainer(setup, _NullWriter(), _NullWriter(), None)

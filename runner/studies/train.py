@@ -334,7 +334,7 @@ class Trainer:
                 old = Bigram.token_log_probs(Bigram.log_prob_table(self.theta), ro.prev, ro.tokens)
             reward = rewards.mean()
             objective = self.objective_tensor()  # once a step: J(θ_t), the θ that `old` comes from
-            if self.tokens_csv is not None and step % s.tokens_every == 0:
+            if self.tokens_csv is not None and s.tokens_every and step % s.tokens_every == 0:
                 self.tokens_csv.write_rows(_token_rows(step, ro, old))
             for update, sl in enumerate(slices):
                 self.update(step, update, sl, ro, old, adv, reward, objective)
