@@ -371,23 +371,28 @@ def report(
 
 # ----------------------------------------------------------------------------------------- main
 def main() -> None:
-    import click
-
     try:
         code = app(standalone_mode=False)
     except UserError as exc:
         typer.echo(f"is-study: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.ClickException as exc:
-        exc.show()
-        sys.exit(exc.exit_code)
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except KeyboardInterrupt:
         typer.echo("is-study: interrupted", err=True)
         sys.exit(130)
     except OSError as exc:
         where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
         typer.echo(f"is-study: error: {exc.strerror or exc}{where}", err=True)
         sys.exit(2)
+    except Exception as exc:
+        # Click's usage errors (a missing argument, an unknown option or command), whether from
+        # click itself or the copy newer Typer versions vendor: duck-typed, so either works.
+        if hasattr(exc, "exit_code") and hasattr(exc, "format_message"):
+            typer.echo(f"is-study: error: {exc.format_message()} (see is-study --help)", err=True)
+            sys.exit(exc.exit_code)
+        if type(exc).__name__ == "Abort":
+            typer.echo("is-study: interrupted", err=True)
+            sys.exit(130)
+        raise
     sys.exit(code if isinstance(code, int) else 0)
 
 

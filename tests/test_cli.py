@@ -118,3 +118,16 @@ def test_real_binary_exit_code_and_no_traceback():
     assert res.returncode == 2
     assert res.stderr.startswith("is-study: error: config: unknown correction 'bogus'")
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "--bogus"], "No such option: --bogus"),
+    (["nosuchcmd"], "No such command 'nosuchcmd'"),
+    (["case"], "Missing argument 'file'"),
+])
+def test_usage_errors_are_one_line_with_exit_code_2(args, needle):
+    """Click's usage errors (raised by click itself or by the copy newer Typer versions vendor)."""
+    res = subprocess.run([sys.executable, "-m", "runner", *args], cwd=REPO, capture_output=True, text=True)
+    assert res.returncode == 2, res.stderr
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("is-study: error:") and needle in lines[0], res.stderr
