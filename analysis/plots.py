@@ -213,6 +213,14 @@ def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str
             fig.legend(handles, labels, loc="outside right upper", handlelength=3.0)
 
 
+def _mean_and_band(ax, stats, metric: str, kw: dict, alpha: float) -> None:
+    """The mean over seeds as a line, and ± 1 s.d. as a band where there is more than one seed."""
+    mean, sd = stats[f"{metric}_mean"], stats[f"{metric}_std"]
+    ax.plot(stats["step"], mean, **kw)
+    if stats[f"{metric}_count"].max() > 1:
+        ax.fill_between(stats["step"], mean - sd, mean + sd, color=kw["color"], alpha=alpha, linewidth=0, gid="band")
+
+
 def _line_kwargs(name: str) -> dict:
     lk = st.look(name)
     return {"color": lk.color, "linestyle": lk.linestyle, "label": str(name), "gid": "series"}
@@ -357,11 +365,7 @@ def _training(ds: Dataset, style: str):
             bad_steps = np.sort(bad_f.loc[bad_f["correction"] == name, "step"].unique())
             for m, metric in enumerate(metrics):
                 ax = grid.ax(f, m)
-                mean, sd = stats[f"{metric}_mean"], stats[f"{metric}_std"]
-                ax.plot(stats["step"], mean, **kw)
-                if stats[f"{metric}_count"].max() > 1:
-                    ax.fill_between(stats["step"], mean - sd, mean + sd, color=kw["color"], alpha=0.18, linewidth=0,
-                                    gid="band")
+                _mean_and_band(ax, stats, metric, kw, alpha=0.18)
                 if len(bad_steps):
                     _event_marks(ax, bad_steps, flagged.index(name), kw["color"])
     for f in range(len(fs)):
@@ -755,11 +759,7 @@ def _masking(ds: Dataset, style: str):
             kw = _line_kwargs(name)
             for m, metric in enumerate(metrics):
                 ax = grid.ax(f, m)
-                mean, sd = stats[f"{metric}_mean"], stats[f"{metric}_std"]
-                ax.plot(stats["step"], mean, **kw)
-                if stats[f"{metric}_count"].max() > 1:
-                    ax.fill_between(stats["step"], mean - sd, mean + sd, color=kw["color"], alpha=0.15, linewidth=0,
-                                    gid="band")
+                _mean_and_band(ax, stats, metric, kw, alpha=0.15)
     for f in range(len(fs)):
         for m in range(3):
             ax = grid.ax(f, m)

@@ -155,6 +155,16 @@ class _AtomicCsv:
         self._file.close()
         self.tmp.unlink(missing_ok=True)
 
+    def __enter__(self) -> "_AtomicCsv":
+        return self
+
+    def __exit__(self, exc_type, *exc: Any) -> None:
+        # renamed into place only when every row was written; otherwise the old file stays
+        if exc_type is None:
+            self.commit()
+        else:
+            self.abort()
+
 
 def _read_header(path: Path) -> list[str] | None:
     try:
@@ -184,8 +194,7 @@ def concat_table(jobs: list[Job], keys: list[str], table: str, out_path: Path) -
         out_path.unlink(missing_ok=True)
         return 0
     cols = list(columns)
-    out = _AtomicCsv(out_path)
-    try:
+    with _AtomicCsv(out_path) as out:
         out.writerow(["job", *keys, *cols])
         for job, header in sources:
             prefix = [str(job.num), *_key_values(job, keys)]
@@ -199,10 +208,6 @@ def concat_table(jobs: list[Job], keys: list[str], table: str, out_path: Path) -
                         continue
                     out.writerow(prefix + [row[i] if 0 <= i < len(row) else "" for i in idx])
                     out.rows += 1
-    except BaseException:
-        out.abort()
-        raise
-    out.commit()
     return out.rows
 
 
@@ -235,18 +240,13 @@ def write_summary(jobs: list[Job], keys: list[str], out_path: Path) -> int:
             if c not in taken:
                 columns.setdefault(c, None)
     cols = list(columns)
-    out = _AtomicCsv(out_path)
-    try:
+    with _AtomicCsv(out_path) as out:
         out.writerow(fixed + cols)
         for job, flat in zip(jobs, flats):
             rel = os.path.relpath(job.dir, out_path.parent)
             out.writerow([str(job.num), *_key_values(job, keys), job.status, job.error or "", rel,
                           *(fmt(flat.get(c)) for c in cols)])
             out.rows += 1
-    except BaseException:
-        out.abort()
-        raise
-    out.commit()
     return out.rows
 
 

@@ -14,7 +14,6 @@ the per-round ratios. Exit code 1 when the full-size ratio is under the target.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -94,23 +93,16 @@ def main() -> int:
         print(f"FAIL: the two paths differ by {worst:.3g} > 1e-5", file=sys.stderr)
         return 1
 
-    from torch.utils import benchmark
+    from scripts.bench import _median_ratio
 
-    t_fast, t_slow, ratios = [], [], []
-    for _ in range(rounds):
-        a = benchmark.Timer(stmt="f()", globals={"f": slow}).blocked_autorange(min_run_time=min_run).median
-        b = benchmark.Timer(stmt="f()", globals={"f": fast}).blocked_autorange(min_run_time=min_run).median
-        t_slow.append(a)
-        t_fast.append(b)
-        ratios.append(a / b)
+    slow_s, fast_s, ratio = _median_ratio(slow, fast, rounds, min_run)
     n = len(batches)
-    ratio = statistics.median(ratios)
     print(f"probe gradient paths: {size['presets']} presets × {size['bands']} bands = {len(arms)} arms, "
           f"B={world.batch_size}, T={T}, V={world.policy.vocab_size}, {n} batches, {args.threads} thread(s)")
     print(f"  agreement: max |fast − slow| = {worst:.2e} (tolerance 1e-5); {nonfinite} non-finite estimates, "
           f"flagged alike by both")
-    print(f"  slow (policy_loss + backward per arm): {statistics.median(t_slow) / n * 1e3:8.2f} ms per batch")
-    print(f"  fast (one batched weighting)         : {statistics.median(t_fast) / n * 1e3:8.2f} ms per batch")
+    print(f"  slow (policy_loss + backward per arm): {slow_s / n * 1e3:8.2f} ms per batch")
+    print(f"  fast (one batched weighting)         : {fast_s / n * 1e3:8.2f} ms per batch")
     print(f"  ratio slow/fast: {ratio:.1f}x (median of {rounds} round(s); target >= {TARGET:g}x)")
     if args.out:
         import json
@@ -120,7 +112,7 @@ def main() -> int:
             "name": f"probe vectorised vs per-preset backward ({len(arms)} arms, B={world.batch_size}, T={T}, "
                     f"V={world.policy.vocab_size})",
             "value": ratio, "target": f">= {TARGET:g}x", "pass": ratio >= TARGET,
-            "detail": f"slow {statistics.median(t_slow) / n * 1e3:.1f} ms vs fast {statistics.median(t_fast) / n * 1e3:.2f} "
+            "detail": f"slow {slow_s / n * 1e3:.1f} ms vs fast {fast_s / n * 1e3:.2f} "
                       f"ms per batch; max |fast − slow| {worst:.1e}"}], indent=1))
     if not args.tiny and ratio < TARGET:
         print(f"FAIL: {ratio:.1f}x < {TARGET:g}x", file=sys.stderr)

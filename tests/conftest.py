@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import sys
 from pathlib import Path
@@ -23,22 +25,26 @@ def spec_case_file(name: str) -> Path:
     return REPO / "conf" / "cases" / f"{shipped}.yaml"
 
 
-@pytest.fixture
-def cli(capsys):
-    """Run `is-study ARGS` in-process; return (exit code, stdout, stderr)."""
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """Run `is-study ARGS` in-process; return (exit code, stdout, stderr). Usable anywhere, even in
+    module-scoped fixtures, which cannot take capsys."""
     from runner import cli as cli_module
 
-    def run(*args: str) -> tuple[int, str, str]:
-        old_argv = sys.argv
-        sys.argv = ["is-study", *args]
-        try:
+    out, err = io.StringIO(), io.StringIO()
+    old_argv = sys.argv
+    sys.argv = ["is-study", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             cli_module.main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-        finally:
-            sys.argv = old_argv
-        captured = capsys.readouterr()
-        return code, captured.out, captured.err
+        code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        sys.argv = old_argv
+    return code, out.getvalue(), err.getvalue()
 
-    return run
+
+@pytest.fixture
+def cli():
+    """`run_cli` as a fixture."""
+    return run_cli

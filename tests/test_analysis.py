@@ -3,8 +3,6 @@ made here: a tiny train run, a tiny sweep (is-study sweep), a tiny probe run, a 
 
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import re
 import subprocess
@@ -13,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import run_cli
+
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["train.steps=6", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.tokens_every=2"]
 # 5% of rollout log-probs shifted by −1000 nats: the as-shipped OpenRLHF preset meets NaN/inf in a few steps.
@@ -20,22 +20,7 @@ FAULTS = ["mismatch.outlier_rate=0.05"]
 BUG = "openrlhf-bc71bb1/seq-mask-tis"
 
 
-def _cli(*args: str) -> tuple[int, str, str]:
-    """`is-study ARGS` in-process (module-scoped fixtures cannot use capsys)."""
-    from runner import cli as cli_module
-
-    out, err = io.StringIO(), io.StringIO()
-    old = sys.argv
-    sys.argv = ["is-study", *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli_module.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = old
-    return code, out.getvalue(), err.getvalue()
+_cli = run_cli
 
 
 def _run(run_dir: Path, *overrides: str) -> Path:

@@ -20,7 +20,7 @@ import pytest
 
 from runner import hydra_app, sweep
 from runner.errors import UserError
-from tests.conftest import REPO
+from tests.conftest import REPO, run_cli
 
 TINY = ["train.steps=3", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.timing=false"]
 ROWS_PER_JOB = 3 * 2  # steps × train.updates_per_step
@@ -67,17 +67,9 @@ def _check_grid_sweep(sweep_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def basic_sweep(tmp_path_factory):
     """The 2×2×2 grid on the basic launcher, run once for the module."""
-    from runner import cli as cli_module
-
     sweep_dir = tmp_path_factory.mktemp("sweeps") / "basic"
-    old = sys.argv
-    sys.argv = ["is-study", "sweep", *GRID, *TINY, f"hydra.sweep.dir={sweep_dir}"]
-    try:
-        with pytest.raises(SystemExit) as exc:
-            cli_module.main()
-    finally:
-        sys.argv = old
-    assert exc.value.code == 0
+    code, _, err = run_cli("sweep", *GRID, *TINY, f"hydra.sweep.dir={sweep_dir}")
+    assert code == 0, err
     return sweep_dir
 
 
