@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 
 from runner.errors import UserError
-
-# verl's and SkyRL's safety bound on log-ratios; the metrics use it too, so they stay finite.
-SAFETY_BOUND = 20.0
+from runner.masking import zero_padding, zero_where_not
+from runner.metrics import correction_metrics, correction_metrics_by_group
 
 LEVELS = ("none", "token", "sequence", "geometric")
 CHOICES = {
@@ -109,26 +108,7 @@ class CorrectionResult:
     coef: torch.Tensor  # [B, T] detached coefficient that multiplies the per-token loss
     mask: torch.Tensor  # [B, T] float action mask after `drop` rejection
     keep: torch.Tensor  # [B, T] bool: the unit survived the filter and the veto
-    metrics: dict[str, torch.Tensor] = field(default_factory=dict)  # 0-d tensors
-
-
-def zero_where_not(x: torch.Tensor, keep: torch.Tensor, keep_float: torch.Tensor | None = None) -> torch.Tensor:
-    """x where `keep`, exactly 0 elsewhere, with no NaN from 0·inf and no gradient leaking out.
-
-    On CPU torch.where is ~25x slower than a multiply (bool kernels), and a multiply is only safe
-    when x is finite: one sum tells (a NaN or ±inf anywhere makes it non-finite; an overflow of
-    finite values merely takes the where). Both branches give the same numbers."""
-    if bool(torch.isfinite(x.detach().sum())):
-        return x * (keep.to(x.dtype) if keep_float is None else keep_float)
-    return torch.where(keep.bool() if keep.dtype != torch.bool else keep, x, 0.0)
-
-
-def zero_padding(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """x with masked-out entries exactly 0: NaN/inf padding leaks into neither the value nor a
-    gradient. The boolean mask is only built on the (rare) non-finite path."""
-    if bool(torch.isfinite(x.detach().sum())):
-        return x * mask
-    return torch.where(mask > 0, x, 0.0)
+    metrics: dict[str, float] = field(default_factory=dict)  # runner.metrics.METRIC_NAMES
 
 
 def _exp_clamped(x: torch.Tensor, bound: float | None) -> torch.Tensor:
@@ -178,6 +158,41 @@ def apply_correction(
     metrics: bool = True,
 ) -> CorrectionResult:
     """Evaluate `corr` on one batch of [B, T] log-probs; see the module docstring."""
+    ev = _evaluate(corr, old, roll, mask, lp)
+    out = CorrectionResult(coef=ev.coef, mask=ev.new_mask, keep=ev.keep_full)
+    if metrics:
+        out.metrics = correction_metrics(corr, *ev.metric_inputs)
+    return out
+
+
+def apply_correction_split(
+    corr: Correction,
+    old: torch.Tensor,
+    roll: torch.Tensor,
+    mask: torch.Tensor,
+    groups: Sequence[slice],
+    lp: torch.Tensor | None = None,
+    metrics: bool = True,
+) -> list[CorrectionResult]:
+    """`apply_correction` on each group of sequences (contiguous slices that tile the batch, like
+    a step's mini-batches), evaluated once for the whole batch: every coefficient is a function of
+    its own sequence, so group g's result equals apply_correction on the rows g, and the metrics
+    of all groups come from one pass (a small batch pays per call, not per element)."""
+    ev = _evaluate(corr, old, roll, mask, lp)
+    per_group = correction_metrics_by_group(corr, *ev.metric_inputs, groups=groups) if metrics else [{} for _ in groups]
+    return [CorrectionResult(coef=ev.coef[g], mask=ev.new_mask[g], keep=ev.keep_full[g], metrics=m)
+            for g, m in zip(groups, per_group)]
+
+
+@dataclass
+class _Evaluation:
+    coef: torch.Tensor
+    new_mask: torch.Tensor
+    keep_full: torch.Tensor
+    metric_inputs: tuple  # correction_metrics' arguments after `corr`
+
+
+def _evaluate(corr: Correction, old, roll, mask, lp) -> _Evaluation:
     mask = mask.to(old.dtype)
     lr = mismatch_log_ratio(corr, old, roll, mask, lp)
     count = mask.sum(-1, keepdim=True)  # [B, 1]
@@ -228,107 +243,4 @@ def apply_correction(
         coef = zero_padding(coef, mask)
     coef = coef.detach()
     keep_full = (torch.ones((1, 1), dtype=torch.bool) if keep is None else keep).expand_as(lr)
-    out = CorrectionResult(coef=coef, mask=new_mask, keep=keep_full)
-    if metrics:
-        out.metrics = correction_metrics(corr, old.detach(), roll.detach(), mask, lr, raw, weight, coef, keep)
-    return out
-
-
-METRIC_NAMES = ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess",
-                "token_masked_fraction", "seq_masked_fraction", "clamped_fraction", "kl_k1", "kl_k3",
-                "chi2_token", "chi2_seq", "log_ppl_diff", "max_abs_prob_diff")
-
-
-def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep) -> dict[str, torch.Tensor]:
-    """verl-style per-batch diagnostics over masked-in tokens.
-
-    The [B, T] work is a handful of sums, dot products and extremes, with multiplies by the mask
-    rather than selections; their scalars leave torch in one `.tolist()` and the fractions are
-    formed in Python (a small batch pays per torch call, not per element). Never raises: an empty
-    batch or all-zero weights give 0, and the KL/χ² metrics use the ±20 safety bound."""
-    with torch.no_grad():
-        dtype = coef.dtype
-        seq_len = mask.sum(-1)
-        nonempty = (seq_len > 0).to(dtype)
-        n_tok = seq_len.sum()
-
-        # Weights: under padding=ignore the coefficient already is exactly 0 at padding. The
-        # temporaries are freed as soon as their sums are taken (at most three [B, T] extra).
-        w = (coef if corr.padding == "ignore" else zero_padding(coef, mask)).reshape(-1)
-        if w.numel():
-            w_max = w.max()  # coefficients are ≥ 0, so the zeros at padding never win
-            # shift every weight below 0 and mask: padding stays 0, the minimum is a masked-in one
-            shift = w_max + 1
-            w_min = (w - shift).mul_(mask.reshape(-1)).min() + shift
-        else:
-            w_min = w_max = n_tok
-        sums = [n_tok, nonempty.sum(), w.sum(), torch.dot(w, w), w_min, w_max]
-        del w
-
-        # Rejections and clamps, counted per sequence when the filter is a sequence filter.
-        changed = (weight != raw) if corr.weight_op != "raw" else None
-        zero = torch.zeros((), dtype=dtype)
-        if keep is None:
-            kept_tokens, seq_rejected = n_tok, zero
-            clamped = (changed * mask).sum() if changed is not None else zero
-        elif keep.shape[-1] == 1:
-            kept_seq = keep.reshape(-1).to(dtype)
-            kept_tokens = torch.dot(seq_len, kept_seq)
-            seq_rejected = torch.dot(nonempty, 1 - kept_seq)
-            clamped = torch.dot((changed * mask).sum(-1), kept_seq) if changed is not None else zero
-        else:
-            kept = mask * keep.to(dtype)
-            kept_tokens = kept.sum()
-            seq_rejected = torch.dot(nonempty, (kept.sum(-1) == 0).to(dtype))
-            clamped = kept.mul_(changed).sum() if changed is not None else zero
-            del kept
-        del changed
-        sums += [kept_tokens, seq_rejected, clamped]
-
-        # Mismatch diagnostics use the decoupled log-ratio old − roll (0 at padding), whatever the
-        # ratio base; expm1 keeps k3 and χ² accurate for tiny mismatches, where ρ − 1 would cancel.
-        reuse = corr.ratio == "decoupled" and corr.padding in ("ignore", "zero-logratio")
-        lr_dec = lr if reuse else zero_padding(old - roll, mask)
-        L = lr_dec.sum(-1)  # the sequence log-ratios
-        lo_lr, hi_lr = torch.aminmax(lr_dec) if lr_dec.numel() else (zero, zero)
-        within = bool((hi_lr <= SAFETY_BOUND) & (lo_lr >= -SAFETY_BOUND))
-        lr_safe = lr_dec if within else lr_dec.clamp(-SAFETY_BOUND, SAFETY_BOUND)
-        del lr_dec
-        rho_m1 = torch.expm1(lr_safe).reshape(-1)
-        # k3 per token before summing: a difference of two large sums would cancel a tiny k3 away
-        sums += [L.sum(), torch.sub(rho_m1, lr_safe.reshape(-1)).sum(), torch.dot(rho_m1, rho_m1), rho_m1.sum()]
-        del lr_safe, rho_m1
-        per_seq_chi2 = torch.expm1(2 * L.clamp(-SAFETY_BOUND, SAFETY_BOUND))
-        sums += [torch.dot(per_seq_chi2, nonempty), torch.dot(L / seq_len.clamp(min=1), nonempty)]
-
-        prob_diff = torch.exp(old).sub_(torch.exp(roll))
-        if bool(torch.isfinite(prob_diff.sum())):
-            prob_diff.mul_(mask)
-        else:
-            prob_diff = torch.where(mask > 0, prob_diff, 0.0).nan_to_num_(nan=0.0)
-        lo, hi = torch.aminmax(prob_diff) if prob_diff.numel() else (zero, zero)
-        del prob_diff
-        sums += [lo, hi]
-
-        (n, n_nonempty, sum_w, sum_w2, w_min, w_max, kept_tokens, seq_rejected, clamped, sum_lr, sum_k3,
-         sum_rho_m1_sq, sum_rho_m1, chi2_seq_sum, log_ppl_sum, lo, hi) = torch.stack(sums).tolist()
-    n_safe, n_seq = max(n, 1.0), max(n_nonempty, 1.0)
-    w_mean = sum_w / n_safe
-    variance = sum_w2 / n_safe - w_mean * w_mean
-    values = (
-        w_mean,
-        math.sqrt(variance) if variance > 0 else (variance if variance != variance else 0.0),
-        w_min if n > 0 else 0.0,
-        w_max if n > 0 else 0.0,
-        sum_w * sum_w / (n_safe * sum_w2) if sum_w2 > 0 else 0.0,  # Kish ESS as a fraction
-        (n - kept_tokens) / n_safe,
-        seq_rejected / n_seq,
-        clamped / n_safe,
-        -sum_lr / n_safe,  # k1
-        sum_k3 / n_safe,
-        (sum_rho_m1_sq + 2 * sum_rho_m1) / n_safe,  # χ² = mean(ρ²) − 1 = mean((ρ−1)² + 2(ρ−1))
-        chi2_seq_sum / n_seq,
-        log_ppl_sum / n_seq,
-        max(hi, -lo),
-    )
-    return dict(zip(METRIC_NAMES, torch.tensor(values, dtype=dtype).unbind()))
+    return _Evaluation(coef, new_mask, keep_full, (old.detach(), roll.detach(), mask, lr, raw, weight, coef, keep))

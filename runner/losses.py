@@ -6,12 +6,13 @@ then reduced. The PPO ratio compares lp with old, never with roll.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 import torch
 
-from runner.corrections import Correction, CorrectionResult, apply_correction, zero_padding
+from runner.corrections import Correction, CorrectionResult, apply_correction
+from runner.masking import zero_padding
 from runner.errors import UserError
 
 LOSSES = ("ppo", "gspo", "reinforce")
@@ -56,7 +57,18 @@ class LossResult:
     per_token: torch.Tensor  # [B, T] coefficient × per-token loss, before reduction
     correction: CorrectionResult
     all_rejected: bool
-    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    # 0-d counts for ppo_clip_fraction, left as tensors so that a caller converting other numbers
+    # converts these with them (the train study's one .tolist() a row); None with metrics=False
+    clipped_tokens: torch.Tensor | None = None  # masked-in tokens where the clipped branch binds
+    tokens: torch.Tensor | None = None  # masked-in tokens
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        """The correction's metrics and ppo_clip_fraction; empty when computed with metrics=False."""
+        if self.tokens is None:
+            return {}
+        clipped, tokens = torch.stack([self.clipped_tokens, self.tokens]).tolist()
+        return {**self.correction.metrics, "ppo_clip_fraction": clipped / tokens if tokens else 0.0}
 
 
 def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, spec: LossSpec,
@@ -82,7 +94,7 @@ class _WeightedPPO(torch.autograd.Function):
     where the clipped branch binds, the dual clip binds, or |x| > 20: what autograd gives."""
 
     @staticmethod
-    def forward(ctx, log_ratio, adv, coef, eps_low, eps_high, dual_clip, want_clipped):
+    def forward(ctx, log_ratio, adv, coef, eps_low, eps_high, dual_clip, clipped_sink):
         # In-place where a temporary is not needed again: at most four [B, T] floats live at once.
         bound = PPO_LOG_RATIO_BOUND
         inbound = log_ratio.abs().le_(bound)  # 1.0 / 0.0: clamp passes the gradient inside
@@ -90,7 +102,8 @@ class _WeightedPPO(torch.autograd.Function):
         surr1 = ratio * adv
         surr2 = ratio.clamp_(1 - eps_low, 1 + eps_high).mul_(adv)
         del ratio
-        clipped = torch.lt(surr2, surr1) if want_clipped else torch.zeros((), dtype=torch.bool)
+        if clipped_sink is not None:  # where the clipped branch is the active one (for the metrics)
+            clipped_sink.append(torch.lt(surr2, surr1))
         active = torch.le(surr1, surr2)
         pessimistic = torch.minimum(surr1, surr2)
         del surr2
@@ -103,11 +116,10 @@ class _WeightedPPO(torch.autograd.Function):
             slope.masked_fill_(capped, 0.0)
             del floor, capped
         ctx.save_for_backward(slope.mul_(coef).neg_())  # d per_token / d log_ratio
-        ctx.mark_non_differentiable(clipped)
-        return pessimistic.neg_().mul_(coef), clipped
+        return pessimistic.neg_().mul_(coef)
 
     @staticmethod
-    def backward(ctx, grad_out, _grad_clipped):
+    def backward(ctx, grad_out):
         (slope,) = ctx.saved_tensors
         return grad_out * slope, None, None, None, None, None, None
 
@@ -138,10 +150,13 @@ def policy_loss(
     adv: torch.Tensor,
     mask: torch.Tensor,
     metrics: bool = True,
+    correction: CorrectionResult | None = None,
 ) -> LossResult:
-    """The corrected policy loss for one batch of [B, T] tensors; lp carries the gradient."""
+    """The corrected policy loss for one batch of [B, T] tensors; lp carries the gradient.
+    `correction`: this batch's already evaluated correction (apply_correction_split of a larger
+    batch), used instead of evaluating it here; its metrics are passed on."""
     mask = mask.to(lp.dtype)
-    cres = apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics)
+    cres = correction if correction is not None else apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics)
     old, roll, adv = old.detach(), roll.detach(), adv.detach()
     # Our presets: NaN/inf at masked positions must not reach the loss or any gradient. Zeroing each
     # difference (not each input) is enough: the backward of x·mask (or of a where) sends exactly 0
@@ -155,9 +170,9 @@ def policy_loss(
         log_ratio = lp - old
         if sanitise:
             log_ratio = zero_padding(log_ratio, mask)
-        per_token, clipped = _WeightedPPO.apply(log_ratio, adv, cres.coef, spec.eps_low, spec.eps_high,
-                                                spec.dual_clip, metrics)
-        clipped = clipped if metrics else None
+        sink = [] if metrics else None  # a list, not a second output: autograd need not track it
+        per_token = _WeightedPPO.apply(log_ratio, adv, cres.coef, spec.eps_low, spec.eps_high, spec.dual_clip, sink)
+        clipped = sink[0] if sink else None
         red_mask = cres.mask
     elif spec.name == "gspo":
         diff = lp - (roll if corr.active else old)
@@ -181,11 +196,10 @@ def policy_loss(
     all_rejected = bool(count == 0)
     out = LossResult(loss=loss, per_token=per_token, correction=cres, all_rejected=all_rejected)
     if metrics:
-        out.metrics = dict(cres.metrics)
+        out.tokens = mask.sum()
         if clipped is None:
-            out.metrics["ppo_clip_fraction"] = torch.zeros(())
-        else:
-            out.metrics["ppo_clip_fraction"] = (clipped.to(mask.dtype) * mask).sum() / mask.sum().clamp(min=1)
-        out.metrics["nonfinite_loss"] = (~torch.isfinite(loss.detach())).to(lp.dtype)
-        out.metrics["all_rejected"] = torch.tensor(float(all_rejected))
+            out.clipped_tokens = torch.zeros((), dtype=mask.dtype)
+        else:  # under sanitisation the clipped flags are already False at padding (A = 0 there)
+            out.clipped_tokens = (clipped if sanitise else clipped & (mask > 0)).sum()
     return out
+

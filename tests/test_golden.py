@@ -305,4 +305,4 @@ def test_veto_rejects_whole_sequence():
     res = apply_correction(vetoed, t["old_log_probs"], t["rollout_log_probs"], t["action_mask"])
     assert res.coef[1].tolist() == [0.0, 0.0, 0.0, 0.0]
     assert res.coef[0, :3].tolist() == pytest.approx([5.0, 0.7408182, 1.1051709], abs=1e-6)
-    assert res.metrics["seq_masked_fraction"].item() == pytest.approx(0.5)
+    assert res.metrics["seq_masked_fraction"] == pytest.approx(0.5)

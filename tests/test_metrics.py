@@ -21,36 +21,36 @@ def test_weight_moments_ess_and_clamping():
     m = apply_correction(TIS, OLD, ROLL, MASK).metrics
     w = [min(max(math.exp(x), 0.5), 5.0) for row in LR for x in row]  # [5, .741, 1.105, .5, 1.020]
     mean = sum(w) / 5
-    assert m["is_weight_mean"].item() == pytest.approx(mean, rel=1e-6)
-    assert m["is_weight_std"].item() == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in w) / 5), rel=1e-5)
-    assert m["is_weight_min"].item() == pytest.approx(0.5)
-    assert m["is_weight_max"].item() == pytest.approx(5.0)
-    assert m["ess"].item() == pytest.approx(sum(w) ** 2 / (5 * sum(x * x for x in w)), rel=1e-6)
-    assert m["clamped_fraction"].item() == pytest.approx(2 / 5)  # e^1.9 → 5 and e^-1.1 → 0.5
-    assert m["token_masked_fraction"].item() == 0.0
+    assert m["is_weight_mean"] == pytest.approx(mean, rel=1e-6)
+    assert m["is_weight_std"] == pytest.approx(math.sqrt(sum((x - mean) ** 2 for x in w) / 5), rel=1e-5)
+    assert m["is_weight_min"] == pytest.approx(0.5)
+    assert m["is_weight_max"] == pytest.approx(5.0)
+    assert m["ess"] == pytest.approx(sum(w) ** 2 / (5 * sum(x * x for x in w)), rel=1e-6)
+    assert m["clamped_fraction"] == pytest.approx(2 / 5)  # e^1.9 → 5 and e^-1.1 → 0.5
+    assert m["token_masked_fraction"] == 0.0
 
 
 def test_divergence_metrics():
     m = apply_correction(TIS, OLD, ROLL, MASK).metrics
     flat = [x for row in LR for x in row]
-    assert m["kl_k1"].item() == pytest.approx(-sum(flat) / 5, rel=1e-5)
-    assert m["kl_k3"].item() == pytest.approx(sum(math.exp(x) - 1 - x for x in flat) / 5, rel=1e-5)
-    assert m["chi2_token"].item() == pytest.approx(sum(math.exp(2 * x) for x in flat) / 5 - 1, rel=1e-5)
+    assert m["kl_k1"] == pytest.approx(-sum(flat) / 5, rel=1e-5)
+    assert m["kl_k3"] == pytest.approx(sum(math.exp(x) - 1 - x for x in flat) / 5, rel=1e-5)
+    assert m["chi2_token"] == pytest.approx(sum(math.exp(2 * x) for x in flat) / 5 - 1, rel=1e-5)
     L = [sum(row) for row in LR]
-    assert m["chi2_seq"].item() == pytest.approx(sum(math.exp(2 * x) - 1 for x in L) / 2, rel=1e-5)
-    assert m["log_ppl_diff"].item() == pytest.approx((L[0] / 3 + L[1] / 2) / 2, rel=1e-5)
+    assert m["chi2_seq"] == pytest.approx(sum(math.exp(2 * x) - 1 for x in L) / 2, rel=1e-5)
+    assert m["log_ppl_diff"] == pytest.approx((L[0] / 3 + L[1] / 2) / 2, rel=1e-5)
     probs = [abs(math.exp(o) - math.exp(r)) for o, r, k in zip(OLD.flatten().tolist(), ROLL.flatten().tolist(),
                                                               MASK.flatten().tolist()) if k]
-    assert m["max_abs_prob_diff"].item() == pytest.approx(max(probs), rel=1e-5)
+    assert m["max_abs_prob_diff"] == pytest.approx(max(probs), rel=1e-5)
 
 
 def test_masked_fractions_for_a_sequence_filter():
     seq_mis = Correction(name="seq-mis", weight="sequence", log_clamp=20.0, filter="sequence", low=0.5, high=2.0)
     m = apply_correction(seq_mis, OLD, ROLL, MASK).metrics
     # L = 1.7 (ρ 5.47, rejected) and −1.08 (ρ 0.34, rejected): every token and sequence rejected
-    assert m["token_masked_fraction"].item() == 1.0
-    assert m["seq_masked_fraction"].item() == 1.0
-    assert m["ess"].item() == 0.0  # every weight zero: 0, not a ZeroDivisionError or NaN
+    assert m["token_masked_fraction"] == 1.0
+    assert m["seq_masked_fraction"] == 1.0
+    assert m["ess"] == 0.0  # every weight zero: 0, not a ZeroDivisionError or NaN
 
 
 def test_empty_batch_metrics_and_loss_are_zero_not_nan():
@@ -62,7 +62,7 @@ def test_empty_batch_metrics_and_loss_are_zero_not_nan():
     assert out.loss.item() == 0.0 and out.all_rejected
     assert torch.equal(lp.grad, torch.zeros(2, 3))
     for name, value in out.metrics.items():
-        assert math.isfinite(value.item()), name
+        assert math.isfinite(value), name
 
 
 def test_all_rejected_flag_from_drop():
@@ -70,7 +70,7 @@ def test_all_rejected_flag_from_drop():
     geo = Correction(name="geo-mask", filter="geometric", denominator="drop", low=0.999, high=1.001)
     out = policy_loss(LossSpec(), geo, lp, lp.detach(), torch.tensor([[-1000.0, -4.0]]), torch.ones(1, 2), torch.ones(1, 2))
     out.loss.backward()
-    assert out.loss.item() == 0.0 and out.all_rejected and out.metrics["all_rejected"].item() == 1.0
+    assert out.loss.item() == 0.0 and out.all_rejected
     assert lp.grad.tolist() == [[0.0, 0.0]]
 
 
@@ -79,7 +79,7 @@ def test_ppo_clip_fraction_and_dual_clip():
     zeros = torch.zeros(1, 3)
     adv = torch.tensor([[1.0, 1.0, -2.0]])
     out = policy_loss(LossSpec(), Correction(), lp, zeros, zeros, adv, torch.ones(1, 3))
-    assert out.metrics["ppo_clip_fraction"].item() == pytest.approx(2 / 3)  # e^.5>1.2 (A>0), e^-.5<0.8 (A<0)
+    assert out.metrics["ppo_clip_fraction"] == pytest.approx(2 / 3)  # e^.5>1.2 (A>0), e^-.5<0.8 (A<0)
     expected = (-1.2 - 1.0 + 2 * 0.8) / 3
     assert out.loss.item() == pytest.approx(expected, rel=1e-6)
     # dual clip c=3: where A<0 the loss is capped at −c·A = 6; here 2·0.8 = 1.6 < 6, unchanged
@@ -120,3 +120,130 @@ def test_gspo_and_reinforce():
     # −ρ·A·lp with ρ = e^0.1 on both tokens, token-mean
     assert r.loss.item() == pytest.approx(math.exp(0.1) * (1.0 + 2.0) / 2, rel=1e-6)
     assert lp.grad.tolist() == [pytest.approx([-math.exp(0.1) / 2] * 2, rel=1e-6)]
+
+
+# ----------------------------------------------------------------------------- the two backends
+def _all_presets() -> list[Correction]:
+    from runner import hydra_app, registry
+
+    return [Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={e.name}"]).correction))
+            for e in registry.presets()]
+
+
+def _batch(kind: str, B: int = 6, T: int = 9):
+    """[B, T] old, roll, mask of one kind of batch; lengths vary, so padding is always present
+    except in 'full'."""
+    g = torch.Generator().manual_seed(7)
+    old = -3 * torch.rand(B, T, generator=g)
+    roll = old + 0.4 * torch.randn(B, T, generator=g)
+    lengths = torch.randint(0, T + 1, (B,), generator=g)
+    lengths[:3] = torch.tensor([T, 0, 1])[:B]  # a full row, an empty one and a one-token one
+    mask = (torch.arange(T) < lengths.unsqueeze(-1)).float()
+    if kind == "full":
+        mask = torch.ones(B, T)
+    elif kind == "nan-padding":
+        old = torch.where(mask > 0, old, torch.nan)
+        roll = torch.where(mask > 0, roll, -torch.inf)
+    elif kind == "extreme":  # |lr| > 20 on masked-in tokens (the safety bound), and an inf weight
+        # the first is also the largest |p_old − p_roll| (≈ 0.99), which must not be formed from a
+        # bounded ρ − 1
+        old[0, 0], roll[0, 0], old[0, 1], roll[2, 0] = -0.01, -60.0, -1e30, -200.0
+    elif kind == "empty":
+        mask = torch.zeros(B, T)
+    return old, roll, mask
+
+
+@pytest.mark.parametrize("kind", ["full", "padded", "nan-padding", "extreme", "empty"])
+def test_numpy_and_torch_backends_agree_on_every_preset(kind, monkeypatch):
+    """The small-batch NumPy totals equal the torch ones to float32 rounding (1e-5 relative), NaN
+    for NaN and inf for inf, on every preset's coefficient, keep and clamp: the train study logs
+    one, large batches the other."""
+    import runner.corrections as corrections_module
+    from runner import metrics
+
+    old, roll, mask = _batch(kind)
+    intermediates = []  # what apply_correction hands the metrics, preset by preset
+    monkeypatch.setattr(corrections_module, "correction_metrics", lambda *args: intermediates.append(args) or {})
+    presets = _all_presets()
+    for corr in presets:
+        apply_correction(corr, old, roll, mask, lp=old + 0.05)
+    assert len(intermediates) == len(presets) == 22
+    nonfinite = 0
+    for corr, args in zip(presets, intermediates):
+        via_torch = metrics.correction_metrics(*args, backend="torch")
+        via_numpy = metrics.correction_metrics(*args, backend="numpy")
+        assert list(via_torch) == list(via_numpy) == list(metrics.METRIC_NAMES)
+        for name in metrics.METRIC_NAMES:
+            a, b = via_torch[name], via_numpy[name]
+            nonfinite += not math.isfinite(a)
+            assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-5, abs=1e-6), \
+                f"{corr.name} {kind} {name}: torch {a} numpy {b}"
+    if kind == "extreme":
+        assert nonfinite > 0  # the faithful presets' inf weights reach the metrics, in both
+
+
+def test_the_auto_backend_switches_on_size():
+    from runner import metrics
+
+    tis = Correction(name="tis", weight="token", weight_op="clamp", low=0.5, high=5.0)
+    calls = []
+    for B in (2, metrics.NUMPY_MAX_ELEMENTS // 8 + 1):
+        old, roll, mask = _batch("padded", B=B, T=8)
+        original_numpy, original_torch = metrics._totals_numpy, metrics._totals_torch
+        metrics._totals_numpy = lambda *a: calls.append("numpy") or original_numpy(*a)
+        metrics._totals_torch = lambda *a: calls.append("torch") or original_torch(*a)
+        try:
+            apply_correction(tis, old, roll, mask)
+        finally:
+            metrics._totals_numpy, metrics._totals_torch = original_numpy, original_torch
+    assert calls == ["numpy", "torch"]
+
+
+@pytest.mark.parametrize("kind", ["padded", "nan-padding", "extreme"])
+@pytest.mark.parametrize("numpy_max", [0, None], ids=["torch", "numpy"])
+def test_split_evaluation_equals_one_call_per_group(kind, numpy_max, monkeypatch):
+    """apply_correction_split (the train study's one evaluation per step) gives each group exactly
+    what apply_correction gives its rows: the same coefficients, mask and keep bit for bit, and the
+    same metrics to float32 rounding, on every preset and uneven groups (3, 3 and 2 rows of 8)."""
+    from runner import metrics
+    from runner.corrections import apply_correction_split
+
+    if numpy_max is not None:
+        monkeypatch.setattr(metrics, "NUMPY_MAX_ELEMENTS", 0)  # every batch takes the torch path
+    old, roll, mask = _batch(kind, B=8, T=5)
+    lp = old + 0.05
+    groups = [slice(0, 3), slice(3, 6), slice(6, 8)]
+    for corr in _all_presets():
+        parts = apply_correction_split(corr, old, roll, mask, groups, lp=lp)
+        for g, part in zip(groups, parts):
+            alone = apply_correction(corr, old[g], roll[g], mask[g], lp=lp[g])
+            assert torch.equal(part.coef.nan_to_num(7.0), alone.coef.nan_to_num(7.0)), corr.name
+            assert torch.equal(part.mask, alone.mask) and torch.equal(part.keep, alone.keep), corr.name
+            for name in metrics.METRIC_NAMES:
+                a, b = alone.metrics[name], part.metrics[name]
+                assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-5, abs=1e-6), \
+                    f"{corr.name} {kind} {g} {name}: alone {a} split {b}"
+
+
+def test_groups_must_tile_the_batch():
+    from runner.corrections import apply_correction_split
+
+    old, roll, mask = _batch("padded", B=4, T=3)
+    for groups in ([slice(0, 2)], [slice(0, 2), slice(1, 4)], [slice(0, 0), slice(0, 4)], [slice(0, 4, 2)]):
+        with pytest.raises(ValueError, match="tile"):
+            apply_correction_split(TIS, old, roll, mask, groups)
+
+
+@pytest.mark.parametrize("padding", ["ignore", "multiply"])
+def test_ppo_clip_fraction_counts_masked_in_tokens_only(padding):
+    """Two of the three masked-in tokens are clipped (e^.5 > 1.2 with A > 0, e^-.5 < 0.8 with
+    A < 0); the padding holds ratios that would be clipped too (and under `multiply`, a NaN), and
+    must count for nothing."""
+    lp = torch.tensor([[0.5, 0.0, -0.5, 3.0, 3.0]], requires_grad=True)
+    old = torch.tensor([[0.0, 0.0, 0.0, 0.0, float("nan") if padding == "multiply" else 0.0]])
+    adv = torch.tensor([[1.0, 1.0, -2.0, 1.0, 1.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0, 0.0]])
+    out = policy_loss(LossSpec(), Correction(padding=padding), lp, old, old, adv, mask)
+    assert out.metrics["ppo_clip_fraction"] == pytest.approx(2 / 3)
+    empty = policy_loss(LossSpec(), Correction(padding=padding), lp, old, old, adv, torch.zeros(1, 5))
+    assert empty.metrics["ppo_clip_fraction"] == 0.0

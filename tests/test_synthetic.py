@@ -233,7 +233,7 @@ def test_world_config_errors(rollout, task, match):
 
 @pytest.mark.parametrize("eos,prompt_len", [(None, 1), (None, 3), (3, 1), (3, 3)])
 def test_target_count_objective_matches_the_forward_recursion(eos, prompt_len):
-    """The two-op-per-position objective equals Σ_t q_t[targets] / T from _chain, to float64 rounding."""
+    """The matrix-power objective equals Σ_t q_t[targets] / T from _chain, to float64 rounding."""
     from runner.synthetic import task as task_module
 
     world = Bigram.from_config({"vocab_size": 8, "seq_len": 6, "batch_size": 2, "group_size": 2,

@@ -191,3 +191,75 @@ def test_optimizer_matches_torch_optim(kind):
         ref_opt.step()
     assert torch.equal(ours.detach(), ref.detach())  # the same operations, so the same bits
     assert not torch.equal(ours.detach(), start)
+
+
+def test_fast_writers_write_what_csv_writer_writes(tmp_path):
+    """metrics.csv and tokens.csv skip the csv module's per-cell work; the bytes are CsvWriter's,
+    a constant that needs quoting (or holds a %) and nan/±inf included."""
+    from runner.records import CsvWriter, NumberCsvWriter
+
+    columns = ["step", "seed", "correction", "x", "precision", "y"]
+    constants = {"seed": 0, "correction": 'a "quoted",%s name', "precision": "bf16"}
+    values = [0.1, math.nan, math.inf, -math.inf, 1e-300, 2**60, 3, -0.0]
+    plain = CsvWriter(tmp_path / "plain.csv", columns)
+    fast = NumberCsvWriter(tmp_path / "fast.csv", columns, constants)
+    for i, v in enumerate(values):
+        plain.write({"step": i, "x": v, "y": -v, **constants})
+        fast.write({"step": i, "x": v, "y": -v, **constants})
+    rows_plain = CsvWriter(tmp_path / "rows_plain.csv", columns)
+    rows_fast = CsvWriter(tmp_path / "rows_fast.csv", columns)
+    numbers = [[i, 7, -1, v, 2, -v] for i, v in enumerate(values)]
+    rows_plain.write_rows(numbers)
+    rows_fast.write_number_rows(numbers)
+    for w in (plain, fast, rows_plain, rows_fast):
+        w.close()
+    assert (tmp_path / "fast.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
+    assert (tmp_path / "rows_fast.csv").read_bytes() == (tmp_path / "rows_plain.csv").read_bytes()
+    assert 'a ""quoted"",%s name' in (tmp_path / "fast.csv").read_text()
+
+
+def test_one_correction_evaluation_per_step_changes_no_number(tmp_path, monkeypatch):
+    """A decoupled correction is evaluated once per step and sliced per update; evaluating it in
+    each update instead gives the same losses, gradients and parameters bit for bit, and the same
+    correction metrics to float32 rounding."""
+    from runner.studies import train as train_module
+
+    args = ["correction=seq-mask-tis", "train.steps=15", "train.updates_per_step=3", "log.timing=false"]
+    _, once = train(tmp_path, args, "once")
+    monkeypatch.setattr(train_module, "apply_correction_split", lambda corr, old, roll, mask, groups, **kw: [None] * len(groups))
+    _, each = train(tmp_path, args, "each")
+    a, b = rows(once), rows(each)
+    assert len(a) == len(b) == 45
+    for ra, rb in zip(a, b):
+        for key in ra:
+            if key in METRICS and key != "ppo_clip_fraction":
+                assert float(ra[key]) == pytest.approx(float(rb[key]), rel=1e-5, abs=1e-7), key
+            else:
+                assert ra[key] == rb[key], key
+
+
+def test_a_bypass_ratio_is_evaluated_by_each_update(tmp_path, monkeypatch):
+    """ratio=bypass (lp − roll) moves with θ within a step, so it is never evaluated once per step."""
+    from runner.studies import train as train_module
+
+    calls = []
+    split = train_module.apply_correction_split
+    monkeypatch.setattr(train_module, "apply_correction_split", lambda *a, **k: calls.append(a[0].ratio) or split(*a, **k))
+    summary, run_dir = train(tmp_path, ["correction=tis", "correction.ratio=bypass", "train.steps=10"], "bypass")
+    assert calls == [] and summary["status"] == "ok"
+    assert summary["final_objective"] > summary["initial_objective"]
+    assert len(rows(run_dir)) == 20 and all(math.isfinite(float(r["is_weight_mean"])) for r in rows(run_dir))
+    train(tmp_path, ["correction=tis", "train.steps=10"], "decoupled")
+    assert calls == ["decoupled"] * 10
+
+
+def test_tokens_csv_gives_back_the_float32_log_probs_exactly(tmp_path):
+    import numpy as np
+
+    from runner.studies.train import TOKEN_ROW
+
+    values = np.array([-2.7725887298583984, -1e-8, -87.33654, -0.1, np.nan, -np.inf], dtype=np.float32)
+    line = "".join(TOKEN_ROW % (0, i, 1, 2, float(v), float(v)) for i, v in enumerate(values))
+    back = np.array([float(row.split(",")[4]) for row in line.splitlines()], dtype=np.float32)
+    assert np.array_equal(back, values, equal_nan=True)
+    assert line.splitlines()[0] == "0,0,1,2,-2.77258873,-2.77258873"

@@ -26,7 +26,9 @@ def evaluate(case: Case, spec, corr) -> dict[str, Any]:
     grad = lp.grad if lp.grad is not None else torch.zeros_like(lp)
     loss = float(result.loss.detach())
     metrics = {k: encode_number(float(v)) for k, v in result.metrics.items()}
+    metrics["nonfinite_loss"] = float(not math.isfinite(loss))
     metrics["nonfinite_grad"] = float(not bool(torch.isfinite(grad).all()))
+    metrics["all_rejected"] = float(result.all_rejected)
     return {
         "name": case.name,
         "loss": encode_number(loss),

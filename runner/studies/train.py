@@ -24,7 +24,9 @@ Outputs in the run dir:
                   file is byte-identical across runs of the same config and seed
   tokens.csv    step, seq, pos, token, old, roll: every generated token's trainer (fp32) and engine
                 log-probs, at step 0 and every `log.tokens_every` steps (0 turns it off): the raw
-                material of the mismatch diagnostics (log-ratio histogram, p_roll vs p_train)
+                material of the mismatch diagnostics (log-ratio histogram, p_roll vs p_train).
+                Both are float32 values, written with the 9 significant digits that give them back
+                exactly (repr of their float64 widening would print 17)
   events.csv    step, kind, detail, action. Kinds: nonfinite_loss, nonfinite_grad (detail: how
                 many tokens / entries, which sequences / parameter rows), all_rejected (every
                 token of a mini-batch rejected by the correction), nonfinite_params, collapse
@@ -52,10 +54,10 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from runner.corrections import Correction
+from runner.corrections import Correction, CorrectionResult, apply_correction_split
 from runner.errors import StudyFailed, UserError
 from runner.losses import LossSpec, policy_loss
-from runner.records import CsvWriter, EventWriter, mark_done, write_json_atomic
+from runner.records import CsvWriter, EventWriter, NumberCsvWriter, mark_done, write_json_atomic
 from runner.synthetic.engine import Engine, Mismatch, ParamHistory, Rollout
 from runner.synthetic.policy import Bigram, as_bool, as_choice, as_float, as_int, check_keys
 from runner.synthetic.task import Task, grpo_advantages, make_task
@@ -207,14 +209,20 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         torch.set_num_threads(threads)
 
 
-def _run(s: Setup, run_dir: Path) -> dict:
+def open_writers(s: Setup, run_dir: Path) -> tuple[NumberCsvWriter, EventWriter, CsvWriter | None]:
+    """metrics.csv, events.csv and (unless log.tokens_every=0) tokens.csv in run_dir."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        metrics_csv = CsvWriter(run_dir / "metrics.csv", _columns(s))
+        metrics_csv = NumberCsvWriter(run_dir / "metrics.csv", _columns(s), constants=_constant_cells(s))
         events = EventWriter(run_dir / "events.csv")
         tokens_csv = CsvWriter(run_dir / "tokens.csv", TOKEN_COLUMNS) if s.tokens_every else None
     except OSError as exc:
         raise UserError(f"cannot write to the run dir {run_dir}: {exc.strerror or exc}") from None
+    return metrics_csv, events, tokens_csv
+
+
+def _run(s: Setup, run_dir: Path) -> dict:
+    metrics_csv, events, tokens_csv = open_writers(s, run_dir)
     trainer = Trainer(s, metrics_csv, events, tokens_csv)
     progress = Progress(s.train.steps, enabled=sys.stderr.isatty() and not s.quiet)
     try:
@@ -237,6 +245,7 @@ def _run(s: Setup, run_dir: Path) -> dict:
 
 
 TOKEN_COLUMNS = ("step", "seq", "pos", "token", "old", "roll")
+TOKEN_ROW = "%d,%d,%d,%d,%.9g,%.9g\n"
 
 
 def _columns(s: Setup) -> list[str]:
@@ -249,11 +258,17 @@ def _columns(s: Setup) -> list[str]:
     return cols
 
 
-def _token_rows(step: int, ro: Rollout, old: torch.Tensor) -> list[list]:
+def _constant_cells(s: Setup) -> dict:
+    """The metrics.csv cells that are the same in every row of a run."""
+    return {"seed": s.seed, "correction": s.correction.name, "staleness": s.mismatch.staleness,
+            "precision": s.mismatch.precision}
+
+
+def _token_rows(step: int, ro: Rollout, old: torch.Tensor) -> list[tuple]:
     """One row per generated (masked-in) token; one tolist() per tensor, not one .item() per value."""
     seq, pos = ro.mask.nonzero(as_tuple=True)
     columns = [seq.tolist(), pos.tolist(), ro.tokens[seq, pos].tolist(), old[seq, pos].tolist(), ro.roll[seq, pos].tolist()]
-    return [[step, *values] for values in zip(*columns)]
+    return [(step, *values) for values in zip(*columns)]
 
 
 class Optimizer:
@@ -314,7 +329,7 @@ class Trainer:
     def objective_tensor(self) -> torch.Tensor:
         """The exact J(θ) of the live parameters, in float64 (no sampling noise in the curve)."""
         with torch.no_grad():
-            return self.s.task.objective(self.s.world, self.theta.detach().double())
+            return self.s.task.objective(self.s.world, self.theta, torch.float64)
 
     def objective(self) -> float:
         return float(self.objective_tensor())
@@ -335,9 +350,14 @@ class Trainer:
             reward = rewards.mean()
             objective = self.objective_tensor()  # once a step: J(θ_t), the θ that `old` comes from
             if self.tokens_csv is not None and s.tokens_every and step % s.tokens_every == 0:
-                self.tokens_csv.write_rows(_token_rows(step, ro, old))
-            for update, sl in enumerate(slices):
-                self.update(step, update, sl, ro, old, adv, reward, objective)
+                self.tokens_csv.write_number_rows(_token_rows(step, ro, old), TOKEN_ROW)
+            # A decoupled ratio (old − roll) does not move within a step: evaluate the correction
+            # once for the step's batch, each update takes its rows. A bypass ratio (lp − roll)
+            # moves with θ, so it is evaluated by each update.
+            parts = (apply_correction_split(s.correction, old, ro.roll, ro.mask, slices, metrics=s.metrics)
+                     if s.correction.ratio == "decoupled" else [None] * len(slices))
+            for update, (sl, part) in enumerate(zip(slices, parts)):
+                self.update(step, update, sl, ro, old, adv, reward, objective, part)
                 if self.params_nonfinite:
                     break
             self.steps_run = step + 1
@@ -349,17 +369,20 @@ class Trainer:
         self._track_objective(s.train.steps, self.final_objective)
 
     def update(self, step: int, update: int, sl: slice, ro: Rollout, old: torch.Tensor, adv: torch.Tensor,
-               reward: torch.Tensor, objective: torch.Tensor) -> None:
-        """One mini-batch update on the sequences `sl` of the step's batch, and its metrics row."""
+               reward: torch.Tensor, objective: torch.Tensor, correction: CorrectionResult | None = None) -> None:
+        """One mini-batch update on the sequences `sl` of the step's batch (with their evaluated
+        correction, when the step evaluated it), and its metrics row."""
         s = self.s
         theta = self.theta
         mask = ro.mask[sl]
         table = Bigram.log_prob_table(theta)
         lp = Bigram.token_log_probs(table, ro.prev[sl], ro.tokens[sl])
-        res = policy_loss(s.loss, s.correction, lp, old[sl], ro.roll[sl], adv[sl], mask, metrics=s.metrics)
+        res = policy_loss(s.loss, s.correction, lp, old[sl], ro.roll[sl], adv[sl], mask, metrics=s.metrics,
+                          correction=correction)
         with torch.no_grad():
             ent = Bigram.entropy_table(table)[ro.prev[sl]]
-            entropy = (ent * mask).sum() / mask.sum().clamp(min=1)
+            tokens = res.tokens if res.tokens is not None else mask.sum()
+            entropy = (ent * mask).sum() / tokens.clamp(min=1)
 
         self.opt.zero_grad()
         res.loss.backward()
@@ -400,17 +423,19 @@ class Trainer:
             update_norm = torch.linalg.vector_norm(delta)
             params_finite = torch.isfinite(theta).all()
 
-        keys = METRICS if s.metrics else ()
-        # one stack (it promotes to float64, the objective's dtype) and one .tolist() for the row
-        values = torch.stack([reward, objective, res.loss.detach(), grad_norm, update_norm, entropy, params_finite,
-                              *(res.metrics[k] for k in keys)]).tolist()
-        reward_f, objective_f, loss_f, grad_norm_f, update_norm_f, entropy_f, params_ok = values[:7]
-        row = {"step": step, "update": update, "seed": s.seed, "correction": s.correction.name,
-               "staleness": s.mismatch.staleness, "precision": s.mismatch.precision,
-               "reward": reward_f, "objective": objective_f, "loss": loss_f, "grad_norm": grad_norm_f,
-               "update_norm": update_norm_f, "entropy": entropy_f, "nonfinite_loss": int(not loss_finite),
-               "nonfinite_grad": int(not grad_finite), "skipped": int(skipped), "all_rejected": int(res.all_rejected),
-               **dict(zip(keys, values[7:]))}
+        # one stack (it promotes to float64, the objective's dtype) and one .tolist() for the row;
+        # the correction metrics already are Python floats
+        counts = [res.clipped_tokens, res.tokens] if s.metrics else []
+        reward_f, objective_f, loss_f, grad_norm_f, update_norm_f, entropy_f, params_ok, *clip_counts = torch.stack(
+            [reward, objective, res.loss.detach(), grad_norm, update_norm, entropy, params_finite, *counts]).tolist()
+        # metrics.csv's writer takes the constant cells (seed, correction, ...) from the run, the rest by name
+        row = {"step": step, "update": update, "reward": reward_f, "objective": objective_f, "loss": loss_f,
+               "grad_norm": grad_norm_f, "update_norm": update_norm_f, "entropy": entropy_f,
+               "nonfinite_loss": int(not loss_finite), "nonfinite_grad": int(not grad_finite), "skipped": int(skipped),
+               "all_rejected": int(res.all_rejected), **res.correction.metrics}
+        if s.metrics:
+            clipped, tokens = clip_counts
+            row["ppo_clip_fraction"] = clipped / tokens if tokens else 0.0
         if s.timing:
             row["wall_ms"] = round((time.perf_counter() - self.t0) * 1000, 3)
         self.csv.write(row)

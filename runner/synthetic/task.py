@@ -35,8 +35,9 @@ class Task:
         """[N] rewards of sampled responses ([N, T] tokens, [N, T] 0/1 action mask)."""
         raise NotImplementedError
 
-    def objective(self, world: Bigram, theta: torch.Tensor) -> torch.Tensor:
-        """Exact J(θ) as a 0-d tensor, differentiable in θ."""
+    def objective(self, world: Bigram, theta: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+        """Exact J(θ) as a 0-d tensor in dtype (float64: a ground truth needs no rounding of its
+        own), differentiable in θ."""
         raise NotImplementedError
 
 
@@ -69,25 +70,38 @@ class TargetCount(Task):
         self.targets = targets
         self._is_target = torch.zeros(world.vocab_size, dtype=torch.bool)
         self._is_target[list(targets)] = True
+        self._constants: dict[torch.dtype, tuple[Bigram, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = {}
+
+    def _constants_in(self, world: Bigram, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(hit / T [V], d_0 [S], [[0, I], [0, I]] [2S, 2S]) in dtype, built once: the objective runs
+        every step and each torch call costs a few µs at this size. Keyed by dtype and checked by
+        identity: hashing the frozen world costs more than this whole lookup."""
+        cached = self._constants.get(dtype)
+        if cached is None or cached[0] is not world:
+            S = world.num_states
+            block = torch.zeros(2 * S, 2 * S, dtype=dtype)
+            block[:, S:] = torch.eye(S, dtype=dtype).repeat(2, 1)
+            hit_over_T = self._is_target.to(dtype) / world.seq_len
+            cached = self._constants[dtype] = (world, (hit_over_T, world.start_distribution(dtype), block))
+        return cached[1]
 
     def reward(self, tokens, mask):
         hits = self._is_target[tokens].to(mask.dtype) * mask
         return hits.sum(-1) / self.world.seq_len
 
-    def objective(self, world, theta):
+    def objective(self, world, theta, dtype=torch.float64):
         # J = Σ_t d_t · (P·hit) / T with d_{t+1} = d_t·M, M = P with the EOS column zeroed and an
-        # empty BOS column: two small ops per position instead of _chain's five (this runs once per
-        # logged update).
-        probs = torch.softmax(theta, dim=-1)  # [S, V]
-        per_state = probs @ self._is_target.to(theta.dtype)  # [S]: P(next token is a target | state)
+        # empty BOS column, so Σ_t d_t = d_0 · Σ_{k<T} M^k: the top-right block of [[M, I], [0, I]]^T,
+        # which matrix_power forms in log₂T products inside one call (this runs once a step, and a
+        # loop of 2T small ops was a sixth of a default step's logging cost).
+        hit_over_T, start, identity_columns = self._constants_in(world, dtype)
+        probs = torch.softmax(theta, dim=-1, dtype=dtype)  # [S, V]
         move = probs if world.eos_token is None else probs.index_fill(1, torch.tensor([world.eos_token]), 0.0)
-        move = torch.cat([move, move.new_zeros(world.num_states, 1)], dim=1)  # [S, S]
-        d = world.start_distribution(theta.dtype)
-        visits = d
-        for _ in range(world.seq_len - 1):
-            d = d @ move
-            visits = visits + d
-        return visits @ per_state / world.seq_len
+        S, V = world.num_states, world.vocab_size
+        block = identity_columns.clone()
+        block[:S, :V] = move  # the BOS column stays empty
+        power_sum = torch.linalg.matrix_power(block, world.seq_len)[:S, S:]  # Σ_{k<T} M^k
+        return torch.linalg.multi_dot([start, power_sum, probs, hit_over_T])  # d_0 · ΣM^k · P · hit / T
 
 
 class TargetThreshold(Task):
@@ -104,13 +118,13 @@ class TargetThreshold(Task):
         count = (self._is_target[tokens].to(mask.dtype) * mask).sum(-1)
         return (count >= self.min_count).to(mask.dtype)
 
-    def objective(self, world, theta):
+    def objective(self, world, theta, dtype=torch.float64):
         T, V = world.seq_len, world.vocab_size
-        probs = torch.softmax(theta, dim=-1)  # [S, V]
-        hit = self._is_target.to(theta.dtype).unsqueeze(-1)  # [V, 1]
-        d = torch.zeros(world.num_states, T + 1, dtype=theta.dtype)  # (state, count so far)
-        d[:, 0] = world.start_distribution(theta.dtype)
-        ended = torch.zeros(T + 1, dtype=theta.dtype)  # the count law of responses ended by EOS
+        probs = torch.softmax(theta, dim=-1, dtype=dtype)  # [S, V]
+        hit = self._is_target.to(dtype).unsqueeze(-1)  # [V, 1]
+        d = torch.zeros(world.num_states, T + 1, dtype=dtype)  # (state, count so far)
+        d[:, 0] = world.start_distribution(dtype)
+        ended = torch.zeros(T + 1, dtype=dtype)  # the count law of responses ended by EOS
         for _ in range(T):
             q = probs.transpose(0, 1) @ d  # [V, T+1]: next token v, count before it
             shifted = torch.cat([q.new_zeros(V, 1), q[:, :-1]], dim=1)  # count + 1
@@ -147,7 +161,7 @@ def exact_gradient(task: Task, world: Bigram, theta: torch.Tensor,
     """(J(θ), ∇J(θ)) exactly, in `dtype` (float64: a ground truth needs no rounding of its own)."""
     with torch.enable_grad():
         th = theta.detach().to(dtype).requires_grad_(True)
-        value = task.objective(world, th)
+        value = task.objective(world, th, dtype)
         (grad,) = torch.autograd.grad(value, th)
     return value.detach(), grad
 
