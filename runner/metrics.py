@@ -84,7 +84,8 @@ def _from_totals(n, n_nonempty, sum_w, sum_w2, w_min, w_max, kept_tokens, seq_re
         math.sqrt(variance) if variance > 0 else (variance if variance != variance else 0.0),
         w_min if n > 0 else 0.0,
         w_max if n > 0 else 0.0,
-        sum_w * sum_w / (n_safe * sum_w2) if sum_w2 > 0 else 0.0,  # Kish ESS as a fraction
+        # Kish ESS as a fraction; (Σw)² ≤ n·Σw², so above 1 only by float32 rounding of the sums
+        min(sum_w * sum_w / (n_safe * sum_w2), 1.0) if sum_w2 > 0 else 0.0,
         (n - kept_tokens) / n_safe,
         seq_rejected / n_seq,
         clamped / n_safe,
@@ -210,7 +211,8 @@ def _numpy_pass(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds, boun
     token_keep = keep is not None and keep.shape[-1] != 1
     clamps = corr.weight_op != "raw"
     K = 7 + clamps + token_keep
-    rows = np.empty((K, B, T), dtype=coef.dtype)
+    # float64 rows: the sums are exact enough that equal weights give mean = max and ESS = 1
+    rows = np.empty((K, B, T), dtype=np.float64)
     rows[0], rows[1], rows[3] = mask, w, lr_dec
     np.multiply(w, w, out=rows[2])
     rho_m1 = np.expm1(lr_safe, out=rows[4])
@@ -221,8 +223,8 @@ def _numpy_pass(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds, boun
         np.multiply(weight != raw, kept, out=rows[7])
 
     # per-sequence rows: the sums above, then nonempty, χ²_i, L_i/|y_i|, rejected, kept tokens
-    per_seq = np.empty((K + 5, B), dtype=coef.dtype)
-    np.matmul(rows, _ones(T, coef.dtype), out=per_seq[:K])
+    per_seq = np.empty((K + 5, B), dtype=np.float64)
+    np.matmul(rows, _ones(T, np.float64), out=per_seq[:K])
     seq_len, L = per_seq[0], per_seq[3]
     nonempty, chi2, log_ppl, rejected, kept_per_seq = per_seq[K:]
     np.greater(seq_len, 0, out=nonempty)
