@@ -104,8 +104,9 @@ class _WeightedPPO(torch.autograd.Function):
         del ratio
         if clipped_sink is not None:  # where the clipped branch is the active one (for the metrics)
             clipped_sink.append(torch.lt(surr2, surr1))
-        active = torch.le(surr1, surr2)
         pessimistic = torch.minimum(surr1, surr2)
+        # 1.0 / 0.0 in surr2's own storage: a bool tensor would take torch's slow mixed-dtype multiply
+        active = torch.le(surr1, surr2, out=surr2)
         del surr2
         slope = surr1.mul_(active).mul_(inbound)
         del active, inbound

@@ -100,12 +100,16 @@ def _from_totals(n, n_nonempty, sum_w, sum_w2, w_min, w_max, kept_tokens, seq_re
 
 
 def _totals_torch(corr, old, roll, mask, lr, raw, weight, coef, keep) -> list[float]:
-    """The totals as torch reductions, freeing temporaries as it goes (at most three [B, T] extra),
-    multiplying by the mask rather than selecting, and leaving torch in one `.tolist()`."""
+    """The totals as torch reductions, leaving torch in one `.tolist()`. Most [B, T] temporaries
+    are written into one scratch tensor (a fresh 1 MiB tensor can cost more in page faults than
+    its arithmetic), masks multiply rather than select, and no bool tensor meets a float one in
+    an arithmetic op (CPU torch's mixed-dtype kernels are ~10x slower than float ones)."""
     dtype = coef.dtype
     seq_len = mask.sum(-1)
     nonempty = (seq_len > 0).to(dtype)
     n_tok = seq_len.sum()
+    zero = torch.zeros((), dtype=dtype)
+    scratch = torch.empty(mask.shape, dtype=dtype)
 
     # Weights: under padding=ignore the coefficient already is exactly 0 at padding.
     w = (coef if corr.padding == "ignore" else zero_padding(coef, mask)).reshape(-1)
@@ -114,7 +118,7 @@ def _totals_torch(corr, old, roll, mask, lr, raw, weight, coef, keep) -> list[fl
         if bool(torch.isfinite(w_max)):
             # shift every weight below 0 and mask: padding stays 0, the minimum is a masked-in one
             shift = w_max + 1
-            w_min = (w - shift).mul_(mask.reshape(-1)).min() + shift
+            w_min = torch.sub(w, shift, out=scratch.view(-1)).mul_(mask.reshape(-1)).min() + shift
         else:  # an inf weight would turn the shift into NaN
             w_min = torch.where(mask.reshape(-1) > 0, w, math.inf).min()
     else:
@@ -122,22 +126,22 @@ def _totals_torch(corr, old, roll, mask, lr, raw, weight, coef, keep) -> list[fl
     totals = [n_tok, nonempty.sum(), w.sum(), torch.dot(w, w), w_min, w_max]
     del w
 
-    # Rejections and clamps, counted per sequence when the filter is a sequence filter.
-    changed = (weight != raw) if corr.weight_op != "raw" else None
-    zero = torch.zeros((), dtype=dtype)
+    # Rejections and clamps (1.0 where the clamp changed a masked-in token's weight), counted per
+    # sequence when the filter is a sequence filter.
+    changed = torch.ne(weight, raw, out=scratch).mul_(mask) if corr.weight_op != "raw" else None
     if keep is None:
         kept_tokens, seq_rejected = n_tok, zero
-        clamped = (changed * mask).sum() if changed is not None else zero
+        clamped = changed.sum() if changed is not None else zero
     elif keep.shape[-1] == 1:
         kept_seq = keep.reshape(-1).to(dtype)
         kept_tokens = torch.dot(seq_len, kept_seq)
         seq_rejected = torch.dot(nonempty, 1 - kept_seq)
-        clamped = torch.dot((changed * mask).sum(-1), kept_seq) if changed is not None else zero
+        clamped = torch.dot(changed.sum(-1), kept_seq) if changed is not None else zero
     else:
-        kept = mask * keep.to(dtype)
+        kept = keep.to(dtype).mul_(mask)
         kept_tokens = kept.sum()
         seq_rejected = torch.dot(nonempty, (kept.sum(-1) == 0).to(dtype))
-        clamped = kept.mul_(changed).sum() if changed is not None else zero
+        clamped = torch.dot(kept.reshape(-1), changed.reshape(-1)) if changed is not None else zero
         del kept
     del changed
     totals += [kept_tokens, seq_rejected, clamped]
@@ -153,21 +157,25 @@ def _totals_torch(corr, old, roll, mask, lr, raw, weight, coef, keep) -> list[fl
     rho_m1 = torch.expm1(lr_safe)
     flat = rho_m1.reshape(-1)
     # k3 per token before summing: a difference of two large sums would cancel a tiny k3 away
-    totals += [L.sum(), torch.sub(flat, lr_safe.reshape(-1)).sum(), torch.dot(flat, flat), flat.sum()]
-    del lr_safe, flat
+    k3 = torch.sub(rho_m1, lr_safe, out=scratch)
+    totals += [L.sum(), k3.sum(), torch.dot(flat, flat), flat.sum()]
+    del lr_safe, flat, k3
     per_seq_chi2 = torch.expm1(2 * L.clamp(-SAFETY_BOUND, SAFETY_BOUND))
     totals += [torch.dot(per_seq_chi2, nonempty), torch.dot(L / seq_len.clamp(min=1), nonempty)]
 
     # p_old − p_roll = p_roll·(ρ − 1): when ρ − 1 above is exactly expm1(old − roll), one exp
     # instead of two, and no cancellation between two nearly equal probabilities
-    prob_diff = torch.exp(roll).mul_(rho_m1) if within and _reuses_lr(corr) else torch.exp(old).sub_(torch.exp(roll))
+    if within and _reuses_lr(corr):
+        prob_diff = torch.exp(roll, out=scratch).mul_(rho_m1)
+    else:
+        prob_diff = torch.exp(old, out=scratch).sub_(torch.exp(roll))
     del rho_m1
     if bool(torch.isfinite(prob_diff.sum())):
         prob_diff.mul_(mask)
     else:
         prob_diff = torch.where(mask > 0, prob_diff, 0.0).nan_to_num_(nan=0.0)
     lo, hi = torch.aminmax(prob_diff) if prob_diff.numel() else (zero, zero)
-    del prob_diff
+    del prob_diff, scratch
     totals += [lo, hi]
     return torch.stack(totals).tolist()
 
