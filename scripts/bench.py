@@ -29,7 +29,7 @@ class Result:
     name: str
     value: float
     target: str
-    passed: bool
+    passed: bool | None  # None: a figure shown for context, with no target to meet
     detail: str = ""
 
 
@@ -279,7 +279,8 @@ def _script_results(script: str, tiny: bool) -> list[Result]:
     out_file.unlink()
     if isinstance(rows, dict):  # bench_sweep.py's richer record
         rows = _sweep_rows(rows)
-    return [Result(r["name"], r["value"], str(r["target"]), bool(r["pass"]), r.get("detail", "")) for r in rows]
+    return [Result(r["name"], r["value"], str(r["target"]), None if r["pass"] is None else bool(r["pass"]),
+                   r.get("detail", "")) for r in rows]
 
 
 def _sweep_rows(fig: dict) -> list[dict]:
@@ -308,7 +309,8 @@ BENCHES = {
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="bench.json", help="JSON output: a list of {name, value, target, pass}")
+    parser.add_argument("--out", default="bench.json",
+                        help="JSON output: a list of {name, value, target, pass} (pass is null for a context figure)")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: proves the suite runs, measures nothing")
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(BENCHES)}")
     args = parser.parse_args()
@@ -330,7 +332,8 @@ def main() -> int:
     for col in ("benchmark", "figure", "target", "pass", "detail"):
         table.add_column(col)
     for r in results:
-        table.add_row(r.name, f"{r.value:.3g}", r.target, "[green]pass[/green]" if r.passed else "[red]FAIL[/red]", r.detail)
+        verdict = "—" if r.passed is None else "[green]pass[/green]" if r.passed else "[red]FAIL[/red]"
+        table.add_row(r.name, f"{r.value:.3g}", r.target, verdict, r.detail)
     Console(width=200).print(table)
     Path(args.out).write_text(json.dumps([{"name": r.name, "value": r.value, "target": r.target, "pass": r.passed,
                                            "detail": r.detail} for r in results], indent=1))

@@ -5,9 +5,10 @@ every metric, tokens.csv) against the same step with logging and metrics off.
 
 "Off" means log.metrics=false and no files written (metrics.csv, events.csv, tokens.csv). The exact
 objective J(θ_t) is computed on both sides: the study needs it whether or not anything is logged
-(collapse detection, best / final objective in summary.json). A second figure also leaves it out
-of the "off" side, counting it as logging. All sides run the same config and seed in alternating
-rounds; a figure is the median ratio of per-step times. Target: <= 1.25x.
+(collapse detection, best / final objective in summary.json). A second figure, shown for context
+with no target, also leaves it out of the "off" side, counting it as logging. All sides run the
+same config and seed in alternating rounds; a figure is the median ratio of per-step times.
+Target: <= 1.25x.
 """
 
 from __future__ import annotations
@@ -102,12 +103,17 @@ def main() -> int:
                 times[side].append(_time_steps(overrides, side, steps))
         for off_side in SIDES[1:] if label.startswith("default") else SIDES[1:2]:
             ratio = statistics.median(a / b for a, b in zip(times["on"], times[off_side]))
-            what = "" if off_side == "off" else ", the exact objective counted as logging"
             ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
-            result.append({"name": f"train step, logging+metrics on vs off ({label}{what})", "value": ratio,
-                           "target": f"<= {TARGET}x", "pass": ratio <= TARGET,
-                           "detail": f"{ms['on']:.2f} ms vs {ms[off_side]:.2f} ms per step"})
-            print(f"{result[-1]['name']}: {ratio:.3f}x (target <= {TARGET}x) - {result[-1]['detail']}")
+            detail = f"{ms['on']:.2f} ms vs {ms[off_side]:.2f} ms per step"
+            if off_side == "off":
+                row = {"name": f"train step, logging+metrics on vs off ({label})", "value": ratio,
+                       "target": f"<= {TARGET}x", "pass": ratio <= TARGET, "detail": detail}
+            else:  # stricter than the target's definition: shown, not judged
+                row = {"name": f"train step, as above but the exact objective counted as logging ({label})",
+                       "value": ratio, "target": "info", "pass": None,
+                       "detail": f"{detail}; the objective costs {ms['off'] - ms[off_side]:.2f} ms a step"}
+            result.append(row)
+            print(f"{row['name']}: {ratio:.3f}x (target {row['target']}) - {row['detail']}")
     Path(args.out).write_text(json.dumps(result, indent=1))
     return 0
 

@@ -23,7 +23,7 @@ def test_bench_suite_runs_at_tiny_size(tmp_path):
     assert any("train step" in n for n in names)
     for row in rows:
         assert set(row) == {"name", "value", "target", "pass", "detail"}
-        assert isinstance(row["pass"], bool)
+        assert isinstance(row["pass"], bool) or (row["pass"] is None and row["target"] == "info"), row
         assert math.isfinite(row["value"]) and row["value"] > 0, row
     # the CLI rows also prove that --help and list import no torch
     cli_rows = [r for r in rows if "CLI latency" in r["name"]]
