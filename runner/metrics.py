@@ -11,11 +11,11 @@
 
 Every metric is formed from seventeen batch totals (sums, dot products, extremes). Those totals are
 taken by one of two backends that compute the same definitions: torch for large batches, and
-NumPy for small ones, where each torch call's fixed cost (a few µs) is the whole price: a train
-mini-batch of 512 tokens pays ~25 such calls. `tests/test_metrics.py` checks the two agree on every
-preset, NaN/inf and empty batches included. The fractions and ratios are then formed once, in
-Python, from the totals. Nothing raises: an empty batch or all-zero weights give 0, and the KL/χ²
-metrics use the ±20 safety bound.
+NumPy for small ones, where each call's fixed cost is the whole price (a train mini-batch has 512
+tokens). `tests/test_metrics.py` checks the two agree on every preset, NaN/inf and empty batches
+included. The totals of several groups of rows (a train step's mini-batches) come from one pass.
+The fractions and ratios are then formed once, in Python, from the totals. Nothing raises: an
+empty batch or all-zero weights give 0, and the KL/χ² metrics use the ±20 safety bound.
 """
 
 from __future__ import annotations
@@ -33,8 +33,9 @@ METRIC_NAMES = ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_m
                 "token_masked_fraction", "seq_masked_fraction", "clamped_fraction", "kl_k1", "kl_k3",
                 "chi2_token", "chi2_seq", "log_ppl_diff", "max_abs_prob_diff")
 
-# Below this many [B, T] elements NumPy's ~1 µs per call beats torch's ~4 µs; above it torch's
-# kernels win (scripts/bench.py measures both sides of the switch).
+# Up to this many [B, T] elements NumPy's ~1 µs a call beats torch's ~4 µs; beyond, torch's kernels
+# win. One seq-mask-tis metrics pass, single-threaded, NumPy vs torch: 512 elements 41 vs 115 µs,
+# 16384: 115 vs 163 µs, 65536: 701 vs 332 µs.
 NUMPY_MAX_ELEMENTS = 16384
 _NUMPY_DTYPES = (torch.float32, torch.float64)
 
