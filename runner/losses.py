@@ -203,4 +203,3 @@ def policy_loss(
         else:  # under sanitisation the clipped flags are already False at padding (A = 0 there)
             out.clipped_tokens = (clipped if sanitise else clipped & (mask > 0)).sum()
     return out
-

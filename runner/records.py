@@ -64,16 +64,11 @@ class CsvWriter:
         self._csv.writerows([[_fast_fmt(v) for v in row] for row in rows])
         self._file.flush()
 
-    def write_number_rows(self, rows: Sequence[Sequence[int | float]], template: str | None = None) -> None:
-        """Many positional rows of ints and floats only, flushed once, without the csv module's
-        per-cell work (a number never needs quoting). By default the bytes are write_rows' (repr is
-        what fmt gives a number, nan and ±inf included); `template` is one %-format per row instead,
-        e.g. "%d,%.9g\n" for float32 values (9 significant digits give back any float32 exactly)."""
-        if template is None:
-            text = "".join([",".join(map(repr, row)) + "\n" for row in rows])
-        else:
-            text = "".join([template % tuple(row) for row in rows])
-        self._file.write(text)
+    def write_number_rows(self, rows: Sequence[Sequence[int | float]], template: str) -> None:
+        """Many positional rows of ints and floats only, flushed once: `template` is one %-format
+        per row, e.g. "%d,%.9g\n" for float32 values (9 significant digits give back any float32
+        exactly). A number never needs quoting, so the csv module's per-cell work is skipped."""
+        self._file.write("".join([template % tuple(row) for row in rows]))
         self._file.flush()
 
     def close(self) -> None:

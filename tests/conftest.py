@@ -48,3 +48,15 @@ def run_cli(*args: str) -> tuple[int, str, str]:
 def cli():
     """`run_cli` as a fixture."""
     return run_cli
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread, as the studies run their small tensors: with 2 threads on a busy 2-core
+    machine the tests that call the maths directly ran 10× slower."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

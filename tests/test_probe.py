@@ -26,13 +26,7 @@ from runner.studies.probe import COLUMNS
 SEQ_IS = "{name:seq-is,weight:sequence,log_clamp:20}"  # untruncated sequence-level IS
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The probe study runs its small tensors on one thread (probe.threads); so do the direct calls."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: see conftest.py
 
 
 def probe(tmp_path, overrides, name="run"):

@@ -23,13 +23,7 @@ WORLDS = [
 N_MC = 200_000
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Small tensors: with 2 intra-op threads on a busy 2-core machine these tests ran 10× slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: see conftest.py
 
 
 def _world(eos=None, **kw) -> Bigram:
