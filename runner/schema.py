@@ -1,0 +1,52 @@
+"""The column names of every file a study writes, in one place. No torch: the studies write these
+columns, `runner.metrics` computes the correction metrics under these names, and `analysis.load`
+reads them, all from here.
+
+metrics.csv (study=train), one row per optimizer update:
+  ids        the run's constants repeated on every row, so concatenated runs stay self-describing
+  training   what one update did (reward: the step's mean sampled reward; objective: J(θ_t))
+  faults     0/1 flags of NaN/inf and of a batch the correction rejected whole
+  correction the verl-style `rollout_corr/...` metrics of the update's mini-batch (runner.metrics)
+  timing     ms since training began; left out with log.timing=false, so the file is then
+             byte-identical across runs of the same config and seed
+"""
+
+from __future__ import annotations
+
+ID_COLUMNS = ("step", "update", "seed", "correction", "staleness", "precision")
+CONSTANT_COLUMNS = ("seed", "correction", "staleness", "precision")  # the same in every row of a run
+TRAINING_COLUMNS = ("reward", "objective", "loss", "grad_norm", "update_norm", "entropy")
+FAULT_COLUMNS = ("nonfinite_loss", "nonfinite_grad", "skipped", "all_rejected")
+CORRECTION_METRICS = ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess",
+                      "token_masked_fraction", "seq_masked_fraction", "clamped_fraction", "kl_k1", "kl_k3",
+                      "chi2_token", "chi2_seq", "log_ppl_diff", "max_abs_prob_diff")
+LOSS_METRICS = ("ppo_clip_fraction",)
+UPDATE_METRICS = CORRECTION_METRICS + LOSS_METRICS  # what log.metrics=false leaves out
+TIMING_COLUMNS = ("wall_ms",)
+
+
+def metrics_columns(metrics: bool = True, timing: bool = True, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """metrics.csv's header for a run's log settings; `extra` is a world's own columns (after training)."""
+    return (ID_COLUMNS + TRAINING_COLUMNS + tuple(extra) + FAULT_COLUMNS + (UPDATE_METRICS if metrics else ())
+            + (TIMING_COLUMNS if timing else ()))
+
+
+ALL_METRICS_COLUMNS = metrics_columns()
+
+# tokens.csv: every generated token's trainer (fp32) and engine log-probs at sampled steps
+TOKEN_COLUMNS = ("step", "seq", "pos", "token", "old", "roll")
+
+# events.csv
+EVENT_COLUMNS = ("step", "kind", "detail", "action")
+EVENT_KINDS = ("nonfinite_loss", "nonfinite_grad", "all_rejected", "nonfinite_params", "collapse")
+
+# probe.csv (study=probe), one row per preset × band
+PROBE_FIGURES = ("bias_norm", "bias_norm_ci", "bias_norm_lo", "bias_norm_hi", "bias_significant",
+                 "bias_norm_debiased", "rel_bias", "variance", "mse", "cosine", "mean_grad_norm", "nonfinite_rate",
+                 "n_finite", "mean_ess", "mean_masked_fraction", "mean_seq_masked_fraction")
+PROBE_WORLD = ("seed", "task", "loss", "reduction", "baseline", "staleness", "precision", "logit_noise", "temperature",
+               "top_p", "outlier_rate", "outlier_shift", "vocab_size", "seq_len", "prompt_len", "eos_token",
+               "group_size", "batch_size", "repeats", "pretrain_steps", "drift_lr", "ci", "ci_level", "objective",
+               "exact_grad_norm", "engine_kl")
+PROBE_COLUMNS = ("preset", "faithful", "low", "high", *PROBE_FIGURES, *PROBE_WORLD)
+PROBE_INTEGER = ("bias_significant", "n_finite")

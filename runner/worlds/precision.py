@@ -1,0 +1,82 @@
+"""How an inference engine rounds a forward pass: `mismatch.precision` (and `mismatch.router_replay`).
+
+The trainer computes in fp32. The engine runs the *same* forward pass of the same parameters in a
+lower precision, so the two disagree for the reasons they disagree in LLM serving: rounded weights,
+rounded activations, a softmax in a short mantissa. Nothing is injected; the size of the mismatch is
+whatever the arithmetic gives, and it grows by itself as logits sharpen.
+
+    fp32   storage and compute in float32 (the trainer's own precision)
+    bf16   weights and activations in bfloat16 (8 bits of mantissa, fp32's range)
+    fp16   weights and activations in float16 (11 bits of mantissa, range ±65504)
+    fp8    weights rounded through float8_e4m3fn with one scale per tensor (amax / 448), activations
+           rounded the same way as they enter each matmul, with one scale per token (amax of that
+           token's vector: a scale per whole batch would make one sequence's numbers depend on the
+           others in the batch); the arithmetic itself in bfloat16, as fp8 serving stacks compute
+
+A world applies these where its forward pass has weights and activations (`weights`, `activations`).
+A tabular world whose parameters *are* the logits rounds its table once (`cast`: a plain round trip
+through the storage dtype, fp8 unscaled), which is what the bigram world has always done.
+
+`router_fp32` (mismatch.router_replay=true): a mixture-of-experts world computes its router in fp32
+from the fp32 weights, so the engine routes every token exactly as the trainer does (routing replay).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+_STORAGE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+_COMPUTE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+FP8_MAX = 448.0  # the largest finite float8_e4m3fn
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str = "fp32"
+    router_fp32: bool = False
+
+    def __post_init__(self) -> None:
+        if self.name not in PRECISIONS:
+            raise ValueError(f"precision {self.name!r} is not one of {PRECISIONS}")
+
+    @property
+    def storage(self) -> torch.dtype:
+        return _STORAGE[self.name]
+
+    @property
+    def compute(self) -> torch.dtype:
+        """The dtype the arithmetic runs in (logits come out in it)."""
+        return _COMPUTE[self.name]
+
+    @property
+    def exact(self) -> bool:
+        return self.name == "fp32"
+
+    def cast(self, t: torch.Tensor) -> torch.Tensor:
+        """A plain round trip through the storage dtype into the compute dtype (fp8 unscaled)."""
+        return t.detach().to(self.storage).to(self.compute)
+
+    def weights(self, t: torch.Tensor) -> torch.Tensor:
+        """A weight tensor as the engine holds it, in the compute dtype (fp8: per-tensor scaled)."""
+        if self.name != "fp8":
+            return t.detach().to(self.compute)
+        return _fp8_round(t.detach().float(), t.detach().abs().amax()).to(self.compute)
+
+    def activations(self, t: torch.Tensor) -> torch.Tensor:
+        """An activation entering a matmul, in the compute dtype (fp8: one scale per token, i.e. per
+        vector along the last dim). Differentiable where it is the identity or a dtype cast."""
+        if self.name != "fp8":
+            return t.to(self.compute)
+        x = t.detach().float()
+        return _fp8_round(x, x.abs().amax(-1, keepdim=True)).to(self.compute)
+
+
+def _fp8_round(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    scale = torch.where(amax > 0, amax / FP8_MAX, torch.ones_like(amax))
+    return (x / scale).to(torch.float8_e4m3fn).float() * scale
+
+
+FP32 = Precision("fp32")
