@@ -33,6 +33,7 @@ def build(presets: int, bands: int, batch: int, seq_len: int, vocab: int, n_batc
     from runner.probe.settings import default_preset_names
     from runner.probe.world import build as build_world, validate
     from runner.registry import faithful_presets, own_presets
+    from runner.studies import plain_config
 
     names = (default_preset_names() + [n for n in own_presets() + faithful_presets()
                                        if n not in default_preset_names()])[:presets]
@@ -45,7 +46,7 @@ def build(presets: int, bands: int, batch: int, seq_len: int, vocab: int, n_batc
     cfg.probe.bands = BANDS[:bands]
     cfg.probe.pretrain_steps = 5
     cfg.probe.repeats = 2
-    setup, probe, n = validate(cfg)
+    setup, probe, n = validate(plain_config(cfg))
     world = build_world(setup, probe, n)
     gen, noise_gen = world.generators()
     batches = [world.sample(gen, noise_gen) for _ in range(n_batches)]
@@ -75,11 +76,11 @@ def main() -> int:
     T = world.policy.seq_len
 
     def fast():
-        return [fast_estimates(groups, len(arms), b, world.theta, spec.reduction, T, metrics=False).grad
+        return [fast_estimates(groups, len(arms), b, world.policy, world.params, spec.reduction, T, metrics=False).grad
                 for b in batches]
 
     def slow():
-        return [reference_estimates(arms, b, world.theta, spec, T) for b in batches]
+        return [reference_estimates(arms, b, world.policy, world.params, spec, T) for b in batches]
 
     worst, nonfinite = 0.0, 0
     for f, s in zip(fast(), slow()):

@@ -27,55 +27,35 @@ sys.path.insert(0, str(REPO))
 TARGET = 1.25
 
 
-class _NullWriter:
-    """Stands in for CsvWriter/EventWriter when logging is off."""
-
-    counts: dict = {}
-
-    def write(self, row) -> None:
-        pass
-
-    def write_rows(self, rows) -> None:
-        pass
-
-    def event(self, *args) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
-class _NoProgress:
-    def advance(self, info: str) -> None:
-        pass
-
-
 SIDES = ("on", "off", "off, no objective")
 
 
-def _trainer(overrides: list[str], side: str, run_dir: Path):
+def _steps(overrides: list[str], side: str, run_dir: Path):
+    """A function running one training step of this side: "on" is the train study's loop (the library's
+    step, then the rows, events and tokens written by the study's Writer); "off" the library's step alone
+    with log.metrics=false."""
     import torch
 
     from runner import hydra_app
     from runner.studies import train
+    from runner.training.loop import Trainer
 
-    cfg = hydra_app.compose(overrides + [f"log.metrics={str(side == 'on').lower()}"])
-    setup = train.load(cfg)
+    setup = train.load(hydra_app.compose(overrides + [f"log.metrics={str(side == 'on').lower()}"]))
+    trainer = Trainer(setup)
     if side == "on":
-        return train.Trainer(setup, *train.open_writers(setup, run_dir))
-    trainer = train.Trainer(setup, _NullWriter(), _NullWriter(), None)
+        writer = train.Writer(setup, run_dir)
+        return lambda step: writer.write(trainer.step(step))
     if side == "off, no objective":
-        zero = torch.zeros((), dtype=torch.float64)
-        trainer.objective_tensor = lambda: zero
-        trainer.objective = lambda: 0.0
-    return trainer
+        trainer.objective_tensor = lambda: torch.zeros((), dtype=torch.float64)
+    return trainer.step
 
 
 def _time_steps(overrides: list[str], side: str, steps: int) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = _trainer(overrides + [f"train.steps={steps}"], side, Path(tmp))
+        step = _steps(overrides + [f"train.steps={steps}"], side, Path(tmp))
         start = time.perf_counter()
-        trainer.train(_NoProgress())
+        for t in range(steps):
+            step(t)
         return (time.perf_counter() - start) / steps
 
 

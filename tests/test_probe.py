@@ -20,7 +20,7 @@ from runner.probe.estimator import fast_estimates, plan, reference_estimates
 from runner.probe.settings import default_preset_names
 from runner.probe.world import build, validate
 from runner.registry import faithful_presets, own_presets
-from runner.studies import run_study
+from runner.studies import plain_config, run_study
 from runner.studies.probe import COLUMNS
 
 SEQ_IS = "{name:seq-is,weight:sequence,log_clamp:20}"  # untruncated sequence-level IS
@@ -98,7 +98,7 @@ def test_vectorised_path_matches_reference(world_name):
     cfg = compose(["study=probe", "rollout.vocab_size=6", "rollout.seq_len=7", "rollout.batch_size=4",
                    "probe.pretrain_steps=3", "probe.repeats=2", f"probe.presets={presets}",
                    "probe.bands=[[0.5,5.0],[null,2.0],[0.9,1.1],[0.0,1.0e9]]", *WORLDS[world_name]])
-    setup, settings, n = validate(cfg)
+    setup, settings, n = validate(plain_config(cfg))
     world = build(setup, settings, n)
     arms = settings.arms()
     assert len(arms) == 22 * 4
@@ -108,8 +108,8 @@ def test_vectorised_path_matches_reference(world_name):
     T = setup.world.seq_len
     for _ in range(2):
         batch = world.sample(gen, noise_gen)
-        fast = fast_estimates(groups, len(arms), batch, world.theta, settings.reduction, T)
-        slow = reference_estimates(arms, batch, world.theta, spec, T)
+        fast = fast_estimates(groups, len(arms), batch, world.policy, world.params, settings.reduction, T)
+        slow = reference_estimates(arms, batch, world.policy, world.params, spec, T)
         f_ok, s_ok = torch.isfinite(fast.grad).flatten(1).all(1), torch.isfinite(slow).flatten(1).all(1)
         assert torch.equal(f_ok, s_ok)
         assert f_ok.sum() >= len(arms) // 2
@@ -232,15 +232,14 @@ def test_world_theta_is_shared_across_mismatch():
     """θ and ∇J(θ) do not depend on the mismatch: worlds that differ in staleness compare paired."""
     worlds = []
     for extra in (["mismatch=none"], ["mismatch.staleness=3", "mismatch.logit_noise=0.2"]):
-        setup, settings, n = validate(compose(["study=probe", "probe.pretrain_steps=3", "rollout.seq_len=5", *extra]))
+        setup, settings, n = validate(plain_config(compose(["study=probe", "probe.pretrain_steps=3", "rollout.seq_len=5", *extra])))
         worlds.append(build(setup, settings, n))
     a, b = worlds
-    assert torch.equal(a.theta, b.theta) and torch.equal(a.grad, b.grad)
-    assert torch.equal(a.theta_engine, a.theta) and not torch.equal(b.theta_engine, b.theta)
+    assert torch.equal(a.params["theta"], b.params["theta"]) and torch.equal(a.grad, b.grad)
+    assert torch.equal(a.engine_params["theta"], a.params["theta"])
+    assert not torch.equal(b.engine_params["theta"], b.params["theta"])
     # drift goes down J: the engine's policy is worse than the trainer's
-    from runner.synthetic.task import exact_gradient
-
-    assert float(exact_gradient(b.setup.task, b.setup.world, b.theta_engine)[0]) < b.objective
+    assert float(b.setup.world.exact.objective(b.engine_params)) < b.objective
 
 
 def test_bench_tiny_smoke(monkeypatch, capsys):

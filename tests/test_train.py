@@ -14,7 +14,8 @@ from omegaconf import OmegaConf
 from runner.errors import UserError
 from runner.hydra_app import compose
 from runner.studies import STUDIES, run_study
-from runner.studies.train import METRICS, NonfiniteError
+from runner.schema import UPDATE_METRICS as METRICS
+from runner.studies.train import NonfiniteError
 
 FAITHFUL = "correction=openrlhf-bc71bb1/seq-mask-tis"
 OUTLIERS = ["mismatch.outlier_rate=0.01", "mismatch.outlier_shift=-1000"]
@@ -173,24 +174,28 @@ def test_validate_study_writes_nothing(tmp_path):
 def test_optimizer_matches_torch_optim(kind):
     import torch
 
-    from runner.studies.train import Optimizer
+    from runner.training.optim import Optimizer
 
     g = torch.Generator().manual_seed(0)
-    ours = torch.randn(17, 16, generator=g).requires_grad_(True)
-    ref = ours.detach().clone().requires_grad_(True)
-    start = ours.detach().clone()
+    shapes = {"w": (17, 16), "b": (5,), "scale": ()}  # several tensors, as an MLP or a transformer has
+    ours = {k: torch.randn(shape, generator=g).requires_grad_(True) for k, shape in shapes.items()}
+    ref = {k: p.detach().clone().requires_grad_(True) for k, p in ours.items()}
+    start = {k: p.detach().clone() for k, p in ours.items()}
     opt = Optimizer(ours, kind, lr=0.05)
-    ref_opt = (torch.optim.Adam if kind == "adam" else torch.optim.SGD)([ref], lr=0.05)
+    # foreach=False: torch's single-tensor formulas, which ours follow operation for operation
+    ref_opt = (torch.optim.Adam if kind == "adam" else torch.optim.SGD)(list(ref.values()), lr=0.05, foreach=False)
     for _ in range(25):
-        grad = torch.randn(17, 16, generator=g) * 0.01
+        grads = {k: torch.randn(shape, generator=g) * 0.01 for k, shape in shapes.items()}
         opt.zero_grad()
         ref_opt.zero_grad()
-        ours.grad = grad.clone()
-        ref.grad = grad.clone()
+        for k in shapes:
+            ours[k].grad = grads[k].clone()
+            ref[k].grad = grads[k].clone()
         opt.step()
         ref_opt.step()
-    assert torch.equal(ours.detach(), ref.detach())  # the same operations, so the same bits
-    assert not torch.equal(ours.detach(), start)
+    for k in shapes:
+        assert torch.equal(ours[k].detach(), ref[k].detach()), k  # the same operations, so the same bits
+        assert not torch.equal(ours[k].detach(), start[k]), k
 
 
 def test_fast_writers_write_what_csv_writer_writes(tmp_path):
@@ -222,7 +227,7 @@ def test_one_correction_evaluation_per_step_changes_no_number(tmp_path, monkeypa
     """A decoupled correction is evaluated once per step and sliced per update; evaluating it in
     each update instead gives the same losses, gradients and parameters bit for bit, and the same
     correction metrics to float32 rounding."""
-    from runner.studies import train as train_module
+    from runner.training import loop as train_module
 
     args = ["correction=seq-mask-tis", "train.steps=15", "train.updates_per_step=3", "log.timing=false"]
     _, once = train(tmp_path, args, "once")
@@ -240,7 +245,7 @@ def test_one_correction_evaluation_per_step_changes_no_number(tmp_path, monkeypa
 
 def test_a_bypass_ratio_is_evaluated_by_each_update(tmp_path, monkeypatch):
     """ratio=bypass (lp − roll) moves with θ within a step, so it is never evaluated once per step."""
-    from runner.studies import train as train_module
+    from runner.training import loop as train_module
 
     calls = []
     split = train_module.apply_correction_split

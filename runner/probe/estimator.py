@@ -6,12 +6,12 @@ seq-mean-token-sum) the estimate of ∇J = −∇loss is
 
     ĝ = Σ_{i,t} g_it · ∇_θ log π_θ(y_it | s_it),    g_it = A_i · coef_it · mask'_it · s_it,
 
-a weighting of the SAME per-token score vectors for every arm. The bigram's score is
-e_y − softmax(θ[s]) in row s, so Σ g·score is a scatter-add of g into the [S, V] grid of
-(state, token) cells minus, per row, (Σ of the row's g)·softmax(θ[s]). `fast_estimates` does this for
-every arm at once: one batched coefficient evaluation per preset over all its bands, then one
-index_add of the [arms, N·T] weight matrix. `reference_estimates` runs `runner.losses.policy_loss`
-and a backward pass per arm; tests/test_probe.py checks they agree to 1e-5.
+a weighting of the SAME per-token score vectors for every arm. `fast_estimates` does this for every
+arm at once: one batched coefficient evaluation per preset over all its bands, then one weighted sum
+of scores for the [arms, N, T] weight matrix, in closed form where the world has one
+(`World.score_sums`: the bigram's scatter-add) and otherwise by one batched vector-Jacobian product
+through the trainer's log-probs. `reference_estimates` runs `runner.losses.policy_loss` and a
+backward pass per arm; tests/test_probe.py checks they agree to 1e-5.
 
 Reductions other than seq-mean-token-sum are rescaled by T = rollout.seq_len, which is exact when
 every response has T tokens (no EOS) and nothing is dropped from the denominator.
@@ -30,7 +30,7 @@ import torch
 from runner.corrections import Correction
 from runner.losses import LossSpec, policy_loss
 from runner.probe.settings import Arm
-from runner.synthetic.policy import Bigram
+from runner.worlds.protocol import Params, flat
 
 
 @dataclass(frozen=True)
@@ -155,28 +155,30 @@ def scale_for(reduction: str, seq_len: int) -> float:
 
 @dataclass
 class Estimates:
-    grad: torch.Tensor  # [K, S, V] float32: each arm's estimate of ∇J
+    grad: torch.Tensor  # [K, n_params] float32: each arm's estimate of ∇J (flat)
     # None when not asked for (metrics=False):
     ess: torch.Tensor | None  # [K]: (Σw)² / (n·Σw²) over masked-in tokens (as correction_metrics)
     masked: torch.Tensor | None  # [K]: the fraction of masked-in tokens rejected
     seq_masked: torch.Tensor | None  # [K]: the fraction of non-empty sequences with every token rejected
 
 
-def score_scatter(weights: torch.Tensor, prev: torch.Tensor, tokens: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-    """Σ_{i,t} w_kit ∇_θ log π_θ(y_it | s_it) for K weightings at once: [K, B, T] → [K, S, V].
-    One index_add of the weights into the (state, token) cells, then minus each row's total times
-    softmax(θ[s]): exactly what autograd's gather + log_softmax backward computes."""
-    S, V = theta.shape
+def score_sums(world, params: Params, batch, weights: torch.Tensor) -> torch.Tensor:
+    """Σ_{i,t} w_kit ∇_θ log π_θ(y_it | ·) for K weightings at once: [K, B, T] → [K, n_params] (flat).
+    The world's closed form where it has one, else one batched vector-Jacobian product."""
+    closed = world.score_sums(params, batch.prompts, batch.tokens, weights)
+    if closed is not None:
+        return closed
+    with torch.enable_grad():
+        leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
+        logp = world.token_stats(leaves, batch.prompts, batch.tokens, entropy=False).logp
+        grads = torch.autograd.grad(logp, list(leaves.values()), grad_outputs=weights.to(logp.dtype),
+                                    is_grads_batched=True, allow_unused=True)
     K = weights.shape[0]
-    cell = (prev * V + tokens).reshape(-1)
-    pos = torch.zeros(K, S * V, dtype=weights.dtype)
-    pos.index_add_(1, cell, weights.reshape(K, -1))
-    pos = pos.view(K, S, V)
-    probs = torch.softmax(theta.to(weights.dtype), dim=-1)
-    return pos - pos.sum(-1, keepdim=True) * probs
+    return torch.cat([torch.zeros(K, p.numel(), dtype=weights.dtype) if g is None else g.reshape(K, -1)
+                      for p, g in zip(leaves.values(), grads)], dim=1)
 
 
-def fast_estimates(groups: list[PresetGroup], n_arms: int, batch, theta: torch.Tensor, reduction: str,
+def fast_estimates(groups: list[PresetGroup], n_arms: int, batch, world, params: Params, reduction: str,
                    seq_len: int, metrics: bool = True) -> Estimates:
     """Every arm's estimate from one batch: per preset, the coefficients of all its bands, times
     the shared A·mask'·s, written straight into one [arms, B, T] weight matrix; then one scatter."""
@@ -213,7 +215,7 @@ def fast_estimates(groups: list[PresetGroup], n_arms: int, batch, theta: torch.T
                 kept = (keep.expand(len(idx), B, T) & inside)
                 masked[idx] = (n_in - kept.sum((-2, -1))) / n_tok
                 seq_masked[idx] = (nonempty & ~kept.any(-1)).sum(-1) / n_seq
-    grad = score_scatter(weights, batch.prev, batch.tokens, theta)
+    grad = score_sums(world, params, batch, weights)
     scale = scale_for(reduction, seq_len)
     if scale != 1:
         grad = grad * scale
@@ -222,14 +224,14 @@ def fast_estimates(groups: list[PresetGroup], n_arms: int, batch, theta: torch.T
     return Estimates(grad=grad, ess=ess, masked=masked, seq_masked=seq_masked)
 
 
-def reference_estimates(arms: list[Arm], batch, theta: torch.Tensor, spec: LossSpec, seq_len: int) -> torch.Tensor:
-    """The slow path: for each arm, the trainer's lp from θ, `policy_loss`, one backward pass."""
+def reference_estimates(arms: list[Arm], batch, world, params: Params, spec: LossSpec, seq_len: int) -> torch.Tensor:
+    """The slow path: for each arm, the trainer's lp from θ, `policy_loss`, one backward pass. [K, n_params]."""
     scale = scale_for(spec.reduction, seq_len)
     out = []
     for arm in arms:
-        th = theta.detach().clone().requires_grad_(True)
-        lp = Bigram.token_log_probs(Bigram.log_prob_table(th), batch.prev, batch.tokens)
+        leaves = {name: p.detach().clone().requires_grad_(True) for name, p in params.items()}
+        lp = world.token_stats(leaves, batch.prompts, batch.tokens, entropy=False).logp
         res = policy_loss(spec, arm.correction, lp, batch.old, batch.roll, batch.adv, batch.mask, metrics=False)
         res.loss.backward()
-        out.append(-th.grad * scale)
+        out.append(-flat({name: p.grad for name, p in leaves.items()}) * scale)
     return torch.stack(out)

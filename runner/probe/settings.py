@@ -15,7 +15,7 @@ import yaml
 from runner.corrections import Correction
 from runner.errors import UserError
 from runner.losses import REDUCTIONS
-from runner.synthetic.policy import as_choice, as_float, as_int, check_keys
+from runner.config_checks import as_choice, as_float, as_int, check_keys
 
 KEYS = ("pretrain_steps", "repeats", "batch_size", "presets", "bands", "baseline", "reduction", "ci", "ci_level",
         "n_boot", "drift_lr", "threads")

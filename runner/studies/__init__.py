@@ -29,6 +29,15 @@ def _study(cfg: Any):
     return module, getattr(module, func_name)
 
 
+def plain_config(cfg: Any) -> dict:
+    """A composed config's sections as plain values, each resolved on its own (Hydra's own node, whose
+    run-time values are not set inside a study, is left out): what the studies' loaders take."""
+    from omegaconf import OmegaConf
+
+    return {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+            for key in cfg if key != "hydra"}
+
+
 def validate_study(cfg: Any) -> None:
     """Check the config without writing anything: the study module's `validate(cfg)`, if it has
     one. A caller can run it before Hydra creates the run dir, so a bad value leaves no trace."""

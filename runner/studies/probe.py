@@ -38,17 +38,12 @@ from typing import Any, Iterator
 import torch
 
 from runner.errors import UserError
+from runner.progress import Progress
 from runner.records import CsvWriter, mark_done, write_json_atomic
+from runner.schema import PROBE_COLUMNS, PROBE_FIGURES, PROBE_INTEGER, PROBE_WORLD
+from runner.studies import plain_config
 
-FIGURES = ("bias_norm", "bias_norm_ci", "bias_norm_lo", "bias_norm_hi", "bias_significant", "bias_norm_debiased",
-           "rel_bias", "variance", "mse", "cosine", "mean_grad_norm", "nonfinite_rate", "n_finite", "mean_ess",
-           "mean_masked_fraction", "mean_seq_masked_fraction")
-WORLD = ("seed", "task", "loss", "reduction", "baseline", "staleness", "precision", "logit_noise", "temperature",
-         "top_p", "outlier_rate", "outlier_shift", "vocab_size", "seq_len", "prompt_len", "eos_token", "group_size",
-         "batch_size", "repeats", "pretrain_steps", "drift_lr", "ci", "ci_level", "objective", "exact_grad_norm",
-         "engine_kl")
-COLUMNS = ("preset", "faithful", "low", "high", *FIGURES, *WORLD)
-INTEGER = ("bias_significant", "n_finite")
+FIGURES, WORLD, COLUMNS, INTEGER = PROBE_FIGURES, PROBE_WORLD, PROBE_COLUMNS, PROBE_INTEGER
 
 
 @contextlib.contextmanager
@@ -66,29 +61,6 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-class Progress:
-    """A rich progress bar over the repeats on a TTY; nothing otherwise."""
-
-    def __init__(self, total: int, enabled: bool):
-        self._bar = None
-        if enabled:
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
-
-            self._bar = Bar(TextColumn("[bold]probe[/bold]"), BarColumn(), MofNCompleteColumn(),
-                            TimeElapsedColumn(), console=Console(stderr=True), transient=True)
-            self._task = self._bar.add_task("probe", total=total)
-            self._bar.start()
-
-    def advance(self) -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, advance=1)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-
 def estimate_all(world, arms, progress: Progress | None = None) -> dict[str, torch.Tensor]:
     """The R batches through the fast path: {'grad': [R, K, S·V], 'ess'/'masked'/'seq_masked':
     [R, K], 'engine_kl': [R]}."""
@@ -98,12 +70,12 @@ def estimate_all(world, arms, progress: Progress | None = None) -> dict[str, tor
     R, K = probe.repeats, len(arms)
     groups = plan(arms)
     gen, noise_gen = world.generators()
-    out = {"grad": torch.empty(R, K, world.theta.numel()), "ess": torch.empty(R, K), "masked": torch.empty(R, K),
+    out = {"grad": torch.empty(R, K, world.grad.numel()), "ess": torch.empty(R, K), "masked": torch.empty(R, K),
            "seq_masked": torch.empty(R, K), "engine_kl": torch.empty(R, dtype=torch.float64)}
     for r in range(R):
         batch = world.sample(gen, noise_gen)
-        est = fast_estimates(groups, K, batch, world.theta, probe.reduction, policy.seq_len)
-        out["grad"][r] = est.grad.reshape(K, -1)
+        est = fast_estimates(groups, K, batch, policy, world.params, probe.reduction, policy.seq_len)
+        out["grad"][r] = est.grad
         out["ess"][r], out["masked"][r], out["seq_masked"][r] = est.ess, est.masked, est.seq_masked
         # k1 estimate of KL(π_engine ‖ π_θ) per token, faults left out: the drift, precision and noise
         clean = (batch.mask > 0) & ~batch.outliers
@@ -125,13 +97,13 @@ def run(cfg: Any, run_dir: Path) -> dict:
     from runner.probe.world import build, validate
 
     t0 = time.perf_counter()
-    setup, probe, batch_size = validate(cfg)  # every check before any file is written
+    setup, probe, batch_size = validate(plain_config(cfg))  # every check before any file is written
     arms = probe.arms()
     run_dir = Path(run_dir)
     with torch_threads(probe.threads):
         world = build(setup, probe, batch_size)
         t_build = time.perf_counter()
-        progress = Progress(probe.repeats, enabled=sys.stderr.isatty() and not setup.quiet)
+        progress = Progress("probe", probe.repeats, enabled=sys.stderr.isatty() and not setup.quiet)
         try:
             raw = estimate_all(world, arms, progress)
         finally:

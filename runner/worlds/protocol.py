@@ -63,8 +63,9 @@ class World:
 
     name: ClassVar[str] = "world"
     vocab_size: int
-    seq_len: int
+    seq_len: int  # response length (the maximum, with EOS)
     eos_token: int | None
+    prompt_len: int = 1
     exact: ExactSolver | None = None
 
     @classmethod
@@ -102,7 +103,7 @@ class World:
     def summary(self) -> dict[str, Any]:
         """The world's shape for summary.json and probe.csv (plain values)."""
         return {"policy": self.name, "vocab_size": self.vocab_size, "seq_len": self.seq_len,
-                "eos_token": self.eos_token}
+                "prompt_len": self.prompt_len, "eos_token": self.eos_token}
 
 
 def flat(params: Params) -> torch.Tensor:

@@ -1,14 +1,16 @@
-"""The rollout engine: what an inference server (vLLM, SGLang) does differently from the trainer.
+"""The rollout engine: what an inference server (vLLM, SGLang) does differently from the trainer,
+written once for every world.
 
-It samples responses from the bigram policy and reports a log-prob for every sampled token: that
+It samples responses from a world's policy and reports a log-prob for every sampled token: that
 report is `roll`. Everything in `mismatch.*` happens here and only here:
 
-- staleness k: the engine's θ is the trainer's θ from k steps ago. `ParamHistory` is the ring
-  buffer: the study pushes θ at the start of every step and the engine reads the oldest entry, so
-  step t samples from θ_{t−k} (θ₀ while t < k). k = 0 is synchronous.
-- precision fp32 | bf16 | fp16 | fp8: the engine holds θ and computes logits and log-softmax in
-  that dtype; fp8 rounds the logits through torch.float8_e4m3fn and computes in bf16, as fp8
-  serving stacks do. The trainer recomputes `old` in fp32.
+- staleness k: the engine's parameters are the trainer's from k steps ago. `ParamHistory` is the
+  ring buffer: the study pushes θ at the start of every step and the engine reads the oldest entry,
+  so step t samples from θ_{t−k} (θ₀ while t < k). k = 0 is synchronous.
+- precision fp32 | bf16 | fp16 | fp8: the world computes its forward pass in that precision
+  (runner/worlds/precision.py says what each rounds) and the log-softmax runs in its compute dtype.
+  The trainer recomputes `old` in fp32. `router_replay`: a mixture-of-experts world routes as the
+  trainer does (the router in fp32).
 - logit_noise σ: N(0, σ²) added to every logit (nondeterministic kernels, in the large).
 - temperature, top_p: the engine samples from the processed distribution and reports ITS
   log-probs, as vLLM does (top-p as in vLLM: drop the smallest-probability tokens whose cumulative
@@ -18,7 +20,7 @@ report is `roll`. Everything in `mismatch.*` happens here and only here:
   sequences of the seed bug report.
 
 With k = 0, fp32, σ = 0, temperature 1, top_p 1 and p = 0, `roll` equals the trainer's `old`
-bit for bit (the same log-softmax over the same [V+1, V] table).
+(bit for bit in the bigram world, whose sampler and trainer index the same table).
 """
 
 from __future__ import annotations
@@ -29,11 +31,9 @@ from typing import Any, Mapping
 
 import torch
 
-from runner.synthetic.policy import Bigram, as_choice, as_float, as_int, check_keys
-
-PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
-_STORAGE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
-_COMPUTE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
+from runner.config_checks import as_bool, as_choice, as_float, as_int, check_keys
+from runner.worlds.precision import PRECISIONS, Precision
+from runner.worlds.protocol import Params, World
 
 
 @dataclass(frozen=True)
@@ -45,6 +45,7 @@ class Mismatch:
     top_p: float = 1.0
     outlier_rate: float = 0.0
     outlier_shift: float = -1000.0
+    router_replay: bool = False
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "Mismatch":
@@ -59,13 +60,18 @@ class Mismatch:
             outlier_rate=as_float(s, cfg, "outlier_rate", low=0.0, high=1.0),
             # ±inf is a legitimate fault to inject; NaN is not a shift.
             outlier_shift=as_float(s, cfg, "outlier_shift", finite=False),
+            router_replay=as_bool(s, cfg, "router_replay", default=False),
         )
 
     @property
     def exact(self) -> bool:
-        """No mismatch at all: roll == old exactly."""
+        """No mismatch at all: roll == old."""
         return (self.staleness == 0 and self.precision == "fp32" and self.logit_noise == 0
                 and self.temperature == 1 and self.top_p == 1 and self.outlier_rate == 0)
+
+    @property
+    def compute_precision(self) -> Precision:
+        return Precision(self.precision, router_fp32=self.router_replay)
 
 
 class ParamHistory:
@@ -73,12 +79,12 @@ class ParamHistory:
 
     def __init__(self, staleness: int):
         self.staleness = staleness
-        self._buf: collections.deque[torch.Tensor] = collections.deque(maxlen=staleness + 1)
+        self._buf: collections.deque[Params] = collections.deque(maxlen=staleness + 1)
 
-    def push(self, theta: torch.Tensor) -> None:
-        self._buf.append(theta.detach().clone())
+    def push(self, params: Params) -> None:
+        self._buf.append({name: p.detach().clone() for name, p in params.items()})
 
-    def engine_params(self) -> torch.Tensor:
+    def engine_params(self) -> Params:
         """θ_{t−k}, or θ₀ while fewer than k steps have passed."""
         return self._buf[0]
 
@@ -87,27 +93,23 @@ class ParamHistory:
 class Rollout:
     prompts: torch.Tensor  # [N, P] long
     tokens: torch.Tensor  # [N, T] long; padding holds EOS
-    prev: torch.Tensor  # [N, T] long: the state (previous token, or BOS) each token was drawn after
     mask: torch.Tensor  # [N, T] float32 action mask
     roll: torch.Tensor  # [N, T] float32: the engine's reported log-probs; 0 at padding
     outliers: torch.Tensor  # [N, T] bool: where a fault was injected into `roll`
 
 
 class Engine:
-    def __init__(self, world: Bigram, mismatch: Mismatch):
+    def __init__(self, world: World, mismatch: Mismatch):
         self.world = world
         self.mismatch = mismatch
-        self.dtype = _COMPUTE[mismatch.precision]
-
-    def logits(self, theta: torch.Tensor) -> torch.Tensor:
-        """The engine's copy of the logit table, [V+1, V] in its compute dtype."""
-        return theta.detach().to(_STORAGE[self.mismatch.precision]).to(self.dtype)
+        self.precision = mismatch.compute_precision
+        self.dtype = self.precision.compute
 
     def process(self, logits: torch.Tensor, noise_generator: torch.Generator | None = None) -> torch.Tensor:
         """Engine-dtype logits [..., V] → the log-probs of the distribution the engine samples from."""
         m = self.mismatch
         if m.logit_noise > 0:
-            noise = torch.randn(logits.shape, generator=noise_generator)
+            noise = torch.randn(logits.shape, generator=noise_generator, device=logits.device)
             logits = logits + (m.logit_noise * noise).to(self.dtype)
         if m.temperature != 1:
             logits = logits / m.temperature
@@ -120,33 +122,28 @@ class Engine:
             logp = torch.log_softmax(logits.masked_fill(drop, float("-inf")), dim=-1)
         return logp
 
-    def table(self, theta: torch.Tensor) -> torch.Tensor | None:
-        """The processed [V+1, V] log-prob table, or None when logit noise makes every row
-        different per sample."""
-        return None if self.mismatch.logit_noise > 0 else self.process(self.logits(theta))
-
-    def sample(self, theta: torch.Tensor, prompts: torch.Tensor, generator: torch.Generator,
+    @torch.no_grad()
+    def sample(self, params: Params, prompts: torch.Tensor, generator: torch.Generator,
                noise_generator: torch.Generator | None = None) -> Rollout:
-        """Sample one response per prompt from the engine's θ (the caller passes θ_{t−k}).
+        """Sample one response per prompt from the engine's parameters (the caller passes θ_{t−k}).
         Vectorised over the batch; the only loop is over the T positions."""
         world, m = self.world, self.mismatch
         noise_generator = noise_generator or generator
         n, T = prompts.shape[0], world.seq_len
-        table = self.table(theta)
-        logits = self.logits(theta) if table is None else None
-        tokens = torch.empty(n, T, dtype=torch.long)
-        prev = torch.empty(n, T, dtype=torch.long)
-        roll = torch.empty(n, T, dtype=torch.float32)
-        state = prompts[:, -1]
+        device = prompts.device
+        sampler = world.sampler(params, prompts, self.precision)
+        tokens = torch.empty(n, T, dtype=torch.long, device=device)
+        roll = torch.empty(n, T, dtype=torch.float32, device=device)
+        logits = sampler.start()
         for t in range(T):
-            prev[:, t] = state
-            logp = table[state] if table is not None else self.process(logits[state], noise_generator)
+            logp = self.process(logits, noise_generator)
             tok = torch.multinomial(logp.float().exp(), 1, generator=generator).squeeze(-1)
             tokens[:, t] = tok
             roll[:, t] = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1).float()
-            state = tok
+            if t + 1 < T:
+                logits = sampler.step(tok)
 
-        mask = torch.ones(n, T)
+        mask = torch.ones(n, T, device=device)
         if world.eos_token is not None:
             # Positions after the first EOS are padding; the EOS itself is a generated token.
             is_eos = (tokens == world.eos_token).long()
@@ -156,16 +153,17 @@ class Engine:
             roll = roll * mask  # the engine reports nothing for padding; frameworks pad with 0
 
         if m.outlier_rate > 0:
-            outliers = (torch.rand(n, T, generator=noise_generator) < m.outlier_rate) & (mask > 0)
+            outliers = (torch.rand(n, T, generator=noise_generator, device=device) < m.outlier_rate) & (mask > 0)
             roll = torch.where(outliers, roll + m.outlier_shift, roll)
         else:
-            outliers = torch.zeros(n, T, dtype=torch.bool)
-        return Rollout(prompts=prompts, tokens=tokens, prev=prev, mask=mask, roll=roll, outliers=outliers)
+            outliers = torch.zeros(n, T, dtype=torch.bool, device=device)
+        return Rollout(prompts=prompts, tokens=tokens, mask=mask, roll=roll, outliers=outliers)
 
-    def score(self, theta: torch.Tensor, prev: torch.Tensor, tokens: torch.Tensor,
+    @torch.no_grad()
+    def score(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
               noise_generator: torch.Generator | None = None) -> torch.Tensor:
         """What this engine would report for given tokens (teacher forcing), [N, T] float32 without
-        outliers. With σ = 0 these are exactly the `roll` values `sample` reports."""
-        table = self.table(theta)
-        logp = table[prev] if table is not None else self.process(self.logits(theta)[prev], noise_generator)
+        outliers. With σ = 0 these are the `roll` values `sample` reports (exactly where the world's
+        teacher-forced and sampled forward passes round alike)."""
+        logp = self.process(self.world.logits(params, prompts, tokens, self.precision), noise_generator)
         return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()

@@ -1,5 +1,5 @@
-"""The synthetic world: exact J and ∇J against Monte Carlo, the engine's staleness and precision,
-and the config checks. Every test asserts numbers a stub could not produce."""
+"""The bigram world (the exact unit-test world): exact J and ∇J against Monte Carlo, the engine's
+staleness and precision, and the config checks. Every test asserts numbers a stub could not produce."""
 
 from __future__ import annotations
 
@@ -9,7 +9,11 @@ import pytest
 import torch
 
 from runner.errors import UserError
-from runner.synthetic import Bigram, Engine, Mismatch, ParamHistory, exact_gradient, grpo_advantages, make_task
+from runner.tasks import make_task
+from runner.training.advantages import grpo_advantages
+from runner.worlds.bigram.world import BigramWorld
+from runner.worlds.engine import Engine, Mismatch, ParamHistory
+from runner.worlds.protocol import exact_gradient
 
 COUNT = {"name": "target-count", "targets": [0, 1, 2, 3]}
 THRESHOLD = {"name": "target-threshold", "targets": [0, 1, 2, 3], "min_count": 6}
@@ -26,16 +30,33 @@ N_MC = 200_000
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: see conftest.py
 
 
-def _world(eos=None, **kw) -> Bigram:
-    return Bigram(**{"vocab_size": 8, "seq_len": 8, "prompt_len": 2, "eos_token": eos, "init_std": 1.0, **kw})
+def Bigram(task_cfg=COUNT, **kw) -> BigramWorld:
+    """A bigram world of the given shape, with its task (the task decides the exact solver)."""
+    world = BigramWorld(**kw)
+    world.task = make_task(task_cfg, {"vocab_size": world.vocab_size, "seq_len": world.seq_len})
+    return world
 
 
-def _on_policy(world: Bigram, task_cfg: dict, n: int, seed: int = 0):
+def _world(eos=None, task_cfg=COUNT, **kw) -> BigramWorld:
+    return Bigram(task_cfg, **{"vocab_size": 8, "seq_len": 8, "prompt_len": 2, "eos_token": eos, "init_std": 1.0, **kw})
+
+
+def _lp(theta: torch.Tensor, ro) -> torch.Tensor:
+    """The trainer's log π_θ(y_t | y_{t−1}) of a rollout, written out: a row of log_softmax(θ) per state."""
+    prev = BigramWorld.states(ro.prompts, ro.tokens)
+    return torch.log_softmax(theta, -1)[prev, ro.tokens]
+
+
+def _on_policy(world: BigramWorld, n: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    theta = world.init_params(g)
-    task = make_task(task_cfg, world)
-    ro = Engine(world, Mismatch()).sample(theta, world.sample_prompts(n, g), g)
-    return theta, task, ro
+    params = world.init_params(g)
+    ro = Engine(world, Mismatch()).sample(params, world.sample_prompts(n, g), g)
+    return params, world.task, ro
+
+
+def _table(engine: Engine, theta: torch.Tensor) -> torch.Tensor:
+    """The engine's processed [V+1, V] log-prob table: what it samples from in each state."""
+    return engine.process(engine.precision.cast(theta))
 
 
 @pytest.mark.parametrize("task_cfg,eos", WORLDS)
@@ -44,16 +65,18 @@ def test_exact_objective_and_gradient_match_monte_carlo(task_cfg, eos):
     - J from the recursion is within 5 standard errors of the mean reward;
     - ∇J from the recursion against the REINFORCE estimate mean((R − J)·Σ_t ∇log π): relative
       error < 0.1 and cosine > 0.99 (observed: 0.013–0.04 and > 0.999)."""
-    world = _world(eos)
-    theta, task, ro = _on_policy(world, task_cfg, N_MC)
-    rewards = task.reward(ro.tokens, ro.mask).double()
-    J, grad = exact_gradient(task, world, theta)
+    world = _world(eos, task_cfg)
+    params, task, ro = _on_policy(world, N_MC)
+    theta = params["theta"]
+    rewards = task.reward(ro.prompts, ro.tokens, ro.mask).double()
+    J, grads = exact_gradient(world.exact, params)
+    grad = grads["theta"]
     se = float(rewards.std()) / math.sqrt(N_MC)
     assert 0.01 < float(J) < 0.99  # a non-degenerate world
     assert abs(float(rewards.mean()) - float(J)) < 5 * se
 
     th = theta.double().requires_grad_(True)
-    lp = Bigram.token_log_probs(Bigram.log_prob_table(th), ro.prev, ro.tokens)
+    lp = _lp(th, ro)
     ((rewards - J).unsqueeze(-1) * lp * ro.mask).sum(-1).mean().backward()
     est = th.grad
     rel = float((est - grad).norm() / grad.norm())
@@ -66,30 +89,30 @@ def test_exact_objective_and_gradient_match_monte_carlo(task_cfg, eos):
 def test_exact_objective_closed_form_uniform():
     """Uniform policy, no EOS: J = |targets| / V for target-count, and a binomial tail for
     target-threshold."""
-    world = Bigram(vocab_size=16, seq_len=16)
-    theta = torch.zeros(17, 16, dtype=torch.float64)
-    assert float(make_task(COUNT, world).objective(world, theta)) == pytest.approx(0.25, abs=1e-12)
+    params = {"theta": torch.zeros(17, 16, dtype=torch.float64)}
+    assert float(Bigram(COUNT, vocab_size=16, seq_len=16).exact.objective(params)) == pytest.approx(0.25, abs=1e-12)
     tail = sum(math.comb(16, k) * 0.25**k * 0.75 ** (16 - k) for k in range(6, 17))
-    assert float(make_task(THRESHOLD, world).objective(world, theta)) == pytest.approx(tail, abs=1e-12)
+    assert float(Bigram(THRESHOLD, vocab_size=16, seq_len=16).exact.objective(params)) == pytest.approx(tail, abs=1e-12)
 
 
 def test_score_gradient_matches_autograd():
     """The closed-form Σ w ∇log π (the probe's vectorised core) equals autograd, batched over K."""
     world = _world(5)
-    theta, _, ro = _on_policy(world, COUNT, 512)
+    params, _, ro = _on_policy(world, 512)
+    theta = params["theta"]
     weights = torch.randn(3, *ro.mask.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     weights = weights * ro.mask
-    closed = world.score_gradient(theta.double(), ro.prev, ro.tokens, weights)
+    closed = world.score_sums({"theta": theta.double()}, ro.prompts, ro.tokens, weights)
     for k in range(3):
         th = theta.double().requires_grad_(True)
-        (weights[k] * Bigram.token_log_probs(Bigram.log_prob_table(th), ro.prev, ro.tokens)).sum().backward()
-        torch.testing.assert_close(closed[k], th.grad, atol=1e-10, rtol=1e-10)
+        (weights[k] * _lp(th, ro)).sum().backward()
+        torch.testing.assert_close(closed[k], th.grad.flatten(), atol=1e-10, rtol=1e-10)
 
 
 def test_synchronous_fp32_engine_reports_old_exactly_and_stale_one_does_not():
     world = Bigram(vocab_size=16, seq_len=16, init_std=1.0)
     g = torch.Generator().manual_seed(0)
-    theta0 = world.init_params(g)
+    theta0 = world.init_params(g)["theta"]
     theta1 = theta0 + 0.3 * torch.randn(theta0.shape, generator=g)
     prompts = world.sample_prompts(64, g)
 
@@ -98,23 +121,25 @@ def test_synchronous_fp32_engine_reports_old_exactly_and_stale_one_does_not():
                                                 "outlier_shift": -1000.0}))
     assert sync.mismatch.exact
     history = ParamHistory(0)
-    history.push(theta1)
+    history.push({"theta": theta1})
     ro = sync.sample(history.engine_params(), prompts, g)
-    old = Bigram.token_log_probs(Bigram.log_prob_table(theta1), ro.prev, ro.tokens)
+    old = world.token_stats({"theta": theta1}, ro.prompts, ro.tokens).logp
     assert torch.equal(ro.roll, old)
+    assert torch.equal(old, _lp(theta1, ro))
 
     stale = ParamHistory(1)
-    stale.push(theta0)
-    stale.push(theta1)  # step 1 with k = 1 samples from θ₀
-    assert torch.equal(stale.engine_params(), theta0)
+    stale.push({"theta": theta0})
+    stale.push({"theta": theta1})  # step 1 with k = 1 samples from θ₀
+    assert torch.equal(stale.engine_params()["theta"], theta0)
     ro = Engine(world, Mismatch(staleness=1)).sample(stale.engine_params(), prompts, g)
-    old = Bigram.token_log_probs(Bigram.log_prob_table(theta1), ro.prev, ro.tokens)
+    old = _lp(theta1, ro)
     assert float((ro.roll - old).abs().max()) > 0.05
 
     ring = ParamHistory(2)
     for i in range(5):
-        ring.push(torch.full((2,), float(i)))
-        assert float(ring.engine_params()[0]) == max(0, i - 2)  # θ_{t−k}, θ₀ while t < k
+        ring.push({"a": torch.full((2,), float(i)), "b": torch.full((1,), -float(i))})
+        assert float(ring.engine_params()["a"][0]) == max(0, i - 2)  # θ_{t−k}, θ₀ while t < k
+        assert float(ring.engine_params()["b"][0]) == -max(0, i - 2)
 
 
 def test_precision_mismatch_is_plausible_and_ordered():
@@ -122,10 +147,10 @@ def test_precision_mismatch_is_plausible_and_ordered():
     0.1 nats; fp16 (10 mantissa bits) is closer than bf16 (7); fp8 is the furthest."""
     world = Bigram(vocab_size=16, seq_len=16, init_std=1.0)
     g = torch.Generator().manual_seed(0)
-    theta = world.init_params(g)
-    ro = Engine(world, Mismatch()).sample(theta, world.sample_prompts(256, g), g)
-    old = Bigram.token_log_probs(Bigram.log_prob_table(theta), ro.prev, ro.tokens)
-    err = {p: float((Engine(world, Mismatch(precision=p)).score(theta, ro.prev, ro.tokens) - old).abs().max())
+    params = world.init_params(g)
+    ro = Engine(world, Mismatch()).sample(params, world.sample_prompts(256, g), g)
+    old = _lp(params["theta"], ro)
+    err = {p: float((Engine(world, Mismatch(precision=p)).score(params, ro.prompts, ro.tokens) - old).abs().max())
            for p in ("fp32", "bf16", "fp16", "fp8")}
     assert err["fp32"] == 0.0
     assert 1e-4 < err["bf16"] < 0.1, err
@@ -135,33 +160,34 @@ def test_precision_mismatch_is_plausible_and_ordered():
 def test_engine_processing_noise_temperature_top_p_outliers():
     world = Bigram(vocab_size=16, seq_len=16, init_std=1.0)
     g = torch.Generator().manual_seed(0)
-    theta = world.init_params(g)
+    params = world.init_params(g)
+    theta = params["theta"]
     prompts = world.sample_prompts(512, g)
-    old_table = Bigram.log_prob_table(theta)
 
     # top_p: the engine samples only inside the nucleus and reports the renormalised log-probs.
     eng = Engine(world, Mismatch(top_p=0.5))
-    table = eng.table(theta)
+    table = _table(eng, theta)
     kept = torch.isfinite(table)
     assert torch.all(kept.sum(-1) < 16) and torch.all(kept.sum(-1) >= 1)
     torch.testing.assert_close(torch.logsumexp(table, -1), torch.zeros(17), atol=1e-5, rtol=0)
-    ro = eng.sample(theta, prompts, g)
+    ro = eng.sample(params, prompts, g)
+    prev = BigramWorld.states(ro.prompts, ro.tokens)
     assert torch.isfinite(ro.roll).all()
-    assert kept[ro.prev, ro.tokens].all()
-    assert float((ro.roll - old_table[ro.prev, ro.tokens]).min()) > 0  # renormalised: larger
+    assert kept[prev, ro.tokens].all()
+    assert float((ro.roll - _lp(theta, ro)).min()) > 0  # renormalised: larger
 
     # temperature < 1 sharpens: the engine's reported log-probs of likely tokens rise.
-    cold = Engine(world, Mismatch(temperature=0.5)).table(theta)
+    cold = _table(Engine(world, Mismatch(temperature=0.5)), theta)
     torch.testing.assert_close(cold, torch.log_softmax(theta / 0.5, -1))
 
     # logit noise: the reported log-probs move by about σ.
-    ro_noisy = Engine(world, Mismatch(logit_noise=0.1)).sample(theta, prompts, g)
-    diff = (ro_noisy.roll - old_table[ro_noisy.prev, ro_noisy.tokens]).abs()
+    ro_noisy = Engine(world, Mismatch(logit_noise=0.1)).sample(params, prompts, g)
+    diff = (ro_noisy.roll - _lp(theta, ro_noisy)).abs()
     assert 0.01 < float(diff.mean()) < 0.3
 
     # outliers: about p of the tokens reported Δ lower, the sampled tokens unaffected.
-    ro_out = Engine(world, Mismatch(outlier_rate=0.05, outlier_shift=-1000.0)).sample(theta, prompts, g)
-    shift = ro_out.roll - old_table[ro_out.prev, ro_out.tokens]
+    ro_out = Engine(world, Mismatch(outlier_rate=0.05, outlier_shift=-1000.0)).sample(params, prompts, g)
+    shift = ro_out.roll - _lp(theta, ro_out)
     assert torch.equal(shift < -900, ro_out.outliers)
     assert 0.03 < float(ro_out.outliers.float().mean()) < 0.07
 
@@ -219,22 +245,25 @@ def test_mismatch_config_errors(cfg, match):
     ({}, {**THRESHOLD, "min_count": 17}, "min_count"),
 ])
 def test_world_config_errors(rollout, task, match):
+    rollout = {"vocab_size": 16, "seq_len": 16, "prompt_len": 1, "eos_token": None, **rollout}
     with pytest.raises(UserError, match=match):
-        world = Bigram.from_config({"vocab_size": 16, "seq_len": 16, "prompt_len": 1, "eos_token": None, **rollout},
-                                   {"name": "bigram", "init_std": 0.0})
-        make_task(task, world)
+        BigramWorld.from_config({"name": "bigram", "init_std": 0.0}, rollout, make_task(task, rollout))
 
 
 @pytest.mark.parametrize("eos,prompt_len", [(None, 1), (None, 3), (3, 1), (3, 3)])
 def test_target_count_objective_matches_the_forward_recursion(eos, prompt_len):
-    """The matrix-power objective equals Σ_t q_t[targets] / T from _chain, to float64 rounding."""
-    from runner.synthetic import task as task_module
-
-    world = Bigram.from_config({"vocab_size": 8, "seq_len": 6, "batch_size": 2, "group_size": 2,
-                                "prompt_len": prompt_len, "eos_token": eos, "adv_std_norm": False},
-                               {"name": "bigram", "init_std": 1.0})
-    tk = task_module.TargetCount(world, (0, 1, 5))
+    """The matrix-power objective equals Σ_t q_t[targets] / T of the plain forward recursion
+    (q_t = d_t @ softmax(θ), d_{t+1} = q_t without EOS, BOS never re-entered), to float64 rounding."""
+    rollout = {"vocab_size": 8, "seq_len": 6, "batch_size": 2, "group_size": 2, "prompt_len": prompt_len,
+               "eos_token": eos, "adv_std_norm": False}
+    task = make_task({"name": "target-count", "targets": [0, 1, 5]}, rollout)
+    world = BigramWorld.from_config({"name": "bigram", "init_std": 1.0}, rollout, task)
     theta = torch.randn(world.num_states, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    idx = torch.tensor(tk.targets)
-    reference = sum(q.index_select(0, idx).sum() for q in task_module._chain(world, theta)) / world.seq_len
-    assert float(tk.objective(world, theta)) == pytest.approx(float(reference), abs=1e-14)
+    probs = torch.softmax(theta, -1)
+    d, reference = world.start_distribution(), 0.0
+    for _ in range(world.seq_len):
+        q = d @ probs
+        reference = reference + q[[0, 1, 5]].sum() / world.seq_len
+        alive = q if eos is None else q.index_fill(0, torch.tensor([eos]), 0.0)
+        d = torch.cat([alive, alive.new_zeros(1)])
+    assert float(world.exact.objective({"theta": theta})) == pytest.approx(float(reference), abs=1e-14)

@@ -1,0 +1,106 @@
+"""The validated run: every config section read, checked and built before any file is written.
+Every bad value raises a one-line UserError naming its key."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from runner.config_checks import as_bool, as_choice, as_float, as_int, check_keys
+from runner.corrections import Correction
+from runner.errors import UserError
+from runner.losses import LossSpec
+from runner.tasks import Task, make_task
+from runner.training.faults import ON_NONFINITE
+from runner.training.optim import OPTIMIZERS
+from runner.worlds.engine import Mismatch
+from runner.worlds.protocol import World
+from runner.worlds.registry import make_world
+
+ROLLOUT_KEYS = ("vocab_size", "seq_len", "batch_size", "group_size", "prompt_len", "eos_token", "adv_std_norm")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    steps: int
+    lr: float
+    optimizer: str
+    updates_per_step: int
+    grad_clip: float | None
+    on_nonfinite: str
+    collapse_drop: float | None
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> "TrainSettings":
+        s = "train"
+        check_keys(s, cfg, cls.__dataclass_fields__)
+        clip = cfg.get("grad_clip")
+        drop = cfg.get("collapse_drop")
+        return cls(
+            steps=as_int(s, cfg, "steps", low=1),
+            lr=as_float(s, cfg, "lr", low=0.0, low_open=True),
+            optimizer=as_choice(s, cfg, "optimizer", OPTIMIZERS),
+            updates_per_step=as_int(s, cfg, "updates_per_step", low=1),
+            grad_clip=None if clip is None else as_float(s, cfg, "grad_clip", low=0.0, low_open=True),
+            on_nonfinite=as_choice(s, cfg, "on_nonfinite", ON_NONFINITE),
+            collapse_drop=None if drop is None else as_float(s, cfg, "collapse_drop", low=0.0, low_open=True),
+        )
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything a study needs, validated."""
+
+    seed: int
+    world: World
+    task: Task
+    mismatch: Mismatch
+    correction: Correction
+    loss: LossSpec
+    train: TrainSettings
+    batch_size: int  # prompts per step
+    group_size: int  # responses per prompt
+    adv_std_norm: bool
+    timing: bool
+    metrics: bool
+    quiet: bool
+    tokens_every: int
+
+
+def _section(cfg: Mapping[str, Any], key: str) -> dict:
+    node = cfg.get(key)
+    if node is None:
+        raise UserError(f"config: the {key!r} section is missing")
+    return dict(node)
+
+
+def load(cfg: Mapping[str, Any]) -> Setup:
+    """The run described by a resolved config (plain dicts, e.g. OmegaConf.to_container(cfg))."""
+    rollout = _section(cfg, "rollout")
+    check_keys("rollout", rollout, ROLLOUT_KEYS)
+    task = make_task(_section(cfg, "task"), rollout)
+    world = make_world(_section(cfg, "policy"), rollout, task)
+    seed = as_int("config", {"seed": cfg.get("seed")}, "seed", low=0)
+    train = TrainSettings.from_config(_section(cfg, "train"))
+    batch_size = as_int("rollout", rollout, "batch_size", low=1)
+    group_size = as_int("rollout", rollout, "group_size", low=1)
+    if train.updates_per_step > batch_size * group_size:
+        raise UserError(f"train.updates_per_step ({train.updates_per_step}) > rollout.batch_size × "
+                        f"rollout.group_size ({batch_size * group_size}): a mini-batch would be empty")
+    log = _section(cfg, "log")
+    return Setup(
+        seed=seed,
+        world=world,
+        task=task,
+        mismatch=Mismatch.from_config(_section(cfg, "mismatch")),
+        correction=Correction.from_config(_section(cfg, "correction")),
+        loss=LossSpec.from_config(_section(cfg, "loss")),
+        train=train,
+        batch_size=batch_size,
+        group_size=group_size,
+        adv_std_norm=as_bool("rollout", rollout, "adv_std_norm", default=False),
+        timing=as_bool("log", log, "timing", default=True),
+        metrics=as_bool("log", log, "metrics", default=True),
+        quiet=as_bool("log", log, "quiet", default=False),
+        tokens_every=as_int("log", log, "tokens_every", low=0, default=50),
+    )

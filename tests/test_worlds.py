@@ -1,0 +1,136 @@
+"""Every world is held to the protocol (runner/worlds/protocol.py) by the same tests.
+
+A world joins WORLD_CONFIGS with a small config; a registered world without one fails the first test.
+For each world:
+- the sampler, fed a response token by token, gives the teacher-forced `logits` (fp32: to 1e-5);
+- `token_stats` is the log-softmax of the fp32 logits (the trainer's route may be faster, not different);
+- at staleness 0 in fp32 with no noise the engine reports the trainer's log-probs;
+- a low-precision engine differs from fp32, but by a plausible amount;
+- where the world has an exact objective, J matches Monte Carlo and ∇J matches REINFORCE;
+- where it has a closed-form score, it matches autograd.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from runner.tasks import make_task
+from runner.worlds.engine import Engine, Mismatch
+from runner.worlds.precision import FP32, Precision
+from runner.worlds.protocol import exact_gradient, flat, unflat
+from runner.worlds.registry import WORLDS, make_world
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+ROLLOUT = {"vocab_size": 8, "seq_len": 6, "prompt_len": 2, "eos_token": None, "batch_size": 4, "group_size": 4}
+WORLD_CONFIGS = {
+    "bigram": ({"name": "bigram", "init_std": 1.0}, {**ROLLOUT, "eos_token": 5},
+               {"name": "target-threshold", "targets": [0, 1, 2], "min_count": 2}),
+}
+
+
+def build(name: str):
+    policy, rollout, task_cfg = WORLD_CONFIGS[name]
+    task = make_task(task_cfg, rollout)
+    world = make_world(policy, rollout, task)
+    g = torch.Generator().manual_seed(3)
+    return world, task, world.init_params(g), g
+
+
+def test_every_registered_world_is_tested():
+    assert sorted(WORLD_CONFIGS) == WORLDS.names()
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_CONFIGS))
+def test_sampler_gives_the_teacher_forced_logits(name):
+    world, _, params, g = build(name)
+    prompts = world.sample_prompts(16, g)
+    ro = Engine(world, Mismatch()).sample(params, prompts, g)
+    for precision in (FP32, Precision("bf16")):
+        forced = world.logits(params, prompts, ro.tokens, precision)  # [N, T, V]
+        sampler = world.sampler(params, prompts, precision)
+        stepped = [sampler.start()]
+        for t in range(world.seq_len - 1):
+            stepped.append(sampler.step(ro.tokens[:, t]))
+        stepped = torch.stack(stepped, 1)
+        assert stepped.shape == forced.shape == (16, world.seq_len, world.vocab_size)
+        assert stepped.dtype == forced.dtype == precision.compute
+        tol = 1e-5 if precision.exact else 0.05  # low precision: cached and full passes may round apart
+        torch.testing.assert_close(stepped.float(), forced.float(), atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_CONFIGS))
+def test_token_stats_are_the_log_softmax_of_the_fp32_logits(name):
+    world, _, params, g = build(name)
+    prompts = world.sample_prompts(16, g)
+    ro = Engine(world, Mismatch()).sample(params, prompts, g)
+    stats = world.token_stats(params, prompts, ro.tokens)
+    logp_all = torch.log_softmax(world.logits(params, prompts, ro.tokens).float(), -1)
+    torch.testing.assert_close(stats.logp, logp_all.gather(-1, ro.tokens.unsqueeze(-1)).squeeze(-1), atol=1e-6, rtol=0)
+    torch.testing.assert_close(stats.entropy, -(logp_all.exp() * logp_all).sum(-1), atol=1e-5, rtol=0)
+    assert float(stats.entropy.min()) > 0 and float(stats.entropy.max()) <= math.log(world.vocab_size) + 1e-5
+    # and the log-probs carry the gradient to every parameter tensor
+    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    (world.token_stats(leaves, prompts, ro.tokens, entropy=False).logp * ro.mask).sum().backward()
+    assert all(p.grad is not None and float(p.grad.abs().sum()) > 0 for p in leaves.values())
+    back = unflat(flat(params), params)
+    assert list(back) == list(params) and all(torch.equal(back[k], params[k]) for k in params)
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_CONFIGS))
+def test_on_policy_fp32_engine_reports_old_and_bf16_differs_plausibly(name):
+    world, _, params, g = build(name)
+    prompts = world.sample_prompts(64, g)
+    ro = Engine(world, Mismatch()).sample(params, prompts, g)
+    old = world.token_stats(params, prompts, ro.tokens, entropy=False).logp
+    inside = ro.mask > 0
+    assert float((ro.roll - old)[inside].abs().max()) <= 1e-5
+    bf16 = Engine(world, Mismatch(precision="bf16")).score(params, prompts, ro.tokens)
+    err = (bf16 - old)[inside].abs()
+    assert 1e-4 < float(err.max()) < 0.5, float(err.max())
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_CONFIGS))
+def test_exact_objective_matches_monte_carlo(name):
+    """J within 4 standard errors of the mean reward of 100k on-policy samples; ∇J against the
+    REINFORCE estimate mean((R − J)·Σ_t ∇log π): cosine > 0.99."""
+    world, task, params, g = build(name)
+    if world.exact is None:
+        pytest.skip(f"{name} has no exact objective")
+    n = 100_000
+    ro = Engine(world, Mismatch()).sample(params, world.sample_prompts(n, g), g)
+    rewards = task.reward(ro.prompts, ro.tokens, ro.mask).double()
+    J, grads = exact_gradient(world.exact, params)
+    se = float(rewards.std()) / math.sqrt(n)
+    assert 0.01 < float(J) < 0.99
+    assert abs(float(rewards.mean()) - float(J)) < 4 * se
+    leaves = {k: v.double().requires_grad_(True) for k, v in params.items()}
+    lp = world.token_stats(leaves, ro.prompts, ro.tokens, entropy=False).logp
+    ((rewards - J).unsqueeze(-1) * lp * ro.mask).sum(-1).mean().backward()
+    est, exact = flat({k: p.grad for k, p in leaves.items()}), flat(grads)
+    assert float(torch.nn.functional.cosine_similarity(est, exact, dim=0)) > 0.99
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_CONFIGS))
+def test_closed_form_score_matches_autograd(name):
+    world, _, params, g = build(name)
+    prompts = world.sample_prompts(32, g)
+    ro = Engine(world, Mismatch()).sample(params, prompts, g)
+    weights = torch.randn(3, *ro.mask.shape, generator=g) * ro.mask
+    closed = world.score_sums(params, prompts, ro.tokens, weights)
+    if closed is None:
+        pytest.skip(f"{name} has no closed-form score (the probe uses autograd)")
+    from runner.probe.estimator import score_sums
+
+    class NoClosedForm:  # the probe's general path: one batched vector-Jacobian product
+        def __getattr__(self, attr):
+            return getattr(world, attr)
+
+        def score_sums(self, *args):
+            return None
+
+    batch = type("Batch", (), {"prompts": prompts, "tokens": ro.tokens})
+    torch.testing.assert_close(closed, score_sums(NoClosedForm(), params, batch, weights), atol=1e-5, rtol=1e-5)
