@@ -108,7 +108,7 @@ class CorrectionResult:
     coef: torch.Tensor  # [B, T] detached coefficient that multiplies the per-token loss
     mask: torch.Tensor  # [B, T] float action mask after `drop` rejection
     keep: torch.Tensor  # [B, T] bool: the unit survived the filter and the veto
-    metrics: dict[str, float] = field(default_factory=dict)  # runner.metrics.METRIC_NAMES
+    metrics: dict[str, float] = field(default_factory=dict)  # runner.schema.CORRECTION_METRICS
 
 
 def _exp_clamped(x: torch.Tensor, bound: float | None) -> torch.Tensor:

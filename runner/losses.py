@@ -142,6 +142,52 @@ def reduce(per_token: torch.Tensor, mask: torch.Tensor, how: str, count: torch.T
     return torch.where(nonempty, seq_means, 0.0).sum() / nonempty.sum().clamp(min=1)
 
 
+def _all_finite(*tensors: torch.Tensor) -> bool:
+    return bool(torch.isfinite(torch.stack([t.detach().sum() for t in tensors]).sum()))
+
+
+def ppo_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
+    """coef · PPO's clipped surrogate per token, against `old`. Finite inputs take the fused Function;
+    anything non-finite (a faithful preset's inf or 0·inf coefficient, NaN padding) takes the plain
+    autograd formula, whose min/clamp backward *selects* a branch rather than multiplying by 0, so
+    the gradient's NaN pattern is the original code's element for element."""
+    log_ratio = lp - old
+    if sanitise:
+        log_ratio = zero_padding(log_ratio, mask)
+    if _all_finite(log_ratio, adv, cres.coef):
+        sink = [] if metrics else None  # a list, not a second output: autograd need not track it
+        per_token = _WeightedPPO.apply(log_ratio, adv, cres.coef, spec.eps_low, spec.eps_high, spec.dual_clip, sink)
+        clipped = sink[0] if sink else None
+    else:
+        ratio = torch.exp(log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND))
+        token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
+        per_token = token_loss * cres.coef
+    return per_token, clipped, cres.mask
+
+
+def gspo_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
+    """GSPO: one length-normalised sequence ratio, clipped; the sequence ratio already is the
+    correction (against `roll` when a correction is active), so no coefficient multiplies it."""
+    diff = lp - (roll if corr.active else old)
+    diff = zero_padding(diff, mask) if sanitise else diff * mask
+    seq_log_ratio = diff.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    # The same ±20 bound as PPO's token ratio (verl clamps this log-ratio too): without it a
+    # finite but extreme sequence overflows to inf, and 0·inf in the backward gives NaN.
+    ratio = torch.exp(seq_log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND)) * mask
+    token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
+    return token_loss, clipped, mask
+
+
+def reinforce_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
+    """−coef · A · log π: the plain policy gradient, corrected."""
+    live = zero_padding(lp, mask) if sanitise else lp
+    return -adv * live * cres.coef, None, cres.mask
+
+
+PER_TOKEN = {"ppo": ppo_per_token, "gspo": gspo_per_token, "reinforce": reinforce_per_token}
+assert tuple(PER_TOKEN) == LOSSES
+
+
 def policy_loss(
     spec: LossSpec,
     corr: Correction,
@@ -166,29 +212,7 @@ def policy_loss(
     if sanitise:
         adv = zero_padding(adv, mask)
 
-    clipped = None
-    if spec.name == "ppo":
-        log_ratio = lp - old
-        if sanitise:
-            log_ratio = zero_padding(log_ratio, mask)
-        sink = [] if metrics else None  # a list, not a second output: autograd need not track it
-        per_token = _WeightedPPO.apply(log_ratio, adv, cres.coef, spec.eps_low, spec.eps_high, spec.dual_clip, sink)
-        clipped = sink[0] if sink else None
-        red_mask = cres.mask
-    elif spec.name == "gspo":
-        diff = lp - (roll if corr.active else old)
-        diff = zero_padding(diff, mask) if sanitise else diff * mask
-        seq_log_ratio = diff.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
-        # The same ±20 bound as PPO's token ratio (verl clamps this log-ratio too): without it a
-        # finite but extreme sequence overflows to inf, and 0·inf in the backward gives NaN.
-        ratio = torch.exp(seq_log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND)) * mask
-        token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
-        per_token = token_loss  # GSPO's sequence ratio already is the correction
-        red_mask = mask
-    else:
-        live = zero_padding(lp, mask) if sanitise else lp
-        per_token = -adv * live * cres.coef
-        red_mask = cres.mask
+    per_token, clipped, red_mask = PER_TOKEN[spec.name](spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics)
 
     # Under sanitisation every masked or rejected (where) position is already exactly 0.
     premasked = sanitise and (corr.reject == "where" or red_mask is mask)

@@ -28,10 +28,9 @@ import numpy as np
 import torch
 
 from runner.masking import SAFETY_BOUND, zero_padding
+from runner.schema import CORRECTION_METRICS
 
-METRIC_NAMES = ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess",
-                "token_masked_fraction", "seq_masked_fraction", "clamped_fraction", "kl_k1", "kl_k3",
-                "chi2_token", "chi2_seq", "log_ppl_diff", "max_abs_prob_diff")
+METRIC_NAMES = CORRECTION_METRICS  # runner/schema.py: the CSV columns these become
 
 # Up to this many [B, T] elements NumPy's ~1 µs a call beats torch's ~4 µs; beyond, torch's kernels
 # win. One seq-mask-tis metrics pass, single-threaded, NumPy vs torch: 512 elements 41 vs 115 µs,
