@@ -604,7 +604,7 @@ def per_job(ds: Dataset):
         return [summ.get(j, {}).get(key, fb) if summ.get(j, {}).get(key) is not None else fb
                 for j, fb in zip(per["job"], fallback)]
     per["final_objective"] = from_summary("final_objective", per["last_objective"])
-    per["best_objective"] = from_summary("best_objective", per["max_objective"])
+    per["best_objective"] = from_summary("peak_objective", per["max_objective"])
     per["final_reward"] = from_summary("final_reward", per["last_reward"])
     per["collapsed"] = [float(summ[j]["collapsed"]) if "collapsed" in summ.get(j, {}) else np.nan for j in per["job"]]
     per["done"] = [done.get(j, True) for j in per["job"]]

@@ -4,7 +4,9 @@ reads them, all from here.
 
 metrics.csv (study=train), one row per optimizer update:
   ids        the run's constants repeated on every row, so concatenated runs stay self-describing
-  training   what one update did (reward: the step's mean sampled reward; objective: J(θ_t))
+  training   what one update did (reward: the step's mean sampled reward; objective: J(θ_t), exact or
+             Monte Carlo with objective_se beside it, empty on steps between evaluations; clipped:
+             1 when the grad clip bound)
   faults     0/1 flags of NaN/inf and of a batch the correction rejected whole
   correction the verl-style `rollout_corr/...` metrics of the update's mini-batch (runner.metrics)
   timing     ms since training began; left out with log.timing=false, so the file is then
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 ID_COLUMNS = ("step", "update", "seed", "correction", "staleness", "precision")
 CONSTANT_COLUMNS = ("seed", "correction", "staleness", "precision")  # the same in every row of a run
-TRAINING_COLUMNS = ("reward", "objective", "loss", "grad_norm", "update_norm", "entropy")
+TRAINING_COLUMNS = ("reward", "objective", "loss", "grad_norm", "clipped", "update_norm", "entropy")
+MONTE_CARLO_COLUMNS = ("objective_se",)  # after `objective`, in worlds whose J is estimated
 FAULT_COLUMNS = ("nonfinite_loss", "nonfinite_grad", "skipped", "all_rejected")
 CORRECTION_METRICS = ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess",
                       "token_masked_fraction", "seq_masked_fraction", "clamped_fraction", "kl_k1", "kl_k3",
@@ -25,13 +28,14 @@ UPDATE_METRICS = CORRECTION_METRICS + LOSS_METRICS  # what log.metrics=false lea
 TIMING_COLUMNS = ("wall_ms",)
 
 
-def metrics_columns(metrics: bool = True, timing: bool = True, extra: tuple[str, ...] = ()) -> tuple[str, ...]:
-    """metrics.csv's header for a run's log settings; `extra` is a world's own columns (after training)."""
-    return (ID_COLUMNS + TRAINING_COLUMNS + tuple(extra) + FAULT_COLUMNS + (UPDATE_METRICS if metrics else ())
+def metrics_columns(metrics: bool = True, timing: bool = True, monte_carlo: bool = False) -> tuple[str, ...]:
+    """metrics.csv's header for a run's log settings and how its world gives J."""
+    training = TRAINING_COLUMNS[:2] + (MONTE_CARLO_COLUMNS if monte_carlo else ()) + TRAINING_COLUMNS[2:]
+    return (ID_COLUMNS + training + FAULT_COLUMNS + (UPDATE_METRICS if metrics else ())
             + (TIMING_COLUMNS if timing else ()))
 
 
-ALL_METRICS_COLUMNS = metrics_columns()
+ALL_METRICS_COLUMNS = metrics_columns(monte_carlo=True)
 
 # tokens.csv: every generated token's trainer (fp32) and engine log-probs at sampled steps
 TOKEN_COLUMNS = ("step", "seq", "pos", "token", "old", "roll")

@@ -46,7 +46,8 @@ def _steps(overrides: list[str], side: str, run_dir: Path):
         writer = train.Writer(setup, run_dir)
         return lambda step: writer.write(trainer.step(step))
     if side == "off, no objective":
-        trainer.objective_tensor = lambda: torch.zeros((), dtype=torch.float64)
+        zero = torch.zeros((), dtype=torch.float64)
+        trainer.objective_fn = lambda params: (zero, None)
     return trainer.step
 
 

@@ -79,14 +79,14 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         torch.set_num_threads(threads)
 
 
-def open_writers(s: Setup, run_dir: Path) -> tuple[NumberCsvWriter, EventWriter, CsvWriter | None]:
+def open_writers(s: Setup, run_dir: Path, monte_carlo: bool = False) -> tuple[NumberCsvWriter, EventWriter, CsvWriter | None]:
     """metrics.csv, events.csv and (unless log.tokens_every=0) tokens.csv in run_dir."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         constants = {"seed": s.seed, "correction": s.correction.name, "staleness": s.mismatch.staleness,
                      "precision": s.mismatch.precision}
         assert tuple(constants) == CONSTANT_COLUMNS
-        metrics_csv = NumberCsvWriter(run_dir / "metrics.csv", metrics_columns(s.metrics, s.timing),
+        metrics_csv = NumberCsvWriter(run_dir / "metrics.csv", metrics_columns(s.metrics, s.timing, monte_carlo),
                                       constants=constants)
         events = EventWriter(run_dir / "events.csv")
         tokens_csv = CsvWriter(run_dir / "tokens.csv", TOKEN_COLUMNS) if s.tokens_every else None
@@ -98,28 +98,31 @@ def open_writers(s: Setup, run_dir: Path) -> tuple[NumberCsvWriter, EventWriter,
 class Writer:
     """One step's record → metrics.csv rows, events.csv rows and tokens.csv rows."""
 
-    def __init__(self, s: Setup, run_dir: Path):
+    def __init__(self, s: Setup, run_dir: Path, monte_carlo: bool = False):
         self.s = s
-        self.metrics_csv, self.events, self.tokens_csv = open_writers(s, run_dir)
+        self.metrics_csv, self.events, self.tokens_csv = open_writers(s, run_dir, monte_carlo)
         self.t0 = time.perf_counter()
 
     def write(self, rec: StepRecord) -> None:
         s = self.s
         if self.tokens_csv is not None and s.tokens_every and rec.step % s.tokens_every == 0:
             self.tokens_csv.write_number_rows(_token_rows(rec), TOKEN_ROW)
+        objective = {} if rec.objective is None else {"objective": rec.objective}
+        if rec.objective_se is not None:
+            objective["objective_se"] = rec.objective_se
         for u in rec.updates:
             # one stack (it promotes to float64, the objective's dtype) and one .tolist() for the row;
             # the correction metrics already are Python floats
-            head = [rec.reward] if rec.objective is None else [rec.reward, rec.objective]
-            values = torch.stack([*head, u.loss, u.grad_norm, u.update_norm, u.entropy, *u.clip_counts]).tolist()
-            if rec.objective is None:
-                values.insert(1, "")
-            reward, objective, loss, grad_norm, update_norm, entropy, *clip_counts = values
+            named = {"reward": rec.reward, **objective, "loss": u.loss, "grad_norm": u.grad_norm,
+                     "clipped": u.clipped, "update_norm": u.update_norm, "entropy": u.entropy}
+            values = torch.stack([*named.values(), *u.clip_counts]).tolist()
+            row = {"objective": "", "objective_se": "", **dict(zip(named, values))}  # "": not evaluated this step
+            clip_counts = values[len(named):]
+            row["clipped"] = int(row["clipped"])
             # metrics.csv's writer takes the constant cells (seed, correction, ...) from the run, the rest by name
-            row = {"step": rec.step, "update": u.update, "reward": reward, "objective": objective, "loss": loss,
-                   "grad_norm": grad_norm, "update_norm": update_norm, "entropy": entropy,
-                   "nonfinite_loss": int(not u.loss_finite), "nonfinite_grad": int(not u.grad_finite),
-                   "skipped": int(u.skipped), "all_rejected": int(u.all_rejected), **u.correction_metrics}
+            row.update({"step": rec.step, "update": u.update, "nonfinite_loss": int(not u.loss_finite),
+                        "nonfinite_grad": int(not u.grad_finite), "skipped": int(u.skipped),
+                        "all_rejected": int(u.all_rejected), **u.correction_metrics})
             if s.metrics:
                 clipped, tokens = clip_counts
                 row["ppo_clip_fraction"] = clipped / tokens if tokens else 0.0
@@ -150,7 +153,7 @@ class Run:
     def __init__(self, s: Setup, run_dir: Path):
         self.s, self.run_dir = s, run_dir
         self.trainer = Trainer(s)
-        self.writer = Writer(s, run_dir)
+        self.writer = Writer(s, run_dir, monte_carlo=self.trainer.objective_fn.monte_carlo)
         self.steps_run = 0
         self.last_reward = self.final_objective = float("nan")
 
@@ -194,13 +197,17 @@ class Run:
             "updates_skipped": trainer.updates_skipped,
             "initial_objective": trainer.initial_objective,
             "final_objective": self.final_objective,
-            "best_objective": trainer.collapse.best,
-            "best_step": trainer.collapse.best_step,
+            "peak_objective": trainer.collapse.peak,
+            "peak_step": trainer.collapse.peak_step,
             "final_reward": self.last_reward,
             "events": {kind: self.writer.events.counts.get(kind, 0) for kind in EVENT_KINDS},
             "nonfinite_params": trainer.params_nonfinite,
+            "learned": trainer.collapse.learned,
             "collapsed": trainer.collapse.reason is not None,
+            "collapse_step": trainer.collapse.step,
             "collapse_reason": trainer.collapse.reason,
+            "objective": "monte-carlo" if trainer.objective_fn.monte_carlo else "exact",
+            "objective_every": s.train.objective_every,
             "wall_s": round(time.perf_counter() - self.writer.t0, 3),
         }
 
@@ -229,11 +236,14 @@ def _print_summary(summary: dict) -> None:
 
     console = Console(stderr=True, highlight=False)
     events = ", ".join(f"{k} {v}" for k, v in summary["events"].items() if v) or "none"
-    collapsed = f"[red]yes[/red]: {summary['collapse_reason']}" if summary["collapsed"] else "no"
+    if summary["collapsed"]:
+        collapsed = f"[red]yes[/red] at step {summary['collapse_step']}: {summary['collapse_reason']}"
+    else:
+        collapsed = "no" if summary["learned"] else "no, but it never learned (J never rose above its start)"
     console.print(f"[bold]train[/bold]  {summary['policy']} · {summary['correction']} · {summary['loss']} · "
                   f"k={summary['staleness']} {summary['precision']} · seed {summary['seed']}")
     console.print(f"  objective {summary['initial_objective']:.4f} → {summary['final_objective']:.4f}, "
-                  f"best {summary['best_objective']:.4f} at step {summary['best_step']}")
+                  f"peak {summary['peak_objective']:.4f} at step {summary['peak_step']}")
     console.print(f"  {summary['steps_run']} steps · {summary['updates_skipped']} updates skipped · "
                   f"{summary['wall_s']:.1f} s")
     console.print(f"  events: {events} · collapsed: {collapsed}")

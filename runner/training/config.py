@@ -11,7 +11,7 @@ from runner.corrections import Correction
 from runner.errors import UserError
 from runner.losses import LossSpec
 from runner.tasks import Task, make_task
-from runner.training.faults import ON_NONFINITE
+from runner.training.faults import ON_NONFINITE, CollapseRules
 from runner.training.optim import OPTIMIZERS
 from runner.worlds.engine import Mismatch
 from runner.worlds.protocol import World
@@ -28,14 +28,15 @@ class TrainSettings:
     updates_per_step: int
     grad_clip: float | None
     on_nonfinite: str
-    collapse_drop: float | None
+    collapse: CollapseRules
+    objective_every: int  # J(θ_t) every N steps (the objective cell is empty in between)
+    objective_samples: int  # rollouts per Monte Carlo J, where the world has no exact objective
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "TrainSettings":
         s = "train"
         check_keys(s, cfg, cls.__dataclass_fields__)
         clip = cfg.get("grad_clip")
-        drop = cfg.get("collapse_drop")
         return cls(
             steps=as_int(s, cfg, "steps", low=1),
             lr=as_float(s, cfg, "lr", low=0.0, low_open=True),
@@ -43,7 +44,9 @@ class TrainSettings:
             updates_per_step=as_int(s, cfg, "updates_per_step", low=1),
             grad_clip=None if clip is None else as_float(s, cfg, "grad_clip", low=0.0, low_open=True),
             on_nonfinite=as_choice(s, cfg, "on_nonfinite", ON_NONFINITE),
-            collapse_drop=None if drop is None else as_float(s, cfg, "collapse_drop", low=0.0, low_open=True),
+            collapse=CollapseRules.from_config(cfg.get("collapse")),
+            objective_every=as_int(s, cfg, "objective_every", low=1, default=1),
+            objective_samples=as_int(s, cfg, "objective_samples", low=2, default=512),
         )
 
 

@@ -4,19 +4,31 @@
 (and logs it); raise stops the run after that update's row (exit 1, a finding); apply lets the NaN/inf
 reach the parameters, the poisoning the seed report warns about.
 
-Collapse: a run has collapsed when θ holds a NaN/inf (the run then stops: nothing can be sampled from
-it), or when the objective has at some point fallen more than `train.collapse_drop` (absolute, J is in
-[0, 1]) below the best objective seen before it. The first of either is the run's collapse.
+Collapse is relative, so one rule serves every world whatever the scale of its objective and its
+gradients (`train.collapse.*`):
+- drop:  J at least `drop` (a fraction, 0.3) below its running peak for at least `window` (20) steps;
+         the collapse step is the first step of that stretch;
+- spike: at least `spike_updates` (3) consecutive updates whose grad_norm (before clipping) exceeds
+         `spike_factor` (10) × the running median of the run's earlier finite grad norms (judged once
+         `min_history` (10) norms are known); the collapse step is the first of them;
+- NaN/inf parameters (the run then stops: nothing can be sampled from them).
+The first collapse of any kind is the run's collapse (summary.json: collapse_step, collapse_reason);
+each kind is logged as a `collapse` event the first time it happens. A run whose J never rose more
+than `learned_margin` (0.01) above its initial value "never learned": a flat run is not a stable one.
 
 The wording of every event is here too, so the loop computes and the study writes.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 import torch
+
+from runner.config_checks import as_float, as_int, check_keys
 
 ON_NONFINITE = ("skip", "raise", "apply")
 ACTIONS = {"skip": "skip update", "raise": "raise", "apply": "apply"}
@@ -63,30 +75,96 @@ def nonfinite_params_detail(where: str, params: dict[str, torch.Tensor]) -> str:
     return f"{where}: {n_bad} of {sum(p.numel() for p in params.values())} parameters are NaN/inf"
 
 
-class CollapseWatch:
-    """Tracks the best objective and the first collapse of a run."""
+@dataclass(frozen=True)
+class CollapseRules:
+    drop: float = 0.3
+    window: int = 20
+    spike_factor: float = 10.0
+    spike_updates: int = 3
+    min_history: int = 10
+    learned_margin: float = 0.01
 
-    def __init__(self, drop: float | None, initial: float):
-        self.drop = drop
-        self.best, self.best_step = initial, 0
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any] | None) -> "CollapseRules":
+        s = "train.collapse"
+        cfg = dict(cfg or {})
+        check_keys(s, cfg, cls.__dataclass_fields__)
+        d = cls()
+        return cls(drop=as_float(s, cfg, "drop", low=0.0, high=1.0, low_open=True, default=d.drop),
+                   window=as_int(s, cfg, "window", low=1, default=d.window),
+                   spike_factor=as_float(s, cfg, "spike_factor", low=1.0, low_open=True, default=d.spike_factor),
+                   spike_updates=as_int(s, cfg, "spike_updates", low=1, default=d.spike_updates),
+                   min_history=as_int(s, cfg, "min_history", low=1, default=d.min_history),
+                   learned_margin=as_float(s, cfg, "learned_margin", low=0.0, default=d.learned_margin))
+
+
+class CollapseWatch:
+    """Applies CollapseRules to a run's objective values and grad norms, as they come."""
+
+    def __init__(self, rules: CollapseRules, initial: float):
+        self.rules = rules
+        self.initial = initial
+        self.peak, self.peak_step = initial, 0
         self.reason: str | None = None
         self.step: int | None = None
+        self.kinds_seen: set[str] = set()
+        self._below_since: int | None = None
+        self._norms: list[float] = []  # sorted: the running median's history
+        self._spike_run: list[tuple[int, int, float, float]] = []  # (step, update, norm, median)
 
-    def observe(self, step: int, value: float) -> str | None:
-        """A new objective value; returns the collapse reason if this value is the run's collapse."""
+    @property
+    def learned(self) -> bool:
+        return math.isfinite(self.peak) and self.peak > self.initial + self.rules.learned_margin
+
+    def observe_objective(self, step: int, value: float) -> Event | None:
+        """A new objective value J(θ_step); an event when it completes a sustained drop."""
         if not math.isfinite(value):
             return None
-        found = None
-        if self.drop is not None and value < self.best - self.drop:
-            found = self.collapse(step, f"objective {value:.4f} fell more than {self.drop:g} below its best "
-                                        f"{self.best:.4f} (step {self.best_step})")
-        if value > self.best:
-            self.best, self.best_step = value, step
-        return found
-
-    def collapse(self, step: int, reason: str) -> str | None:
-        """Record a collapse (the first one counts); returns the reason when it is the first."""
-        if self.reason is not None:
+        if not math.isfinite(self.peak) or value > self.peak:
+            self.peak, self.peak_step = value, step
+        threshold = (1 - self.rules.drop) * self.peak
+        if value >= threshold or self.peak <= 0:
+            self._below_since = None
             return None
-        self.reason, self.step = reason, step
-        return reason
+        if self._below_since is None:
+            self._below_since = step
+        if step - self._below_since >= self.rules.window:
+            return self._collapse("drop", self._below_since,
+                                  f"objective {value:.4g} has stayed more than {self.rules.drop:.0%} below its peak "
+                                  f"{self.peak:.4g} (step {self.peak_step}) since step {self._below_since}")
+        return None
+
+    def observe_grad_norm(self, step: int, update: int, norm: float) -> Event | None:
+        """An update's grad norm (before clipping); an event when it completes a run of spikes."""
+        if not math.isfinite(norm):
+            self._spike_run.clear()
+            return None
+        history = self._norms
+        if len(history) >= self.rules.min_history:
+            median = history[len(history) // 2] if len(history) % 2 else \
+                0.5 * (history[len(history) // 2 - 1] + history[len(history) // 2])
+            if norm > self.rules.spike_factor * median:
+                self._spike_run.append((step, update, norm, median))
+            else:
+                self._spike_run.clear()
+        bisect.insort(history, norm)
+        if len(self._spike_run) >= self.rules.spike_updates:
+            first_step, first_update, first_norm, median = self._spike_run[0]
+            run = self._spike_run
+            self._spike_run = []
+            return self._collapse("spike", first_step,
+                                  f"{len(run)} consecutive updates from step {first_step} update {first_update} had "
+                                  f"grad_norm above {self.rules.spike_factor:g}× the running median ({median:.3g}); "
+                                  f"the first was {first_norm:.3g}")
+        return None
+
+    def nonfinite_params(self, step: int, where: str) -> Event | None:
+        return self._collapse("nonfinite_params", step, f"non-finite parameters at step {step} {where}", "stop")
+
+    def _collapse(self, kind: str, step: int, reason: str, action: str = "continue") -> Event | None:
+        if kind in self.kinds_seen:
+            return None
+        self.kinds_seen.add(kind)
+        if self.reason is None:
+            self.reason, self.step = reason, step
+        return Event(step, "collapse", reason, action)

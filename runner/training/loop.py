@@ -4,8 +4,8 @@ A step:
   1. push θ into the ring buffer; the engine samples `batch_size` prompts × `group_size` responses
      from θ_{t−k} and reports `roll` (runner/worlds/engine.py);
   2. rewards, then GRPO advantages (reward − group mean, optionally / group std);
-  3. `old` = the trainer's fp32 log-probs under θ_t, once, before any update; J(θ_t) where the world
-     has an exact objective;
+  3. `old` = the trainer's fp32 log-probs under θ_t, once, before any update; J(θ_t) every
+     `train.objective_every` steps (exact, or Monte Carlo: runner/training/objective.py);
   4. `train.updates_per_step` mini-batch updates (contiguous slices of whole groups when the sizes
      allow): `lp` under the live θ, `runner.losses.policy_loss(...)`, backward, clip, optimizer step.
      A decoupled correction (old − roll) does not move within a step, so it is evaluated once for
@@ -29,6 +29,7 @@ from runner.training import faults
 from runner.training.advantages import grpo_advantages
 from runner.training.config import Setup
 from runner.training.faults import CollapseWatch, Event
+from runner.training.objective import make_objective
 from runner.training.optim import Optimizer, clip_, global_norm
 from runner.worlds.engine import Engine, ParamHistory, Rollout
 
@@ -38,6 +39,7 @@ class UpdateRecord:
     update: int
     loss: torch.Tensor  # 0-d, detached
     grad_norm: torch.Tensor  # 0-d, before clipping
+    clipped: torch.Tensor  # 0-d 1.0 / 0.0: the grad clip bound (grad_norm > train.grad_clip)
     update_norm: torch.Tensor  # 0-d ‖Δθ‖ of this update (0 when skipped)
     entropy: torch.Tensor  # 0-d mean entropy of π_θ over the mini-batch's tokens
     params_finite: torch.Tensor  # 0-d bool
@@ -55,7 +57,8 @@ class StepRecord:
     rollout: Rollout
     old: torch.Tensor  # [N, T] the trainer's fp32 log-probs under θ_t
     reward: torch.Tensor  # 0-d mean sampled reward of the step
-    objective: torch.Tensor | None  # 0-d exact J(θ_t) (float64), None without an exact solver
+    objective: torch.Tensor | None  # 0-d J(θ_t) (float64); None on steps between evaluations
+    objective_se: torch.Tensor | None  # its Monte Carlo standard error; None when exact or not evaluated
     updates: list[UpdateRecord] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     stop: str | None = None  # "nonfinite" (on_nonfinite=raise) | "nonfinite_params"; None: carry on
@@ -72,25 +75,21 @@ class Trainer:
         self.opt = Optimizer(self.params, s.train.optimizer, s.train.lr)
         self.engine = Engine(s.world, s.mismatch)
         self.history = ParamHistory(s.mismatch.staleness)
-        self.exact = s.world.exact
+        self.objective_fn = make_objective(s.world, s.task, s.train.objective_samples, s.seed)
         n = s.batch_size * s.group_size
         # Contiguous slices, so a mini-batch holds whole groups whenever the sizes allow.
         self.slices = [slice(int(c[0]), int(c[-1]) + 1) for c in torch.arange(n).tensor_split(s.train.updates_per_step)]
         self.initial_objective = self.objective()
-        self.collapse = CollapseWatch(s.train.collapse_drop, self.initial_objective)
+        self.collapse = CollapseWatch(s.train.collapse, self.initial_objective)
         self.params_nonfinite = False
         self.updates_run = self.updates_skipped = 0
 
-    def objective_tensor(self) -> torch.Tensor | None:
-        """The exact J(θ) of the live parameters, in float64 (no sampling noise in the curve)."""
-        if self.exact is None:
-            return None
-        with torch.no_grad():
-            return self.exact.objective(self.params, torch.float64)
+    def objective_tensor(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """J(θ) of the live parameters in float64, and its standard error (None when exact)."""
+        return self.objective_fn(self.params)
 
     def objective(self) -> float:
-        value = self.objective_tensor()
-        return math.nan if value is None else float(value)
+        return float(self.objective_tensor()[0])
 
     def step(self, step: int) -> StepRecord:
         s = self.s
@@ -101,9 +100,10 @@ class Trainer:
         adv = grpo_advantages(rewards, s.group_size, s.adv_std_norm).unsqueeze(-1).expand_as(ro.mask)
         with torch.no_grad():
             old = s.world.token_stats(self.params, ro.prompts, ro.tokens, entropy=False).logp
-        record = StepRecord(step=step, rollout=ro, old=old, reward=rewards.mean(), objective=self.objective_tensor())
-        if record.objective is not None:
-            self._observe_objective(record, float(record.objective))
+        record = StepRecord(step=step, rollout=ro, old=old, reward=rewards.mean(), objective=None, objective_se=None)
+        if step % s.train.objective_every == 0:
+            record.objective, record.objective_se = self.objective_tensor()
+            self._note(record, self.collapse.observe_objective(step, float(record.objective)))
         parts = (apply_correction_split(s.correction, old, ro.roll, ro.mask, self.slices, metrics=s.metrics)
                  if s.correction.ratio == "decoupled" else [None] * len(self.slices))
         for update, (sl, part) in enumerate(zip(self.slices, parts)):
@@ -115,13 +115,13 @@ class Trainer:
     def finish(self) -> tuple[float, list[Event]]:
         """J at the end of training, tracked like every other objective value, and its events."""
         value = self.objective()
-        reason = self.collapse.observe(self.s.train.steps, value)
-        return value, [] if reason is None else [Event(self.s.train.steps, "collapse", reason, "continue")]
+        event = self.collapse.observe_objective(self.s.train.steps, value)
+        return value, [] if event is None else [event]
 
-    def _observe_objective(self, record: StepRecord, value: float) -> None:
-        reason = self.collapse.observe(record.step, value)
-        if reason is not None:
-            record.events.append(Event(record.step, "collapse", reason, "continue"))
+    @staticmethod
+    def _note(record: StepRecord, event: Event | None) -> None:
+        if event is not None:
+            record.events.append(event)
 
     def _update(self, record: StepRecord, update: int, sl: slice, adv: torch.Tensor,
                 correction: CorrectionResult | None) -> UpdateRecord:
@@ -156,10 +156,12 @@ class Trainer:
                                        f"{mask.shape[0]} sequences rejected", "step (zero gradient)"))
         skipped = faults.skips(s.train.on_nonfinite, nonfinite)
 
+        clip = s.train.grad_clip
+        clipped = (grad_norm > clip).to(grad_norm.dtype) if clip is not None else grad_norm.new_zeros(())
         before = [p.detach().clone() for p in self.params.values()]
         if not skipped:
-            if s.train.grad_clip is not None:
-                clip_(list(grads.values()), s.train.grad_clip, grad_norm)
+            if clip is not None:
+                clip_(list(grads.values()), clip, grad_norm)
             self.opt.step()
         else:
             self.updates_skipped += 1
@@ -168,11 +170,14 @@ class Trainer:
             update_norm = global_norm([p.detach() - b for p, b in zip(self.params.values(), before)])
             params_finite = torch.stack([torch.isfinite(p).all() for p in self.params.values()]).all()
 
-        out = UpdateRecord(update=update, loss=res.loss.detach(), grad_norm=grad_norm, update_norm=update_norm,
+        out = UpdateRecord(update=update, loss=res.loss.detach(), grad_norm=grad_norm, clipped=clipped,
+                           update_norm=update_norm,
                            entropy=entropy, params_finite=params_finite, loss_finite=loss_finite,
                            grad_finite=grad_finite, skipped=skipped, all_rejected=res.all_rejected,
                            correction_metrics=res.correction.metrics,
                            clip_counts=[res.clipped_tokens, res.tokens] if s.metrics else [])
+        if grad_finite:
+            self._note(record, self.collapse.observe_grad_norm(step, update, float(grad_norm)))
         if nonfinite and s.train.on_nonfinite == "raise":
             record.stop = "nonfinite"
         elif not bool(params_finite):
@@ -180,7 +185,5 @@ class Trainer:
             record.stop = "nonfinite_params"
             record.events.append(Event(step, "nonfinite_params", faults.nonfinite_params_detail(where, self.params),
                                        "stop"))
-            reason = self.collapse.collapse(step, f"non-finite parameters at step {step} {where}")
-            if reason is not None:
-                record.events.append(Event(step, "collapse", reason, "stop"))
+            self._note(record, self.collapse.nonfinite_params(step, where))
         return out

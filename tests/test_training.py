@@ -1,0 +1,147 @@
+"""The training library's rules, with the numbers they must give: relative collapse detection, the
+objective's schedule and its Monte Carlo estimate, the clip flag, and their config checks."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import pytest
+import torch
+
+from runner.errors import UserError
+from runner.hydra_app import compose
+from runner.studies import run_study
+from runner.training.faults import CollapseRules, CollapseWatch
+from runner.training.objective import ExactObjective, MonteCarloObjective
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def train(tmp_path, overrides, name="run"):
+    run_dir = tmp_path / name
+    return run_study(compose([*overrides, "log.quiet=true"]), run_dir), run_dir
+
+
+def rows(run_dir):
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# ------------------------------------------------------------------------------ the drop rule
+def _drop_watch(values, **rules):
+    watch = CollapseWatch(CollapseRules(**rules), values[0])
+    events = [e for step, v in enumerate(values) if (e := watch.observe_objective(step, v)) is not None]
+    return watch, events
+
+
+def test_a_sustained_drop_of_30_percent_is_a_collapse_from_its_first_step():
+    climb = [0.1 + 0.09 * i for i in range(11)]  # peak 1.0 at step 10
+    watch, events = _drop_watch(climb + [0.69] * 21)  # 31% below the peak from step 11
+    assert len(events) == 1 and events[0].kind == "collapse"
+    assert watch.step == 11 and events[0].step == 11  # the first step of the stretch, found 20 steps later
+    assert watch.peak == pytest.approx(1.0) and watch.peak_step == 10 and watch.learned
+    assert "since step 11" in watch.reason
+
+
+@pytest.mark.parametrize("tail,why", [([0.7] * 40, "exactly 30% below is not more"),
+                                      ([0.69] * 20, "20 steps below, the window needs 21 observations"),
+                                      ([0.69] * 15 + [0.95] + [0.69] * 15, "a recovery restarts the window")])
+def test_no_collapse_at_the_edges_of_the_drop_rule(tail, why):
+    climb = [0.1 + 0.09 * i for i in range(11)]
+    watch, events = _drop_watch(climb + tail)
+    assert events == [] and watch.reason is None, why
+
+
+def test_a_flat_run_never_learned():
+    watch, events = _drop_watch([0.25] * 50)
+    assert events == [] and not watch.learned
+    assert _drop_watch([0.25] * 10 + [0.2601])[0].learned  # 0.0101 above the start: it learned
+
+
+# ----------------------------------------------------------------------------- the spike rule
+def _spike_watch(norms, **rules):
+    watch = CollapseWatch(CollapseRules(**rules), 0.5)
+    events = [e for i, n in enumerate(norms) if (e := watch.observe_grad_norm(i // 2, i % 2, n)) is not None]
+    return watch, events
+
+
+def test_three_consecutive_updates_above_ten_times_the_running_median():
+    watch, events = _spike_watch([1.0] * 10 + [10.5, 11.0, 12.0] + [1.0] * 5)
+    assert len(events) == 1
+    assert watch.step == 5  # update 10 is step 5, update 0
+    assert "3 consecutive updates from step 5 update 0" in watch.reason and "running median (1)" in watch.reason
+
+
+@pytest.mark.parametrize("norms,why", [
+    ([1.0] * 10 + [10.5, 10.5, 1.0, 10.5, 10.5], "two, a normal one, two: never three in a row"),
+    ([1.0] * 10 + [10.0, 10.0, 10.0], "exactly 10× the median is not above it"),
+    ([1.0] * 9 + [50.0, 50.0, 50.0], "fewer than min_history norms before the run: not judged"),
+    ([1.0] * 10 + [10.5, math.inf, 10.5, 10.5], "a non-finite norm breaks the run (it is a fault, logged apart)"),
+])
+def test_no_spike_collapse_at_the_edges(norms, why):
+    watch, events = _spike_watch(norms)
+    assert events == [] and watch.reason is None, why
+
+
+def test_each_kind_is_logged_once_and_the_first_is_the_runs_collapse():
+    watch = CollapseWatch(CollapseRules(), 1.0)
+    for i in range(10):
+        watch.observe_grad_norm(i, 0, 1.0)
+    kinds = [watch.observe_grad_norm(10 + i, 0, 20.0) for i in range(6)]
+    assert [e is not None for e in kinds] == [False, False, True, False, False, False]
+    nan_event = watch.nonfinite_params(30, "update 1")
+    assert nan_event is not None and nan_event.action == "stop"
+    assert watch.step == 10 and "consecutive" in watch.reason  # the first collapse stays the run's
+
+
+def test_collapse_config_errors():
+    with pytest.raises(UserError, match=r"train.collapse.drop must be <= 1"):
+        CollapseRules.from_config({"drop": 1.5})
+    with pytest.raises(UserError, match=r"did you mean train.collapse.window\?"):
+        CollapseRules.from_config({"windw": 3})
+    with pytest.raises(UserError, match="spike_factor must be > 1"):
+        CollapseRules.from_config({"spike_factor": 1.0})
+
+
+# ------------------------------------------------------------------ the objective and the clip flag
+def test_objective_every_leaves_empty_cells_between_evaluations(tmp_path):
+    summary, run_dir = train(tmp_path, ["train.steps=12", "train.objective_every=5"])
+    by_step = {int(r["step"]): r["objective"] for r in rows(run_dir)}
+    assert [s for s, v in sorted(by_step.items()) if v != ""] == [0, 5, 10]
+    assert float(by_step[0]) == pytest.approx(0.25)
+    assert summary["objective_every"] == 5 and summary["objective"] == "exact"
+    assert math.isfinite(summary["final_objective"]) and summary["final_objective"] > 0.25
+
+
+def test_clipped_says_when_the_clip_bound(tmp_path):
+    _, tight = train(tmp_path, ["train.steps=3", "train.grad_clip=1e-6"], "tight")
+    _, off = train(tmp_path, ["train.steps=3", "train.grad_clip=null"], "off")
+    assert [r["clipped"] for r in rows(tight)] == ["1"] * 6
+    assert [r["clipped"] for r in rows(off)] == ["0"] * 6
+    _, mid = train(tmp_path, ["train.steps=3", "train.grad_clip=0.005"], "mid")
+    for r in rows(mid):
+        assert r["clipped"] == str(int(float(r["grad_norm"]) > 0.005))
+
+
+def test_monte_carlo_objective_agrees_with_the_exact_one():
+    """The MC estimate (4096 on-policy fp32 rollouts, common random numbers) is within 3 standard
+    errors of the exact J, and two evaluations of the same θ give the same number."""
+    from runner.studies.train import load
+
+    s = load(compose(["policy.init_std=1.0", "task=target-threshold", "task.min_count=4"]))
+    params = s.world.init_params(torch.Generator().manual_seed(0))
+    exact, _ = ExactObjective(s.world.exact)(params)
+    mc = MonteCarloObjective(s.world, s.task, samples=4096, seed=0)
+    est, se = mc(params)
+    assert 0.05 < float(exact) < 0.95 and float(se) > 0
+    assert abs(float(est) - float(exact)) < 3 * float(se)
+    assert torch.equal(mc(params)[0], est)  # common random numbers
+
+
+def test_train_config_errors(tmp_path):
+    for override, match in (("train.objective_every=0", "objective_every must be >= 1"),
+                            ("train.collapse.drop=0", "train.collapse.drop must be > 0"),
+                            ("train.objective_samples=1", "objective_samples must be >= 2")):
+        with pytest.raises(UserError, match=match):
+            train(tmp_path, [override])
