@@ -318,7 +318,7 @@ def _config_diff(ds: Dataset) -> str:
     studies = {f.get("study.name") for f in flats} - {None}
     base = [f"study={studies.pop()}"] if len(studies) == 1 else []
     try:
-        from runner import hydra_app
+        from runner.hydra_app import app as hydra_app
 
         defaults = flatten(hydra_app.to_container(hydra_app.compose([])))
         if base and defaults.get("study.name") != base[0].split("=", 1)[1]:
@@ -392,7 +392,7 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
 
 # ----------------------------------------------------------------------------------------- case card
 def case_report(path: Path, overrides: list[str], shown: str | None = None) -> str:
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
     from runner.cases import load_case_file
     from runner.corrections import Correction
     from runner.losses import LossSpec

@@ -71,7 +71,7 @@ def list_command() -> None:
 # ----------------------------------------------------------------------------------------- show
 @app.command(help="Print the composed config.  [dim]e.g. is-study show correction=tis correction.high=2[/dim]")
 def show(overrides: Optional[List[str]] = OverridesArg) -> None:
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
 
     cfg = hydra_app.compose(_overrides(overrides))
     typer.echo(hydra_app.to_yaml(cfg), nl=False)
@@ -83,7 +83,7 @@ def run(
     overrides: Optional[List[str]] = OverridesArg,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
 ) -> None:
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
 
     args = _overrides(overrides) + (["log.quiet=true"] if quiet else [])
     from runner.studies import validate_study
@@ -138,7 +138,7 @@ def case(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per case."),
     check: bool = typer.Option(False, "--check", help="Compare with the file's expect: list to 1e-5; exit 1 on a mismatch."),
 ) -> None:
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
     from runner.cases import load_case_file
     from runner.corrections import Correction
     from runner.losses import LossSpec

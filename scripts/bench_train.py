@@ -56,7 +56,7 @@ SIDES = ("on", "off", "off, no objective")
 def _trainer(overrides: list[str], side: str, run_dir: Path):
     import torch
 
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
     from runner.studies import train
 
     cfg = hydra_app.compose(overrides + [f"log.metrics={str(side == 'on').lower()}"])
