@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from runner.errors import UserError
+from runner.values import parse_override, same_value
 
 try:  # the C loader is ~10× faster on the 100 small files of a sweep
     _Loader = yaml.CSafeLoader
@@ -57,19 +58,6 @@ def _yaml(path: Path) -> Any:
         return None
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """'correction.high=2' -> ('correction.high', 2); group choices stay strings."""
-    key, _, raw = str(text).partition("=")
-    key = key.lstrip("+~")
-    try:
-        value = yaml.load(raw, Loader=_Loader) if raw != "" else None
-    except yaml.YAMLError:
-        value = raw
-    if isinstance(value, (dict, list)) or value is None and raw.strip().lower() not in ("null", "~", ""):
-        value = raw
-    return key, value
-
-
 def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
     """{'a': {'b': 1}} -> {'a.b': 1}; lists stay values."""
     out: dict[str, Any] = {}
@@ -81,23 +69,6 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
             else:
                 out[key] = v
     return out
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """Equality across the types a CSV, a YAML file and a command line give the same value."""
-    def norm(v):
-        if isinstance(v, bool):
-            return str(v).lower()
-        if isinstance(v, (int, float)):
-            return "nan" if isinstance(v, float) and math.isnan(v) else float(v)
-        if v is None:
-            return "null"
-        s = str(v).strip()
-        try:
-            return float(s)
-        except ValueError:
-            return s.lower() if s.lower() in ("true", "false", "null") else s
-    return norm(a) == norm(b)
 
 
 def fmt_value(v: Any) -> str:

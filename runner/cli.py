@@ -363,7 +363,15 @@ def report(
 ) -> None:
     from analysis import report as reports
 
-    text, dest = reports.build(path, _overrides(overrides), out)
+    overrides = _overrides(overrides)
+    case_path = reports.case_file(path)
+    if case_path is None:
+        text, dest = reports.build(path, overrides, out)
+    else:  # the card is computed here, in runner, and only formatted by analysis
+        from runner.case_card import build_card
+
+        dest = reports.destination(out, None)
+        text = reports.case_report(build_card(case_path, overrides), overrides, shown=path)
     reports.write(text, dest)
     if dest is not None:
         typer.echo(str(dest))
