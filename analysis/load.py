@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from runner.errors import UserError
+from runner.schema import ALL_METRICS_COLUMNS
 from runner.values import parse_override, same_value
 
 try:  # the C loader is ~10× faster on the 100 small files of a sweep
@@ -39,12 +40,6 @@ try:  # the C loader is ~10× faster on the 100 small files of a sweep
 except AttributeError:  # pragma: no cover
     _Loader = yaml.SafeLoader
 
-METRIC_COLUMNS = (
-    "step", "update", "seed", "correction", "staleness", "precision", "reward", "objective", "loss", "grad_norm",
-    "update_norm", "entropy", "nonfinite_loss", "nonfinite_grad", "skipped", "all_rejected", "is_weight_mean",
-    "is_weight_std", "is_weight_min", "is_weight_max", "ess", "token_masked_fraction", "seq_masked_fraction",
-    "clamped_fraction", "kl_k1", "kl_k3", "chi2_token", "chi2_seq", "log_ppl_diff", "max_abs_prob_diff",
-    "ppo_clip_fraction", "wall_ms")
 JOB_COLUMNS = ("job", "job_num", "run_dir")  # how sweep.csv may name the job of a row
 DATA_FILES = ("metrics.csv", "probe.csv")
 MAX_TOKEN_ROWS = 400_000  # per dataset: enough for every histogram, bounded memory
@@ -213,7 +208,7 @@ class Dataset:
         """Every override key of any job, in first-seen order."""
         if not self.jobs and self.sweep_csv is not None:  # a bare sweep.csv: its non-metric columns
             df = _read_csv(self.sweep_csv, nrows=0)
-            skip = set(METRIC_COLUMNS) | set(JOB_COLUMNS)
+            skip = set(ALL_METRICS_COLUMNS) | set(JOB_COLUMNS)
             return [] if df is None else [c for c in df.columns if c not in skip]
         seen: dict[str, None] = {}
         for job in self.jobs:
