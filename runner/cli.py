@@ -377,6 +377,36 @@ def report(
         typer.echo(str(dest))
 
 
+# ----------------------------------------------------------------------------------------- claims
+@app.command(help=(
+    "Check the literature's claims on their experiments' output: a verdict line and a figure per claim.  "
+    "[dim]e.g. is-study claims --all multirun/figures --out figures[/dim]\n\n"
+    "DIR is one experiment's sweep dir (with --claim NAME, the experiment's name), or with --all a folder holding "
+    "one dir per experiment, named after it (scripts/figures.sh runs them). Prints one line per claim: NAME: "
+    "holds | does not hold | inconclusive — the numbers. With --out, NAME.png and NAME.pdf go there, and with "
+    "--all also VERDICTS.md. The rules are in analysis/claims/."))
+def claims(
+    directory: Path = typer.Argument(..., metavar="DIR", help="An experiment's output dir, or with --all the folder of them.", show_default=False),
+    claim: Optional[str] = typer.Option(None, "--claim", help="The claim (= the experiment's name) DIR holds."),
+    every: bool = typer.Option(False, "--all", help="Every claim, from DIR/<name>; writes OUT/VERDICTS.md."),
+    only: str = typer.Option("", "--only", help="With --all: space-separated claim names (default: all)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write NAME.png and NAME.pdf here (and VERDICTS.md with --all)."),
+    style: str = typer.Option("default", "--style", help="default | paper"),
+    size: str = typer.Option("default", "--size", help="The size VERDICTS.md names (default | full)."),
+) -> None:
+    from analysis import style as styles
+    from analysis.claims import verdicts
+
+    styles.rc(style)  # an unknown style fails before any reading
+    names = verdicts.chosen(claim, every, only)
+    results = []
+    for name, verdict in verdicts.check(directory, names, every, out, style):
+        typer.echo(verdicts.line(name, verdict))
+        results.append((name, verdict))
+    if every and out is not None:
+        verdicts.write_verdicts(out, results, size)
+
+
 # ----------------------------------------------------------------------------------------- main
 def main() -> None:
     try:
