@@ -24,7 +24,6 @@ SOURCE = "the OpenRLHF seq-mask-tis bug report, commit bc71bb1"
 
 SHORTFALL = 0.05  # the fixed preset's final J at most 0.05 below plain PPO's
 
-
 SHIPPED_PREFIX = "openrlhf-bc71bb1/"
 FIXED = "seq-mask-tis"
 

@@ -26,7 +26,6 @@ SOURCE = "the async-RL setting"
 BROKEN_RATE = 0.5  # broken at k when at least half of the seeds collapsed or had a NaN/inf update
 ESS_DROP = 0.05  # (b): ESS one rung before the break at least 0.05 below its k = 0 value
 
-
 TOKEN_TIS = "tis"
 SEQ_MASKS = ("seq-mask-tis", "seq-mis", "geo-mask")
 

@@ -25,7 +25,6 @@ SOURCE = "Yao et al. 2025, “Your efficient RL framework secretly brings you of
 SPIKE_MARGIN = 1.0  # spikes per run: a smaller reduction is no reduction
 J_MARGIN = 0.01  # of the exact objective J ∈ [0, 1]
 
-
 _ARM_NAMES = {"none": "plain PPO", "tis": "token TIS"}
 
 
