@@ -32,18 +32,14 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from runner.errors import UserError
+from runner.schema import ALL_METRICS_COLUMNS
+from runner.values import parse_override, same_value
 
 try:  # the C loader is ~10× faster on the 100 small files of a sweep
     _Loader = yaml.CSafeLoader
 except AttributeError:  # pragma: no cover
     _Loader = yaml.SafeLoader
 
-METRIC_COLUMNS = (
-    "step", "update", "seed", "correction", "staleness", "precision", "reward", "objective", "loss", "grad_norm",
-    "update_norm", "entropy", "nonfinite_loss", "nonfinite_grad", "skipped", "all_rejected", "is_weight_mean",
-    "is_weight_std", "is_weight_min", "is_weight_max", "ess", "token_masked_fraction", "seq_masked_fraction",
-    "clamped_fraction", "kl_k1", "kl_k3", "chi2_token", "chi2_seq", "log_ppl_diff", "max_abs_prob_diff",
-    "ppo_clip_fraction", "wall_ms")
 JOB_COLUMNS = ("job", "job_num", "run_dir")  # how sweep.csv may name the job of a row
 DATA_FILES = ("metrics.csv", "probe.csv")
 MAX_TOKEN_ROWS = 400_000  # per dataset: enough for every histogram, bounded memory
@@ -57,19 +53,6 @@ def _yaml(path: Path) -> Any:
         return None
 
 
-def parse_override(text: str) -> tuple[str, Any]:
-    """'correction.high=2' -> ('correction.high', 2); group choices stay strings."""
-    key, _, raw = str(text).partition("=")
-    key = key.lstrip("+~")
-    try:
-        value = yaml.load(raw, Loader=_Loader) if raw != "" else None
-    except yaml.YAMLError:
-        value = raw
-    if isinstance(value, (dict, list)) or value is None and raw.strip().lower() not in ("null", "~", ""):
-        value = raw
-    return key, value
-
-
 def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
     """{'a': {'b': 1}} -> {'a.b': 1}; lists stay values."""
     out: dict[str, Any] = {}
@@ -81,23 +64,6 @@ def flatten(cfg: Any, prefix: str = "") -> dict[str, Any]:
             else:
                 out[key] = v
     return out
-
-
-def same_value(a: Any, b: Any) -> bool:
-    """Equality across the types a CSV, a YAML file and a command line give the same value."""
-    def norm(v):
-        if isinstance(v, bool):
-            return str(v).lower()
-        if isinstance(v, (int, float)):
-            return "nan" if isinstance(v, float) and math.isnan(v) else float(v)
-        if v is None:
-            return "null"
-        s = str(v).strip()
-        try:
-            return float(s)
-        except ValueError:
-            return s.lower() if s.lower() in ("true", "false", "null") else s
-    return norm(a) == norm(b)
 
 
 def fmt_value(v: Any) -> str:
@@ -242,7 +208,7 @@ class Dataset:
         """Every override key of any job, in first-seen order."""
         if not self.jobs and self.sweep_csv is not None:  # a bare sweep.csv: its non-metric columns
             df = _read_csv(self.sweep_csv, nrows=0)
-            skip = set(METRIC_COLUMNS) | set(JOB_COLUMNS)
+            skip = set(ALL_METRICS_COLUMNS) | set(JOB_COLUMNS)
             return [] if df is None else [c for c in df.columns if c not in skip]
         seen: dict[str, None] = {}
         for job in self.jobs:

@@ -2,16 +2,15 @@
 
 For a run dir, a sweep dir or a probe dir: the verdict per correction, the command that produced
 the data (from `.hydra/overrides.yaml`, or the sweep's `multirun.yaml`), the config's differences
-from the defaults (`runner.hydra_app.compose([])` against the run's `.hydra/config.yaml`), a results
+from the defaults (`runner.hydra_app.app.compose([])` against the run's `.hydra/config.yaml`), a results
 table, and the key figures embedded by relative path (drawn into PATH/figures/ when missing).
 OVERRIDES filter the jobs of a sweep (`correction=tis mismatch.staleness=0,8`).
 
 For a case file (`is-study report case.yaml correction=...`): the repro card. The inputs, the
-expected against the actual results (runner.studies.case.evaluate and compare, the preset composed
-by runner.hydra_app.compose) and which invariant broke: 1 a finite loss and gradient, 2 exactly zero
-gradient at every rejected unit (runner.audit's check).
-
-This module never imports torch itself; the case card calls runner code that does.
+expected against the actual results and which invariant broke: 1 a finite loss and gradient, 2
+exactly zero gradient at every rejected unit. runner/case_card.py computes all of it (the CLI calls
+it and hands the card here); this module only formats it, and never imports torch, the algebra or
+the audit.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from analysis.load import (QUIET_KEYS, Dataset, command, flatten, fmt_value, load_dataset, parse_override, per_job,
-                           same_value)
+from analysis.load import QUIET_KEYS, Dataset, command, flatten, fmt_value, load_dataset, per_job
 from runner.errors import UserError
 
 CASE_SUFFIXES = (".yaml", ".yml", ".json")
@@ -33,18 +31,24 @@ REPORT_FIGURES = ("training", "stability", "threshold", "mismatch", "grad-norm",
 
 
 # ----------------------------------------------------------------------------------------- entry
-def build(path: str, overrides: Sequence[str] = (), out: str | None = None) -> tuple[str, Path | None]:
-    """(the Markdown, where it goes: a file path, or None for stdout)."""
+def case_file(path: str) -> Path | None:
+    """The case file PATH names (a file, or a shipped case's name); None when PATH is a run, sweep or
+    probe dir, or a sweep.csv. Anything else is a one-line error."""
     target = Path(path)
     if target.is_dir() or (target.is_file() and target.suffix == ".csv"):
-        ds = load_dataset(target).select(list(overrides))
-        dest = _destination(out, ds.path / "report.md")
-        return dataset_report(ds, overrides, dest), dest
+        return None
     case_path = _case_path(path)
     if case_path is None:
         raise UserError(f"no such file or directory: {path}")
-    dest = _destination(out, None)
-    return case_report(case_path, list(overrides), shown=path), dest
+    return case_path
+
+
+def build(path: str, overrides: Sequence[str] = (), out: str | None = None) -> tuple[str, Path | None]:
+    """The report of a run, sweep or probe dir (or a sweep.csv): (the Markdown, where it goes: a file
+    path, or None for stdout)."""
+    ds = load_dataset(Path(path)).select(list(overrides))
+    dest = destination(out, ds.path / "report.md")
+    return dataset_report(ds, overrides, dest), dest
 
 
 def write(text: str, dest: Path | None) -> None:
@@ -58,7 +62,8 @@ def write(text: str, dest: Path | None) -> None:
         raise UserError(f"cannot write --out {dest}: {exc.strerror or exc}") from None
 
 
-def _destination(out: str | None, default: Path | None) -> Path | None:
+def destination(out: str | None, default: Path | None) -> Path | None:
+    """Where --out sends a report: a file, or None for stdout ('-', or no --out and no default)."""
     if out == "-":
         return None
     if out is None:
@@ -318,7 +323,7 @@ def _config_diff(ds: Dataset) -> str:
     studies = {f.get("study.name") for f in flats} - {None}
     base = [f"study={studies.pop()}"] if len(studies) == 1 else []
     try:
-        from runner import hydra_app
+        from runner.hydra_app import app as hydra_app
 
         defaults = flatten(hydra_app.to_container(hydra_app.compose([])))
         if base and defaults.get("study.name") != base[0].split("=", 1)[1]:
@@ -391,49 +396,41 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
 
 
 # ----------------------------------------------------------------------------------------- case card
-def case_report(path: Path, overrides: list[str], shown: str | None = None) -> str:
-    from runner import hydra_app
-    from runner.cases import load_case_file
-    from runner.corrections import Correction
-    from runner.losses import LossSpec
-    from runner.studies.case import compare, evaluate
+INVARIANTS = {1: "finite loss and gradient", 2: "zero gradient at rejected units"}
 
-    case_file = load_case_file(path)
-    cfg = hydra_app.compose(overrides)
-    corr_cfg = hydra_app.to_container(cfg.correction)
-    loss_cfg = hydra_app.to_container(cfg.loss)
-    corr = Correction.from_config(corr_cfg)
-    spec = LossSpec.from_config(loss_cfg)
-    results = [evaluate(c, spec, corr) for c in case_file.cases]
-    expected, why = _expected_for(case_file, corr.name, overrides)
-    mismatches = compare(results, expected) if expected is not None else []
-    inv = _invariants(case_file, corr, spec, results)
 
-    parts = [f"# Repro card: `{Path(shown or path).name}` under correction={corr.name}\n"]
-    broken = [f"invariant {n} ({text}) fails in {', '.join(cases)}" for n, text, cases in inv["broken"]]
+def case_report(card, overrides: list[str], shown: str | None = None) -> str:
+    """The repro card's Markdown from a runner.case_card.CaseCard; `shown` is the path or name the
+    user gave (default: the file's path)."""
+    corr_cfg, loss_cfg = card.correction, card.loss
+    parts = [f"# Repro card: `{Path(shown or card.path).name}` under correction={card.preset}\n"]
+    broken_cases = {1: [c.name for c in card.checks if not c.finite],
+                    2: [c.name for c in card.checks if c.rejection.status == "fail"]}
+    broken = [f"invariant {n} ({INVARIANTS[n]}) fails in {', '.join(cases)}" for n, cases in broken_cases.items()
+              if cases]
     if broken:
         text = "; ".join(broken)
         parts.append(f"**Verdict: BROKEN.** {text[0].upper() + text[1:]}.\n")
     else:
         parts.append("**Verdict: OK.** Every case gives a finite loss and gradient, and rejected units get exactly "
                      "zero gradient.\n")
-    if expected is None:
-        parts.append(f"No expected results to compare with: {why}.\n")
-    elif mismatches:
-        parts.append(f"**{len(mismatches)} mismatch(es) with the file's expected results** (tolerance 1e-5): "
-                     + "; ".join(str(m) for m in mismatches[:5]) + ".\n")
+    if card.expected is None:
+        parts.append(f"No expected results to compare with: {card.no_expected_reason}.\n")
+    elif card.mismatches:
+        parts.append(f"**{len(card.mismatches)} mismatch(es) with the file's expected results** (tolerance 1e-5): "
+                     + "; ".join(str(m) for m in card.mismatches[:5]) + ".\n")
     else:
         parts.append("The actual results match the file's expected results (tolerance 1e-5)"
                      + (": the reported behaviour is reproduced." if broken else ".") + "\n")
 
-    shown_path = shown or str(path)
+    shown_path = shown or str(card.path)
     parts.append("## Command\n")
     parts.append("```bash\n" + " ".join(["is-study", "case", shown_path, *overrides]) + "\n```\n")
 
     parts.append("## Setup\n")
     band = f"[{_fmt(corr_cfg.get('low'))}, {_fmt(corr_cfg.get('high'))}]"
     setup = [
-        {"": "correction", "value": f"`{corr.name}`" + (" (faithful reproduction)" if corr_cfg.get("faithful") else "")},
+        {"": "correction", "value": f"`{card.preset}`" + (" (faithful reproduction)" if corr_cfg.get("faithful") else "")},
         {"": "what it computes", "value": corr_cfg.get("description", "")},
         {"": "band [low, high]", "value": band + (f", veto {_fmt(corr_cfg.get('veto'))}"
                                                   if corr_cfg.get("veto") is not None else "")},
@@ -444,35 +441,34 @@ def case_report(path: Path, overrides: list[str], shown: str | None = None) -> s
     parts.append("## Inputs\n")
     parts.append("Per token: the trainer's log-probs under θ (`log_probs`), at rollout time (`old_log_probs`), "
                  "the engine's (`rollout_log_probs`), the advantage and the action mask; log-ratio = old − roll.\n")
-    for case in case_file.cases:
+    for case in card.cases:
         parts.append(f"**{case.name}**\n")
         parts.append(_inputs_table(case) + "\n")
 
     parts.append("## Expected vs actual\n")
-    parts.append(_expect_table(results, expected, mismatches) + "\n")
+    parts.append(_expect_table(card.results, card.expected, card.mismatches) + "\n")
 
     parts.append("## Invariants\n")
-    parts.append(_table(inv["rows"]) + "\n")
+    parts.append(_table([_invariant_row(c, r) for c, r in zip(card.checks, card.results)]) + "\n")
     parts.append("1: the loss and d loss / d log_probs are finite (NaN or ±inf is the bug). "
                  "2: a unit the correction rejects contributes exactly zero gradient (not 0·inf = NaN).\n")
     return "\n".join(parts).rstrip() + "\n"
 
 
-def _expected_for(case_file, preset: str, overrides: list[str]) -> tuple[list | None, str]:
-    if not case_file.expect:
-        return None, f"{case_file.path.name} has no `expect:` list"
-    user = {parse_override(o)[0]: parse_override(o)[1] for o in overrides if "=" in o}
-    user.pop("correction", None)
-    candidates = []
-    for entry in case_file.expect:
-        if not isinstance(entry, dict) or entry.get("preset") != preset or "results" not in entry:
-            continue
-        extra = dict(parse_override(o) for o in entry.get("overrides", []) or [])
-        if all(k in user and same_value(user[k], v) for k, v in extra.items()):
-            candidates.append((len(extra), entry))
-    if not candidates:
-        return None, f"{case_file.path.name} has no expect entry for `{preset}` with these overrides"
-    return max(candidates, key=lambda c: c[0])[1]["results"], ""
+def _invariant_row(check, result: dict) -> dict:
+    if check.finite:
+        one = "✓"
+    else:
+        one = f"✗ loss {_fmt(result['loss'])}" + ("" if check.inputs_finite else " (the inputs hold NaN/inf)")
+    rejection = check.rejection
+    if rejection.status == "n/a":
+        two = f"n/a ({rejection.reason})"
+    elif rejection.status == "fail":
+        two = f"✗ {rejection.reason}"
+    else:
+        n = rejection.rejected
+        two = f"✓ ({n} rejected token{'s' if n != 1 else ''}, gradient 0)"
+    return {"case": check.name, f"1 {INVARIANTS[1]}": one, f"2 {INVARIANTS[2]}": two}
 
 
 def _inputs_table(case) -> str:
@@ -524,50 +520,3 @@ def _num(v: Any) -> Any:
         except ValueError:
             return v
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
-
-
-def _invariants(case_file, corr, spec, results: list[dict]) -> dict:
-    """Per case: invariant 1 (finite loss and gradient) and 2 (zero gradient at rejected units)."""
-    try:
-        from runner.audit.invariants import applies_rejection, check_rejection
-        from runner.audit.subjects import Batch, PresetSubject
-    except ImportError:  # pragma: no cover - runner.audit ships with is-study
-        applies_rejection = check_rejection = Batch = PresetSubject = None
-    subject = PresetSubject(corr, spec) if PresetSubject is not None else None
-    rows, fail1, fail2 = [], [], []
-    for case, res in zip(case_file.cases, results):
-        masked_in = [(b, t) for b, row in enumerate(case.action_mask) for t, m in enumerate(row) if m > 0]
-        inputs_finite = all(math.isfinite(getattr(case, k)[b][t]) for b, t in masked_in
-                            for k in ("log_probs", "old_log_probs", "rollout_log_probs", "advantages"))
-        if res["finite"]:
-            one = "✓"
-        else:
-            one = f"✗ loss {_fmt(res['loss'])}" + ("" if inputs_finite else " (the inputs hold NaN/inf)")
-            fail1.append(res["name"])
-        if subject is None:
-            two = "n/a (runner.audit unavailable)"
-        else:
-            reason = applies_rejection(subject)
-            if reason:
-                two = f"n/a ({reason})"
-            else:
-                batch = Batch.from_case(case)
-                outcome = subject(batch)
-                rejected = ((batch.mask > 0) & ~outcome.keep)
-                n_rej = int(rejected.sum())
-                if n_rej == 0:
-                    two = "n/a (nothing rejected)"
-                else:
-                    msg = check_rejection(subject, batch)
-                    if msg:
-                        two = f"✗ {msg}"
-                        fail2.append(res["name"])
-                    else:
-                        two = f"✓ ({n_rej} rejected token{'s' if n_rej != 1 else ''}, gradient 0)"
-        rows.append({"case": res["name"], "1 finite loss and gradient": one, "2 zero gradient at rejected units": two})
-    broken = []
-    if fail1:
-        broken.append((1, "finite loss and gradient", fail1))
-    if fail2:
-        broken.append((2, "zero gradient at rejected units", fail2))
-    return {"rows": rows, "broken": broken}

@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from runner.errors import UserError
-from runner.records import DONE, fmt
+from runner.hydra_app.overrides import parse_job_overrides
+from runner.records import DONE, ERROR, fmt
 
-ERROR = "ERROR"
 SUMMARY_CSV = "sweep_summary.csv"
 # per-job table -> its aggregate in the sweep dir
 TABLES = {"metrics.csv": "sweep.csv", "probe.csv": "sweep_probe.csv", "events.csv": "sweep_events.csv"}
@@ -102,8 +102,6 @@ def _job_num(job_dir: Path) -> int | None:
 
 def find_jobs(sweep_dir: Path | str) -> list[Job]:
     """Every job dir directly under the sweep dir, sorted by hydra.job.num."""
-    from runner import hydra_app
-
     sweep_dir = Path(sweep_dir)
     if not sweep_dir.is_dir():
         raise UserError(f"not a directory: {sweep_dir}")
@@ -116,7 +114,7 @@ def find_jobs(sweep_dir: Path | str) -> list[Job]:
         if num is None:
             continue
         status, error = job_status(job_dir)
-        jobs.append(Job(num, job_dir, hydra_app.parse_job_overrides(strings), status, error, strings))
+        jobs.append(Job(num, job_dir, parse_job_overrides(strings), status, error, strings))
     jobs.sort(key=lambda j: j.num)
     return jobs
 

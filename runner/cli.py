@@ -71,7 +71,7 @@ def list_command() -> None:
 # ----------------------------------------------------------------------------------------- show
 @app.command(help="Print the composed config.  [dim]e.g. is-study show correction=tis correction.high=2[/dim]")
 def show(overrides: Optional[List[str]] = OverridesArg) -> None:
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
 
     cfg = hydra_app.compose(_overrides(overrides))
     typer.echo(hydra_app.to_yaml(cfg), nl=False)
@@ -83,7 +83,7 @@ def run(
     overrides: Optional[List[str]] = OverridesArg,
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress bar and no summary."),
 ) -> None:
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
 
     args = _overrides(overrides) + (["log.quiet=true"] if quiet else [])
     from runner.studies import validate_study
@@ -138,7 +138,7 @@ def case(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per case."),
     check: bool = typer.Option(False, "--check", help="Compare with the file's expect: list to 1e-5; exit 1 on a mismatch."),
 ) -> None:
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
     from runner.cases import load_case_file
     from runner.corrections import Correction
     from runner.losses import LossSpec
@@ -363,10 +363,48 @@ def report(
 ) -> None:
     from analysis import report as reports
 
-    text, dest = reports.build(path, _overrides(overrides), out)
+    overrides = _overrides(overrides)
+    case_path = reports.case_file(path)
+    if case_path is None:
+        text, dest = reports.build(path, overrides, out)
+    else:  # the card is computed here, in runner, and only formatted by analysis
+        from runner.case_card import build_card
+
+        dest = reports.destination(out, None)
+        text = reports.case_report(build_card(case_path, overrides), overrides, shown=path)
     reports.write(text, dest)
     if dest is not None:
         typer.echo(str(dest))
+
+
+# ----------------------------------------------------------------------------------------- claims
+@app.command(help=(
+    "Check the literature's claims on their experiments' output: a verdict line and a figure per claim.  "
+    "[dim]e.g. is-study claims --all multirun/figures --out figures[/dim]\n\n"
+    "DIR is one experiment's sweep dir (with --claim NAME, the experiment's name), or with --all a folder holding "
+    "one dir per experiment, named after it (scripts/figures.sh runs them). Prints one line per claim: NAME: "
+    "holds | does not hold | inconclusive — the numbers. With --out, NAME.png and NAME.pdf go there, and with "
+    "--all also VERDICTS.md. The rules are in analysis/claims/."))
+def claims(
+    directory: Path = typer.Argument(..., metavar="DIR", help="An experiment's output dir, or with --all the folder of them.", show_default=False),
+    claim: Optional[str] = typer.Option(None, "--claim", help="The claim (= the experiment's name) DIR holds."),
+    every: bool = typer.Option(False, "--all", help="Every claim, from DIR/<name>; writes OUT/VERDICTS.md."),
+    only: str = typer.Option("", "--only", help="With --all: space-separated claim names (default: all)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write NAME.png and NAME.pdf here (and VERDICTS.md with --all)."),
+    style: str = typer.Option("default", "--style", help="default | paper"),
+    size: str = typer.Option("default", "--size", help="The size VERDICTS.md names (default | full)."),
+) -> None:
+    from analysis import style as styles
+    from analysis.claims import verdicts
+
+    styles.rc(style)  # an unknown style fails before any reading
+    names = verdicts.chosen(claim, every, only)
+    results = []
+    for name, verdict in verdicts.check(directory, names, every, out, style):
+        typer.echo(verdicts.line(name, verdict))
+        results.append((name, verdict))
+    if every and out is not None:
+        verdicts.write_verdicts(out, results, size)
 
 
 # ----------------------------------------------------------------------------------------- main

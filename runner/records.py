@@ -1,5 +1,6 @@
 """What a study leaves in its run dir: CSV files flushed row by row, an atomic summary.json, and a
-`DONE` marker written last (a sweep treats a run dir without it as unfinished).
+`DONE` marker written last (a sweep treats a run dir without it as unfinished; a sweep job that
+failed holds `ERROR` instead, written by runner/sweep_job.py).
 
 Values are formatted deterministically, so the same run gives the same bytes: floats by repr()
 (the shortest string that round-trips), NaN and ±inf as nan / inf / -inf, None as empty.
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 DONE = "DONE"
+ERROR = "ERROR"
 
 
 def fmt(value: Any) -> str:

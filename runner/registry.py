@@ -13,6 +13,8 @@ import re
 
 import yaml
 
+from runner.paths import conf_dir
+
 # Groups a user picks on the command line, in the order `list` shows them.
 GROUPS = ("correction", "loss", "study", "policy", "task", "mismatch", "experiment", "hydra/launcher", "cases")
 
@@ -28,12 +30,6 @@ class Entry:
     description: str
     faithful: bool = False
     band: str = ""  # the default [low, high] of a preset
-
-
-def conf_dir() -> Path:
-    from runner.hydra_app import conf_dir as _conf_dir  # hydra_app imports Hydra lazily
-
-    return _conf_dir()
 
 
 def group_options(group: str) -> list[str]:

@@ -1,17 +1,15 @@
 """`is-study sweep`: a Hydra multirun (BasicSweeper syntax, Hydra's launchers) plus what Hydra lacks:
 a dry run, resume, a progress bar, failure isolation and one table at the end (runner/aggregate.py).
 
-Nothing here imports Hydra; what must touch it is in runner/hydra_app.py (`sweep_plan` expands the
-jobs exactly as BasicSweeper does, `multirun` runs them, `sweep_job` is the picklable task function).
+Nothing here imports Hydra; what must touch it is in runner/hydra_app/ (`launch.sweep_plan` expands
+the jobs exactly as BasicSweeper does, `launch.sweep_multirun` runs them, `worker.sweep_job` is the
+picklable task function).
 
 - Job dirs are `<sweep dir>/${hydra.job.num}` (conf/config.yaml), so the same overrides map every job
   to the same dir on a rerun, and `--resume` is a plain rerun into the same sweep dir.
-- Resume happens inside each job (`run_job`, called by hydra_app.sweep_job): a job whose dir holds
-  DONE returns its summary.json without computing anything; any other job clears the partial files
-  of an earlier attempt (everything but `.hydra/`) and runs from scratch. Hydra's sweep stays intact.
-- A failing job writes `<job dir>/ERROR` (the error on the first line, then the traceback) and
-  returns a failure marker instead of raising: Hydra's BasicSweeper would otherwise raise on the
-  first failed job and the sweep would end there. The failures are listed at the end.
+- Resume and failure isolation happen inside each job (runner/sweep_job.py): a job whose dir holds
+  DONE is skipped, a partial one reruns from scratch, and a failing one writes `<job dir>/ERROR`
+  instead of raising, so it never stops the sweep. The failures are listed at the end.
 - Progress counts DONE / ERROR markers on disk from a background thread, so it works the same
   whether jobs run in this process (basic) or in other processes or machines (joblib, submitit, ray).
 - `<sweep dir>/sweep.json` records the job list, so `--resume` with different overrides is refused
@@ -29,14 +27,14 @@ import shutil
 import sys
 import threading
 import time
-import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from runner.aggregate import ERROR
 from runner.errors import UserError
-from runner.records import DONE, is_done, write_json_atomic
+from runner.hydra_app.overrides import quote_override_value
+from runner.records import DONE, ERROR, write_json_atomic
+from runner.sweep_job import error_line
 
 MANIFEST = "sweep.json"
 DEFAULT_ROOT = "multirun"
@@ -131,8 +129,6 @@ def _check_name(name: str) -> None:
 def build_overrides(req: Request) -> tuple[list[str], Launcher | None]:
     """The user's overrides plus what --launcher, --jobs, --name and the sweep's logging add.
     Ours come first; an override the user wrote for the same key wins (we then add nothing)."""
-    from runner.hydra_app import quote_override_value
-
     user = list(req.overrides)
     ours: list[str] = []
     chosen = _find(user, "hydra/launcher")
@@ -173,76 +169,16 @@ def build_overrides(req: Request) -> tuple[list[str], Launcher | None]:
 
 def plan(req: Request) -> Plan:
     """Expand the jobs and fix the sweep dir (resolved once, then passed to Hydra as a literal)."""
-    from runner import hydra_app
+    from runner.hydra_app import launch
 
     if req.resume and req.name is None and _find(req.overrides, "hydra.sweep.dir") is None:
         raise UserError("--resume needs the sweep to resume: --name NAME or hydra.sweep.dir=DIR")
     overrides, spec = build_overrides(req)
-    info = hydra_app.sweep_plan(overrides)
+    info = launch.sweep_plan(overrides)
     sweep_dir = Path(info["sweep_dir"]).expanduser().resolve()
     final = [o for o in overrides if _key(o) != "hydra.sweep.dir"]
-    final.append(f"hydra.sweep.dir={hydra_app.quote_override_value(str(sweep_dir))}")
+    final.append(f"hydra.sweep.dir={quote_override_value(str(sweep_dir))}")
     return Plan(info["jobs"], sweep_dir, final, spec)
-
-
-# ----------------------------------------------------------------------------------------- job wrapper
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    line = text.splitlines()[0] if text else ""
-    if isinstance(exc, UserError):
-        return line or type(exc).__name__
-    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
-
-
-def _read_summary(job_dir: Path) -> dict:
-    try:
-        return json.loads((job_dir / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {"status": "ok", "run_dir": str(job_dir)}
-
-
-def clear_partial(job_dir: Path, sweep_dir: Path) -> None:
-    """Remove what an earlier, unfinished attempt left in a job dir: everything but `.hydra/` (just
-    rewritten by Hydra for this attempt) and Hydra's job log. Only ever inside the sweep dir, and
-    never the sweep dir itself."""
-    job_dir, sweep_dir = Path(job_dir).resolve(), Path(sweep_dir).resolve()
-    if job_dir == sweep_dir or sweep_dir not in job_dir.parents:
-        return
-    for entry in job_dir.iterdir():
-        if entry.name == ".hydra" or entry.suffix == ".log":
-            continue
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-
-
-def run_job(cfg: Any, job_dir: Path, sweep_dir: Path, work: Callable[[Any, Path], Any]) -> Any:
-    """One sweep job (see the module docstring). `work(cfg, job_dir)` is the study."""
-    job_dir = Path(job_dir)
-    if is_done(job_dir) and not (job_dir / ERROR).exists():
-        return {**_read_summary(job_dir), "sweep": "skipped"}
-    clear_partial(job_dir, sweep_dir)
-    try:
-        _force_quiet(cfg)
-        return work(cfg, job_dir)
-    except Exception as exc:  # noqa: BLE001 - every failure is recorded, none stops the sweep
-        line = _first_line(exc)
-        (job_dir / DONE).unlink(missing_ok=True)
-        tmp = job_dir / f".{ERROR}.tmp"
-        tmp.write_text(f"{line}\n\n{traceback.format_exc()}", encoding="utf-8")
-        os.replace(tmp, job_dir / ERROR)
-        return {"status": "failed", "error": line, "run_dir": str(job_dir), "sweep": "failed"}
-
-
-def _force_quiet(cfg: Any) -> None:
-    """A sweep's jobs draw no progress bars and print no summaries (several at once, or under the
-    sweep's own bar). Only printing changes; the results do not."""
-    from omegaconf import open_dict, read_write
-
-    if cfg.get("log") is not None and "quiet" in cfg.log:
-        with read_write(cfg), open_dict(cfg):
-            cfg.log.quiet = True
 
 
 # ----------------------------------------------------------------------------------------- progress
@@ -400,7 +336,7 @@ def run(req: Request, progress: bool | None = None) -> Result:
     """Run the sweep; then aggregate whatever is on disk. Raises UserError for bad input (nothing
     ran); job failures and an aborted launcher are in the Result."""
     from runner import aggregate as agg
-    from runner import hydra_app
+    from runner.hydra_app import launch
 
     p = plan(req)
     _check_target(req, p)
@@ -413,7 +349,7 @@ def run(req: Request, progress: bool | None = None) -> Result:
     aborted = None
     try:
         with Watcher(p.sweep_dir, len(p.jobs), enabled=progress):
-            hydra_app.sweep_multirun(p.overrides)
+            launch.sweep_multirun(p.overrides)
     except KeyboardInterrupt as exc:
         exc.resume_hint = resume_hint(req, p.sweep_dir)  # the CLI prints it
         raise
@@ -423,8 +359,8 @@ def run(req: Request, progress: bool | None = None) -> Result:
                 shutil.rmtree(p.sweep_dir, ignore_errors=True)
             if isinstance(exc, UserError):
                 raise
-            raise UserError(f"sweep: {_first_line(exc)}") from None
-        aborted = _first_line(exc)
+            raise UserError(f"sweep: {error_line(exc)}") from None
+        aborted = error_line(exc)
     wall = time.perf_counter() - t0
     report = agg.aggregate(p.sweep_dir) if _has_jobs(p.sweep_dir) else None
     return Result(p.sweep_dir, len(p.jobs), report, skipped, wall, aborted)

@@ -29,7 +29,7 @@ def build(presets: int, bands: int, batch: int, seq_len: int, vocab: int, n_batc
     import torch
     from omegaconf import OmegaConf
 
-    from runner.hydra_app import compose
+    from runner.hydra_app.app import compose
     from runner.probe.settings import default_preset_names
     from runner.probe.world import build as build_world, validate
     from runner.registry import faithful_presets, own_presets

@@ -36,7 +36,7 @@ def _steps(overrides: list[str], side: str, run_dir: Path):
     with log.metrics=false."""
     import torch
 
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
     from runner.studies import train
     from runner.training.loop import Trainer
 

@@ -2,7 +2,7 @@
 # bash scripts/figures.sh [--full]
 # The literature's claims as shipped experiments (conf/experiment/*.yaml, one per claim): runs each one, then draws
 # figures/<name>.png + .pdf and writes figures/VERDICTS.md (one line per claim: holds / does not hold /
-# inconclusive, with the numbers; the rules are in analysis/claims.py).
+# inconclusive, with the numbers; the rules are in analysis/claims/).
 #
 #   bash scripts/figures.sh          default size: 75 s measured on an idle 2-core machine (~3 min when busy)
 #   bash scripts/figures.sh --full   paper size: more seeds, steps and probe repeats (overrides below), ~9 min
@@ -74,6 +74,6 @@ for name in "${EXPERIMENTS[@]}"; do
   echo "   $(( $(date +%s) - t0 )) s" >&2
 done
 
-# One process draws every figure and writes VERDICTS.md (exit 1 if a claim cannot be evaluated).
-"$PYTHON" -m analysis.claims --all "$WORK" --out "$OUT" --size "$SIZE" --only "${EXPERIMENTS[*]}"
+# One process draws every figure and writes VERDICTS.md (is-study claims; exit 2 if a claim cannot be evaluated).
+"$PYTHON" -m runner claims --all "$WORK" --out "$OUT" --size "$SIZE" --only "${EXPERIMENTS[*]}"
 echo "figures.sh: $(( $(date +%s) - start )) s in all; figures and VERDICTS.md in $OUT/" >&2

@@ -102,7 +102,7 @@ def test_bc71bb1_icepop_fails_invariant_1(cli, tmp_path):
 
 
 def test_openrlhf_011_seq_mask_fails_1_on_an_accepted_extreme_sequence(cli, tmp_path):
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
     from runner.corrections import Correction, apply_correction
 
     preset = "openrlhf-0.11/seq-mask"

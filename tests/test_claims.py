@@ -1,10 +1,10 @@
-"""The literature's claims (conf/experiment/*.yaml + analysis/claims.py + scripts/figures.sh).
+"""The literature's claims (conf/experiment/*.yaml + analysis/claims/ + scripts/figures.sh).
 
 Two kinds of test:
   - every verdict rule on small hand-made frames: a case that holds, one that does not (and where the rule has
     one, an inconclusive case), so the rules themselves are pinned, independent of what the world produces;
   - every experiment end to end at a tiny size: `is-study sweep experiment=NAME` (in-process, narrowed by
-    overrides) into a tmp dir, then `python -m analysis.claims` on it: it completes, writes the figure and prints
+    overrides) into a tmp dir, then `is-study claims` on it: it completes, writes the figure and prints
     a verdict line (a verdict word and numbers).
 """
 
@@ -19,34 +19,41 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import claims
-from analysis.claims import FAILS, HOLDS, UNSURE
+from analysis.claims import bias_variance_by_level as level
+from analysis.claims import mismatch_low_prob_tokens as lowprob
+from analysis.claims import precision_vs_algorithm as precision
+from analysis.claims import seed_bug_end_to_end as seedbug
+from analysis.claims import staleness_breaks_tis as staleness
+from analysis.claims import stats, verdicts
+from analysis.claims import tis_tames_mismatch as tis
+from analysis.claims.registry import CLAIMS
+from analysis.claims.stats import FAILS, HOLDS, UNSURE
 from tests.conftest import REPO
 
-EXPERIMENTS = list(claims.CLAIMS)
+EXPERIMENTS = list(CLAIMS)
 LINE = re.compile(r"^(?P<name>[a-z0-9-]+): (?P<verdict>holds|does not hold|inconclusive) — (?P<text>.*\d.*)$")
 
 
 # ----------------------------------------------------------------------------------------- shared statistics
 def test_effect_and_combinations():
-    assert claims.effect([1.0, 1.1, 0.9, 1.0], margin=0.5) == HOLDS
-    assert claims.effect([0.0, 0.01, -0.01, 0.0], margin=0.5) == FAILS  # mean + 2 SE below the margin
-    assert claims.effect([2.0, -1.0, 3.0, -2.0], margin=0.5) == UNSURE  # too noisy either way
-    assert claims.effect([0.3, 0.3, 0.3], margin=0.5) == FAILS  # significant but too small to matter
-    assert claims.effect([1.0], margin=0.5) == UNSURE  # one seed: no standard error
-    assert claims.all_of([HOLDS, HOLDS]) == HOLDS and claims.all_of([HOLDS, UNSURE]) == UNSURE
-    assert claims.all_of([HOLDS, FAILS, UNSURE]) == FAILS
-    assert claims.any_of([FAILS, HOLDS]) == HOLDS and claims.any_of([FAILS, FAILS]) == FAILS
-    assert claims.any_of([FAILS, UNSURE]) == UNSURE
+    assert stats.effect([1.0, 1.1, 0.9, 1.0], margin=0.5) == HOLDS
+    assert stats.effect([0.0, 0.01, -0.01, 0.0], margin=0.5) == FAILS  # mean + 2 SE below the margin
+    assert stats.effect([2.0, -1.0, 3.0, -2.0], margin=0.5) == UNSURE  # too noisy either way
+    assert stats.effect([0.3, 0.3, 0.3], margin=0.5) == FAILS  # significant but too small to matter
+    assert stats.effect([1.0], margin=0.5) == UNSURE  # one seed: no standard error
+    assert stats.all_of([HOLDS, HOLDS]) == HOLDS and stats.all_of([HOLDS, UNSURE]) == UNSURE
+    assert stats.all_of([HOLDS, FAILS, UNSURE]) == FAILS
+    assert stats.any_of([FAILS, HOLDS]) == HOLDS and stats.any_of([FAILS, FAILS]) == FAILS
+    assert stats.any_of([FAILS, UNSURE]) == UNSURE
 
 
 def test_run_summaries():
     calm = [1.0] * 30
-    assert claims.spikes_of(calm) == 0
-    assert claims.spikes_of(calm[:25] + [6.0] + calm[:4]) == 1  # 6 > 5 × median 1
-    assert claims.spikes_of(calm[:10] + [float("nan")] + calm[:5]) == 1  # NaN/inf counts as a spike
-    assert claims.drawdown_of([0.1, 0.5, 0.3, 0.6, 0.55]) == pytest.approx(0.2)
-    assert claims.final_of(list(range(8))) == pytest.approx(6.5)  # the last quarter: 6, 7
+    assert stats.spikes_of(calm) == 0
+    assert stats.spikes_of(calm[:25] + [6.0] + calm[:4]) == 1  # 6 > 5 × median 1
+    assert stats.spikes_of(calm[:10] + [float("nan")] + calm[:5]) == 1  # NaN/inf counts as a spike
+    assert stats.drawdown_of([0.1, 0.5, 0.3, 0.6, 0.55]) == pytest.approx(0.2)
+    assert stats.final_of(list(range(8))) == pytest.approx(6.5)  # the last quarter: 6, 7
 
 
 # ----------------------------------------------------------------------------------------- 1. TIS tames mismatch
@@ -62,17 +69,17 @@ def _tis_runs(spikes_ppo, spikes_tis, j_ppo, j_tis, seeds=4, world="σ=0"):
 
 
 def test_tis_rule():
-    assert claims.tis_verdict(_tis_runs(6, 0, 0.80, 0.95)).verdict == HOLDS
-    assert claims.tis_verdict(_tis_runs(0, 0, 0.99, 0.99)).verdict == FAILS
+    assert tis.tis_verdict(_tis_runs(6, 0, 0.80, 0.95)).verdict == HOLDS
+    assert tis.tis_verdict(_tis_runs(0, 0, 0.99, 0.99)).verdict == FAILS
     # spikes removed but the objective is unchanged: TIS must reduce both
-    assert claims.tis_verdict(_tis_runs(6, 0, 0.99, 0.99)).verdict == FAILS
+    assert tis.tis_verdict(_tis_runs(6, 0, 0.99, 0.99)).verdict == FAILS
     # existential over worlds: one world where it holds is enough
     both = pd.concat([_tis_runs(0, 0, 0.99, 0.99), _tis_runs(6, 0, 0.80, 0.95, world="σ=1")])
-    v = claims.tis_verdict(both)
+    v = tis.tis_verdict(both)
     assert v.verdict == HOLDS and v.parts["σ=0"]["verdict"] == FAILS and v.parts["σ=1"]["verdict"] == HOLDS
     noisy = _tis_runs(0, 0, 0.9, 0.9)
     noisy.loc[noisy["correction"] == "tis", "j_final"] += [0.05, -0.04, 0.06, -0.03]
-    assert claims.tis_verdict(noisy).verdict == UNSURE
+    assert tis.tis_verdict(noisy).verdict == UNSURE
 
 
 # ----------------------------------------------------------------------------------------- 2. bias–variance by level
@@ -92,18 +99,18 @@ def test_level_rule():
     exp_var = [math.exp(0.3 * T) for T in (2, 4, 8, 16, 32)]
     good = _probe([0.05, 0.1, 0.2, 0.3, 0.4], exp_var, mid_bias=[0.02, 0.05, 0.1, 0.15, 0.2],
                   mid_var=[1.2, 1.5, 2.0, 3.0, 5.0])
-    v = claims.level_verdict(good)
+    v = level.level_verdict(good)
     assert v.verdict == HOLDS and (v.parts["a"], v.parts["b"], v.parts["c"]) == (HOLDS, HOLDS, HOLDS)
     # token bias falls, variance ratio barely grows, the middle arm is more biased than token IS
     bad = _probe([0.4, 0.3, 0.2, 0.1, 0.05], [1.0, 1.2, 1.5, 2.0, 3.0], mid_bias=[0.9] * 5, mid_var=[0.5] * 5)
-    v = claims.level_verdict(bad)
+    v = level.level_verdict(bad)
     assert v.verdict == FAILS and (v.parts["a"], v.parts["b"], v.parts["c"]) == (FAILS, FAILS, FAILS)
     # a 10×+ rise that a power law fits better than an exponential: (b) inconclusive
     power = _probe([0.05, 0.1, 0.2, 0.3, 0.4], [T ** 2 for T in (2, 4, 8, 16, 32)])
-    assert claims.level_verdict(power).parts["b"] == UNSURE
+    assert level.level_verdict(power).parts["b"] == UNSURE
     # overlapping CIs on the token bias: (a) inconclusive
     flat = _probe([0.1, 0.1, 0.1, 0.1, 0.11], exp_var, ci=0.05)
-    assert claims.level_verdict(flat).parts["a"] == UNSURE
+    assert level.level_verdict(flat).parts["a"] == UNSURE
 
 
 # ----------------------------------------------------------------------------------------- 3. low-probability tokens
@@ -116,13 +123,13 @@ def _tokens(low_is_worse: bool, n=4000, seed=0):
 
 
 def test_lowprob_rule():
-    assert claims.lowprob_verdict(_tokens(True)).verdict == HOLDS
-    assert claims.lowprob_verdict(_tokens(False)).verdict == FAILS
+    assert lowprob.lowprob_verdict(_tokens(True)).verdict == HOLDS
+    assert lowprob.lowprob_verdict(_tokens(False)).verdict == FAILS
     flat = _tokens(True).assign(abs_dlogp=lambda f: np.abs(np.random.default_rng(1).normal(0, 1e-3, len(f))))
-    assert claims.lowprob_verdict(flat).verdict == UNSURE
+    assert lowprob.lowprob_verdict(flat).verdict == UNSURE
     # every precision must show it; fp32 (no mismatch) is left out
     mixed = pd.concat([_tokens(True), _tokens(False).assign(precision="fp16"), _tokens(False).assign(precision="fp32")])
-    assert claims.lowprob_verdict(mixed).verdict == FAILS
+    assert lowprob.lowprob_verdict(mixed).verdict == FAILS
 
 
 # ----------------------------------------------------------------------------------------- 4. precision vs algorithm
@@ -140,11 +147,11 @@ def _traj(gap16, gap_b16, spread16, spread_b16, seeds=4, T=20):
 
 
 def test_precision_rule():
-    v = claims.precision_verdict(_traj(0.001, 0.01, 0.001, 0.02))
+    v = precision.precision_verdict(_traj(0.001, 0.01, 0.001, 0.02))
     assert v.verdict == HOLDS and (v.parts["a"], v.parts["b"]) == (HOLDS, HOLDS)
-    v = claims.precision_verdict(_traj(0.01, 0.01, 0.02, 0.02))  # fp16 no closer, no shrinkage
+    v = precision.precision_verdict(_traj(0.01, 0.01, 0.02, 0.02))  # fp16 no closer, no shrinkage
     assert v.verdict == FAILS and (v.parts["a"], v.parts["b"]) == (FAILS, FAILS)
-    v = claims.precision_verdict(_traj(0.007, 0.01, 0.001, 0.02))  # only 1.4× closer: not "far more closely"
+    v = precision.precision_verdict(_traj(0.007, 0.01, 0.001, 0.02))  # only 1.4× closer: not "far more closely"
     assert v.verdict == FAILS and v.parts["a"] == FAILS and v.parts["b"] == HOLDS
 
 
@@ -162,18 +169,18 @@ def _stale(tis_breaks_at=None, mask_breaks_at=None, ess_drop=0.2, seeds=3):
 
 
 def test_staleness_rule():
-    v = claims.staleness_verdict(_stale(tis_breaks_at=4))
+    v = staleness.staleness_verdict(_stale(tis_breaks_at=4))
     assert v.verdict == HOLDS and v.parts["kstar"]["tis"] == 4 and math.isinf(v.parts["kstar"]["seq-mis"])
-    v = claims.staleness_verdict(_stale())  # nothing breaks: token TIS does not break first
+    v = staleness.staleness_verdict(_stale())  # nothing breaks: token TIS does not break first
     assert v.verdict == FAILS and v.parts["b"] == "n/a"
-    assert claims.staleness_verdict(_stale(tis_breaks_at=8, mask_breaks_at=4)).verdict == FAILS
+    assert staleness.staleness_verdict(_stale(tis_breaks_at=8, mask_breaks_at=4)).verdict == FAILS
     # ESS flat until the break: (b) contradicts "ESS falls ahead of collapse"
-    v = claims.staleness_verdict(_stale(tis_breaks_at=4, ess_drop=0.0))
+    v = staleness.staleness_verdict(_stale(tis_breaks_at=4, ess_drop=0.0))
     assert v.parts["a"] == HOLDS and v.parts["b"] == FAILS and v.verdict == FAILS
     # one tis seed of three breaks: below the rate, but not nothing either
     some = _stale()
     some.loc[(some["correction"] == "tis") & (some["staleness"] == 16) & (some["seed"] == 0), "nonfinite"] = 3
-    assert claims.staleness_verdict(some).parts["a"] == UNSURE
+    assert staleness.staleness_verdict(some).parts["a"] == UNSURE
 
 
 # ----------------------------------------------------------------------------------------- 6. the seed bug
@@ -195,11 +202,11 @@ def _bug(nan_apply=True, skips=True, fixed_faults=0, fixed_j=0.97, seeds=3):
 
 
 def test_seedbug_rule():
-    assert claims.seedbug_verdict(_bug()).verdict == HOLDS
-    assert claims.seedbug_verdict(_bug(nan_apply=False)).verdict == FAILS
-    assert claims.seedbug_verdict(_bug(skips=False)).verdict == FAILS
-    assert claims.seedbug_verdict(_bug(fixed_faults=2)).verdict == FAILS
-    assert claims.seedbug_verdict(_bug(fixed_j=0.5)).verdict == FAILS  # trains, but far worse than PPO
+    assert seedbug.seedbug_verdict(_bug()).verdict == HOLDS
+    assert seedbug.seedbug_verdict(_bug(nan_apply=False)).verdict == FAILS
+    assert seedbug.seedbug_verdict(_bug(skips=False)).verdict == FAILS
+    assert seedbug.seedbug_verdict(_bug(fixed_faults=2)).verdict == FAILS
+    assert seedbug.seedbug_verdict(_bug(fixed_j=0.5)).verdict == FAILS  # trains, but far worse than PPO
 
 
 # ----------------------------------------------------------------------------------------- experiment files
@@ -227,30 +234,45 @@ TINY = {
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_experiment_end_to_end(name, cli, tmp_path, capsys):
+def test_experiment_end_to_end(name, cli, tmp_path):
     sweep_dir = tmp_path / name
     code, out, err = cli("sweep", f"experiment={name}", *TINY[name], f"hydra.sweep.dir={sweep_dir}")
     assert code == 0, err
     assert (sweep_dir / "sweep_summary.csv").is_file()
     figs = tmp_path / "figures"
-    assert claims.main([str(sweep_dir), "--claim", name, "--out", str(figs)]) == 0
-    printed = capsys.readouterr().out.strip().splitlines()
+    code, out, err = cli("claims", str(sweep_dir), "--claim", name, "--out", str(figs))
+    assert code == 0, err
+    printed = out.strip().splitlines()
     assert len(printed) == 1, printed
     m = LINE.match(printed[0])
     assert m and m["name"] == name, printed[0]
     assert (figs / f"{name}.png").stat().st_size > 10_000 and (figs / f"{name}.pdf").is_file()
 
 
-def test_all_writes_verdicts(tmp_path, capsys):
+def test_all_writes_verdicts(tmp_path, cli):
     """--all over a folder of experiment dirs: one line per claim in VERDICTS.md (here, a missing experiment
     dir is an error with exit code 2, as figures.sh relies on)."""
-    assert claims.main([str(tmp_path), "--all", "--only", "seed-bug-end-to-end", "--out", str(tmp_path)]) == 2
-    assert "seed-bug-end-to-end" in capsys.readouterr().err
+    code, _, err = cli("claims", str(tmp_path), "--all", "--only", "seed-bug-end-to-end", "--out", str(tmp_path))
+    assert code == 2 and "seed-bug-end-to-end" in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--claim", "no-such-claim"], "unknown claim 'no-such-claim'; valid: tis-tames-mismatch, "),
+    (["--all", "--only", "tis-tames-mismatch nope"], "unknown claim 'nope'"),
+    ([], "give either --claim NAME or --all"),
+    (["--all", "--claim", "tis-tames-mismatch"], "give either --claim NAME or --all"),
+    (["--all", "--style", "poster"], "unknown --style 'poster'; valid: default, paper"),
+])
+def test_bad_claims_input_is_one_line_with_exit_code_2(args, needle, cli, tmp_path):
+    code, out, err = cli("claims", str(tmp_path), *args, "--out", str(tmp_path / "figs"))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("is-study: error:") and needle in lines[0], err
+    assert out == "" and not (tmp_path / "figs").exists()  # checked before anything is read or written
 
 
 def test_verdicts_markdown_one_line_per_claim():
-    results = [(n, claims.Verdict(HOLDS, f"x = {i}")) for i, n in enumerate(EXPERIMENTS)]
-    text = claims.verdicts_markdown(results)
+    results = [(n, stats.Verdict(HOLDS, f"x = {i}")) for i, n in enumerate(EXPERIMENTS)]
+    text = verdicts.verdicts_markdown(results)
     bullets = [ln for ln in text.splitlines() if ln.startswith("- ")]
     assert len(bullets) == len(EXPERIMENTS)
     assert all("**holds**" in b and f"experiment={n}" in b for b, n in zip(bullets, EXPERIMENTS))

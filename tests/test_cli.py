@@ -65,6 +65,11 @@ def test_low_above_high(cli):
     _one_line_error(code, err, "correction.low (3", "> correction.high (2")
 
 
+def test_unknown_study_name_lists_the_studies(cli):
+    code, _, err = cli("run", "study.name=nope")
+    _one_line_error(code, err, "study.name='nope' is not one of: probe, train")
+
+
 def test_negative_threshold(cli):
     code, _, err = cli("case", "openrlhf-seq-mask-tis", "correction=tis", "correction.high=-1")
     _one_line_error(code, err, "correction.high must be non-negative")

@@ -6,9 +6,11 @@ import re
 
 import pytest
 
-from runner import hydra_app, registry
+from runner import registry
 from runner.corrections import Correction
+from runner.hydra_app import app as hydra_app
 from runner.losses import LossSpec
+from runner.paths import conf_dir
 from tests.conftest import REPO
 
 CONF = REPO / "conf"
@@ -81,4 +83,4 @@ def test_conf_ships_inside_the_wheel(tmp_path):
 
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert meta["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]["conf"] == "runner/conf"
-    assert hydra_app.conf_dir().is_dir()
+    assert conf_dir().is_dir()

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runner import hydra_app
+from runner.hydra_app import app as hydra_app
 from runner.corrections import Correction, apply_correction
 from runner.losses import LossSpec, policy_loss
 from tests.reference import ppo_token_mean

@@ -124,7 +124,8 @@ def test_gspo_and_reinforce():
 
 # ----------------------------------------------------------------------------- the two backends
 def _all_presets() -> list[Correction]:
-    from runner import hydra_app, registry
+    from runner import registry
+    from runner.hydra_app import app as hydra_app
 
     return [Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={e.name}"]).correction))
             for e in registry.presets()]

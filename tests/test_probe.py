@@ -15,7 +15,7 @@ import torch
 
 from runner.corrections import apply_correction
 from runner.errors import UserError
-from runner.hydra_app import compose
+from runner.hydra_app.app import compose
 from runner.probe.estimator import fast_estimates, plan, reference_estimates
 from runner.probe.settings import default_preset_names
 from runner.probe.world import build, validate

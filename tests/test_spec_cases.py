@@ -8,7 +8,7 @@ import math
 import pytest
 import yaml
 
-from runner import hydra_app
+from runner.hydra_app import app as hydra_app
 from runner.cases import load_case_file
 from runner.corrections import Correction
 from runner.losses import LossSpec

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import hydra_app, sweep
+from runner import sweep
 from runner.errors import UserError
+from runner.hydra_app import app as hydra_app
+from runner.hydra_app import launch
 from tests.conftest import REPO, run_cli
 
 TINY = ["train.steps=3", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.timing=false"]
@@ -280,7 +282,7 @@ def test_name_goes_to_multirun_and_two_default_dirs_never_collide(tmp_path, monk
 def test_representative_validation_keeps_one_job_per_group_choice():
     jobs = [[f"correction={c}", f"correction.high={h}", f"seed={s}"]
             for c in ("tis", "icepop") for h in (2, 5) for s in range(10)]
-    reps = hydra_app.representative_jobs(jobs, lambda key: key == "correction")
+    reps = launch.representative_jobs(jobs, lambda key: key == "correction")
     assert reps == [["correction=tis", "correction.high=2", "seed=0"], ["correction=icepop", "correction.high=2", "seed=0"]]
 
 
@@ -292,19 +294,19 @@ def test_worker_tuning_keeps_plugins_and_freezes_only_in_a_worker():
 import gc, os
 from hydra.core.plugins import Plugins
 from hydra.core.singleton import Singleton
-from runner import hydra_app
-hydra_app._LAUNCHING_PID = os.getpid()
-assert not hydra_app._in_worker()
-hydra_app._LAUNCHING_PID = None
-assert hydra_app._in_worker()
+from runner.hydra_app import worker
+worker.mark_launching_process()
+assert not worker._in_worker()
+worker._LAUNCHING_PID = None
+assert worker._in_worker()
 plugins = Plugins.instance()
 state = Singleton.get_state()
 assert Plugins not in state["instances"]
-hydra_app._keep_plugins_across_jobs()
-hydra_app._keep_plugins_across_jobs()  # idempotent: wraps once
+worker._keep_plugins_across_jobs()
+worker._keep_plugins_across_jobs()  # idempotent: wraps once
 Singleton.set_state(state)
 assert Plugins.instance() is plugins and Plugins not in state["instances"]
-hydra_app._freeze_worker_heap()
+worker._freeze_worker_heap()
 assert gc.get_freeze_count() > 0
 print("ok")
 """
@@ -313,20 +315,20 @@ print("ok")
 
 
 def test_a_launcher_error_is_reported_and_the_disk_decides(tmp_path, cli, monkeypatch):
-    real = hydra_app.sweep_multirun
+    real = launch.sweep_multirun
 
     def collects_badly(overrides):  # every job runs, then the launcher fails collecting results
         real(overrides)
         raise RuntimeError("result pickle vanished")
 
-    monkeypatch.setattr(hydra_app, "sweep_multirun", collects_badly)
+    monkeypatch.setattr(launch, "sweep_multirun", collects_badly)
     code, _, err = cli("sweep", "seed=0,1", *TINY, f"hydra.sweep.dir={tmp_path / 'late'}")
     assert code == 0 and "note: the launcher raised after every job had finished" in err
 
     def fails_first(overrides):  # nothing ran: one line, exit 2, no sweep dir left behind
         raise RuntimeError("could not reach the cluster")
 
-    monkeypatch.setattr(hydra_app, "sweep_multirun", fails_first)
+    monkeypatch.setattr(launch, "sweep_multirun", fails_first)
     code, _, err = cli("sweep", "seed=0,1", *TINY, f"hydra.sweep.dir={tmp_path / 'early'}")
     assert code == 2 and err.strip() == "is-study: error: sweep: RuntimeError: could not reach the cluster"
     assert not (tmp_path / "early").exists()

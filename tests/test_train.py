@@ -12,7 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from runner.errors import UserError
-from runner.hydra_app import compose
+from runner.hydra_app.app import compose
 from runner.studies import STUDIES, run_study
 from runner.schema import UPDATE_METRICS as METRICS
 from runner.studies.train import NonfiniteError

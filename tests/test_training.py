@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from runner.errors import UserError
-from runner.hydra_app import compose
+from runner.hydra_app.app import compose
 from runner.studies import run_study
 from runner.training.faults import CollapseRules, CollapseWatch
 from runner.training.objective import ExactObjective, MonteCarloObjective

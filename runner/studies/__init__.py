@@ -1,32 +1,23 @@
 """Studies: what `is-study run study=NAME` does inside its run dir.
 
-A study is a function `run(cfg, run_dir) -> dict` (the summary) in its own module, named here as
-"module:function" and imported only when chosen, so importing this package stays cheap (no torch).
-Adding a study is one line in STUDIES and one file.
+A study is a function `run(cfg, run_dir) -> dict` (the summary) in its own module, named in STUDIES
+as "module:function" and imported only when chosen, so importing this package stays cheap (no
+torch). A study module may also define `validate(cfg)`, run before anything is written. Adding a
+study is one line in STUDIES and one file.
 """
 
 from __future__ import annotations
 
-import importlib
 import pathlib
+import sys
 from typing import Any
 
-from runner.errors import UserError
+from runner.lookup import LazyRegistry
 
-STUDIES = {
+STUDIES = LazyRegistry("study.name", {
     "train": "runner.studies.train:run",
     "probe": "runner.studies.probe:run",
-}
-
-
-def _study(cfg: Any):
-    name = cfg.study.name
-    target = STUDIES.get(name)
-    if target is None:
-        raise UserError(f"study.name={name!r} is not one of: {', '.join(sorted(STUDIES))}")
-    module_name, _, func_name = target.partition(":")
-    module = importlib.import_module(module_name)
-    return module, getattr(module, func_name)
+})
 
 
 def plain_config(cfg: Any) -> dict:
@@ -41,13 +32,12 @@ def plain_config(cfg: Any) -> dict:
 def validate_study(cfg: Any) -> None:
     """Check the config without writing anything: the study module's `validate(cfg)`, if it has
     one. A caller can run it before Hydra creates the run dir, so a bad value leaves no trace."""
-    module, _ = _study(cfg)
-    check = getattr(module, "validate", None)
+    run = STUDIES.resolve(cfg.study.name)
+    check = getattr(sys.modules[run.__module__], "validate", None)
     if check is not None:
         check(cfg)
 
 
 def run_study(cfg: Any, run_dir: pathlib.Path) -> dict:
     """Dispatch on cfg.study.name; returns the study's summary dict."""
-    _, func = _study(cfg)
-    return func(cfg, pathlib.Path(run_dir))
+    return STUDIES.resolve(cfg.study.name)(cfg, pathlib.Path(run_dir))

@@ -69,7 +69,8 @@ def _split_overrides(overrides: Sequence[str]) -> tuple[str | None, str | None, 
 
 
 def preset_groups(overrides: Sequence[str]) -> list[Group]:
-    from runner import hydra_app, registry
+    from runner import registry
+    from runner.hydra_app import app as hydra_app
     from runner.audit.subjects import PresetSubject
     from runner.corrections import Correction
     from runner.losses import LossSpec

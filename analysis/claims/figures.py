@@ -1,0 +1,65 @@
+"""What every claim's figure shares: panels with room for a headline and a legend, the headline (the claim,
+its source and the verdict with its numbers), one legend under the panels, and the presets' colours and order
+from analysis.style. Figures are matplotlib Figure objects, no pyplot."""
+
+from __future__ import annotations
+
+import textwrap
+
+from analysis import style as st
+from analysis.claims.stats import Verdict
+
+
+def new_figure(ncols: int, nrows: int = 1, style: str = "default", panel: tuple[float, float] | None = None,
+               sharey: bool | str = False):
+    """Panels plus room for the headline (top) and the legend (bottom)."""
+    from matplotlib.figure import Figure
+
+    if style == "paper":  # two columns of a two-column paper; the verdict's numbers belong in the caption
+        width = st.PAPER_WIDTH * (2 if ncols > 1 else 1) + 0.2
+        fig = Figure(figsize=(width, 2.0 * nrows + 0.9), layout="constrained")
+    else:
+        w, h = panel or (3.9, 3.0)
+        fig = Figure(figsize=(w * ncols + 0.4, h * nrows + 1.7), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False, sharey=sharey)
+    return fig, axes
+
+
+def headline(fig, title: str, source: str, verdict: Verdict, style: str) -> None:
+    """Title: the claim and its source; then the verdict with its numbers, wrapped to the figure's width."""
+    paper = style == "paper"
+    width = fig.get_figwidth()
+    if paper:  # one line: the claim and the verdict; the numbers go in the caption (VERDICTS.md)
+        fig.suptitle(f"{title}: {verdict.verdict}", x=0.01, ha="left", fontsize=8)
+        for ax in fig.axes:
+            ax.title.set_fontsize(7)
+            ax.xaxis.label.set_fontsize(7)
+            ax.yaxis.label.set_fontsize(7)
+        return
+    chars = max(int(width * 13.5), 50)
+    head = textwrap.fill(f"{title} ({source})", chars, break_on_hyphens=False)
+    body = textwrap.fill(f"Verdict: {verdict.verdict.upper()}. {verdict.statement}", chars, break_on_hyphens=False)
+    fig.suptitle(f"{head}\n{body}", x=0.01, ha="left", fontsize=9.5)
+
+
+def legend_below(fig, handles, labels, style: str, ncol: int | None = None) -> None:
+    """One legend under the panels, so the headline above can use the figure's whole width."""
+    if not handles:
+        return
+    most = 3 if style == "paper" else 5
+    fig.legend(handles, labels, loc="outside lower center", ncol=ncol or min(len(labels), most),
+               handlelength=2.6, columnspacing=1.6)
+
+
+def line_handle(name: str, marker: bool = False):
+    """A legend entry in the preset's colour and line style."""
+    from matplotlib.lines import Line2D
+
+    lk = st.look(name)
+    return Line2D([], [], color=lk.color, linestyle=lk.linestyle, marker=lk.marker if marker else None,
+                  markersize=4 if marker else None)
+
+
+def ordered_presets(names) -> list[str]:
+    """Preset names, once each, in the order every figure and table uses."""
+    return sorted({str(n) for n in names}, key=st.preset_rank)

@@ -1,0 +1,159 @@
+"""Claim 4: the engine's precision matters more than the correction (Qi et al. 2025).
+
+Per seed, how far plain PPO's objective under a bf16 or fp16 engine strays from the fp32 run, and how far the
+corrections spread apart: fp16 must track fp32 far more closely and shrink the spread. Read top to bottom:
+the reducer (one row per update), the per-seed gaps, the rule (`precision_verdict`), the figure, `evaluate`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from analysis import style as st
+from analysis.claims.figures import headline, legend_below, new_figure, ordered_presets
+from analysis.claims.frames import required, update_index, with_keys
+from analysis.claims.stats import (EPS, FINAL_FRACTION, SIGMAS, Verdict, all_of, effect, mean_se, plus_minus,
+                                   sig)
+from analysis.load import Dataset
+from runner.errors import UserError
+
+NAME = "precision-vs-algorithm"  # = conf/experiment/NAME.yaml and the figure's file name
+TITLE = "4. Precision matters more than the algorithm"
+SOURCE = "Qi et al. 2025, “Defeating the training-inference mismatch via FP16”"
+
+# Thresholds of the rule (named in its docstring and the experiment's header).
+CLOSER_MARGIN = math.log(2.0)  # (a): fp16 at least 2× closer to fp32 than bf16
+SHRINK_MARGIN = math.log(1.25)  # (b): the spread across corrections at least 1.25× smaller
+
+
+def precision_frame(ds: Dataset):
+    """One row per update: precision, correction, seed, t (global update index), objective."""
+    df = required(ds.metrics, "training metrics (sweep.csv)", ds.path)
+    df = with_keys(ds, df, precision="mismatch.precision", correction="correction", seed="seed")
+    return df.assign(t=update_index(df))[["precision", "correction", "seed", "t", "step", "objective"]]
+
+
+def precision_stats(traj, baseline: str = "none", reference: str = "fp32"):
+    """Per (precision, seed): gap = mean_t |J_baseline,prec − J_baseline,reference| and spread = mean_t of
+    max − min of J across the corrections."""
+    import pandas as pd
+
+    piv = traj.pivot_table(index=["seed", "t"], columns=["precision", "correction"], values="objective",
+                           aggfunc="first")
+    rows = []
+    precs = sorted({p for p, _ in piv.columns})
+    for prec in precs:
+        cols = [c for c in piv.columns if c[0] == prec]
+        spread = (piv[cols].max(axis=1) - piv[cols].min(axis=1)).groupby(level="seed").mean()
+        if (prec, baseline) in piv.columns and (reference, baseline) in piv.columns:
+            gap = (piv[(prec, baseline)] - piv[(reference, baseline)]).abs().groupby(level="seed").mean()
+        else:
+            gap = spread * np.nan
+        for seed in spread.index:
+            rows.append({"precision": prec, "seed": seed, "gap": float(gap.get(seed, np.nan)),
+                         "spread": float(spread[seed]), "corrections": len(cols)})
+    return pd.DataFrame(rows)
+
+
+def precision_verdict(traj, baseline: str = "none", reference: str = "fp32", low: str = "bf16",
+                      high: str = "fp16") -> Verdict:
+    """Claim 4 (Qi et al. 2025) on per-update objectives (precision, correction, seed, t, objective), paired per
+    seed (precision_stats gives gap and spread per precision and seed):
+      (a) L = log(gap_bf16 / gap_fp16) per seed; effect(L, log 2): fp16 tracks fp32 at least 2× more closely.
+      (b) L = log(spread_bf16 / spread_fp16) per seed; effect(L, log 1.25): the spread across corrections shrinks
+          by at least 1.25×.
+    all_of(a, b). (A tiny 1e-12 keeps a zero gap, identical runs, from dividing by zero.)"""
+    s = precision_stats(traj, baseline, reference)
+    need = {low, high, reference}
+    if not need <= set(s["precision"]):
+        raise UserError(f"precision-vs-algorithm: needs precisions {sorted(need)}, got {sorted(set(s['precision']))}")
+    a = s[s["precision"] == low].set_index("seed")
+    b = s[s["precision"] == high].set_index("seed")
+    seeds = a.index.intersection(b.index)
+    a, b = a.loc[seeds], b.loc[seeds]
+    la = np.log((a["gap"] + EPS) / (b["gap"] + EPS)).to_numpy(float)
+    lb = np.log((a["spread"] + EPS) / (b["spread"] + EPS)).to_numpy(float)
+    va, vb = effect(la, CLOSER_MARGIN), effect(lb, SHRINK_MARGIN)
+    ref = s[s["precision"] == reference]
+    ma, sa, n = mean_se(la)
+    mb, sb, _ = mean_se(lb)
+    k = int(a["corrections"].max())
+    piv = traj[traj["precision"] == low].pivot_table(index=["seed", "t"], columns="correction", values="objective",
+                                                    aggfunc="first")
+    far = ""
+    if baseline in piv.columns and len(piv.columns) > 1:
+        dev = piv.drop(columns=[baseline]).sub(piv[baseline], axis=0).abs().mean()
+        far = f", most of it {dev.idxmax()} (mean |J − J_{baseline}| {sig(dev.max())} at {low})"
+    statement = (f"(a) gap to fp32 of plain PPO's J (mean over updates, {n} seeds): {high} {sig(b['gap'].mean())} vs "
+                 f"{low} {sig(a['gap'].mean())}, ratio e^({plus_minus(ma, sa)}) = {sig(math.exp(ma), 2)}×: {va}; "
+                 f"(b) spread of J across {k} corrections: {reference} {sig(ref['spread'].mean())}, "
+                 f"{high} {sig(b['spread'].mean())}, {low} {sig(a['spread'].mean())}, "
+                 f"ratio e^({plus_minus(mb, sb)}) = {sig(math.exp(mb), 2)}×{far}: {vb}.")
+    return Verdict(all_of([va, vb]), statement, {"a": va, "b": vb, "log_gap_ratio": (ma, sa),
+                                                 "log_spread_ratio": (mb, sb)})
+
+
+PRECISION_COLORS = {"bf16": st.group_color(0), "fp16": st.group_color(1), "fp8": st.group_color(2), "fp32": "#555555"}
+
+
+def precision_figure(traj, verdict: Verdict, style: str, baseline: str = "none"):
+    from matplotlib.lines import Line2D
+
+    fig, axes = new_figure(3, 1, style, panel=(3.7, 3.1))
+    ax_g, ax_s, ax_c = axes[0]
+    per = max(int(traj["t"].max()) // max(int(traj["step"].max()), 1), 1) if traj["step"].max() > 0 else 1
+    piv = traj.pivot_table(index=["seed", "t"], columns=["precision", "correction"], values="objective",
+                           aggfunc="first")
+    present = {c[0] for c in piv.columns}
+    precs = [p for p in ("fp32", "fp16", "bf16", "fp8") if p in present]
+    handles, labels = [], []
+    for prec in precs:
+        color = PRECISION_COLORS[prec]
+        cols = [c for c in piv.columns if c[0] == prec]
+        if prec != "fp32":
+            if (prec, baseline) in piv.columns and ("fp32", baseline) in piv.columns:
+                gap = (piv[(prec, baseline)] - piv[("fp32", baseline)]).abs().groupby(level="t").mean()
+                ax_g.plot(gap.index / per, gap.where(gap > 0), color=color, linewidth=1.1)
+            spread = (piv[cols].max(axis=1) - piv[cols].min(axis=1)).groupby(level="t").mean()
+            ax_s.plot(spread.index / per, spread.where(spread > 0), color=color, linewidth=1.1)
+        handles.append(Line2D([], [], color=color, marker="o", markersize=4))
+        labels.append(f"{prec} engine" + (" (no mismatch: the reference)" if prec == "fp32" else ""))
+    for ax in (ax_g, ax_s):
+        ax.set_yscale("log")
+        ax.set_xlabel("training step")
+    ax_g.set_ylabel(r"$|J_{\mathrm{prec}} - J_{\mathrm{fp32}}|$ of plain PPO")
+    ax_g.set_title("(a) distance to the fp32 run (mean over seeds)", fontsize="medium")
+    ax_s.set_ylabel(r"$\max_c J_c - \min_c J_c$ over the corrections")
+    ax_s.set_title("(b) spread across corrections", fontsize="medium")
+    if "fp32" in present:
+        ax_s.text(0.98, 0.02, "fp32: every correction is plain PPO (spread 0)", transform=ax_s.transAxes,
+                  ha="right", va="bottom", fontsize="x-small", color="0.35")
+    # (c) final J by correction and precision, relative to fp32 plain PPO of the same seed
+    last = traj[traj["t"] >= traj["t"].max() * (1 - FINAL_FRACTION)]
+    fin = last.groupby(["precision", "correction", "seed"])["objective"].mean().reset_index()
+    ref = fin[(fin["precision"] == "fp32") & (fin["correction"] == baseline)].set_index("seed")["objective"]
+    fin["delta"] = fin["objective"] - fin["seed"].map(ref)
+    names = ordered_presets(fin["correction"].unique())
+    width = 0.8 / max(len(precs), 1)
+    for i, prec in enumerate(precs):
+        cur = fin[fin["precision"] == prec].groupby("correction")["delta"].agg(["mean", "sem"])
+        xs = np.arange(len(names)) + (i - (len(precs) - 1) / 2) * width
+        ys = [cur["mean"].get(n, np.nan) for n in names]
+        es = [SIGMAS * cur["sem"].get(n, np.nan) for n in names]
+        ax_c.errorbar(xs, ys, yerr=np.nan_to_num(es), color=PRECISION_COLORS[prec], marker="o", markersize=4,
+                      linestyle="none", capsize=2)
+    ax_c.axhline(0, color="0.4", linewidth=0.8)
+    ax_c.set_xticks(range(len(names)), names, rotation=30, ha="right")
+    ax_c.set_ylabel(r"final $J$ − final $J$ of fp32 plain PPO")
+    ax_c.set_title(f"(c) final J (last {FINAL_FRACTION:.0%} of updates, ± 2 SE)", fontsize="medium")
+    legend_below(fig, handles, labels, style)
+    headline(fig, TITLE, SOURCE, verdict, style)
+    return fig
+
+
+def evaluate(ds: Dataset, style: str):
+    traj = precision_frame(ds)
+    v = precision_verdict(traj)
+    return v, precision_figure(traj, v, style)

@@ -1,0 +1,35 @@
+"""The claims by name. A claim's name is its experiment's (conf/experiment/NAME.yaml) and its figure's file
+name; VERDICTS.md lists the claims in this order. Adding a claim is one module and one line here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from analysis import style as st
+from analysis.claims import (bias_variance_by_level, mismatch_low_prob_tokens, precision_vs_algorithm,
+                             seed_bug_end_to_end, staleness_breaks_tis, tis_tames_mismatch)
+from analysis.claims.stats import Verdict
+from analysis.load import load_dataset
+from runner.errors import UserError
+
+CLAIMS: dict[str, ModuleType] = {m.NAME: m for m in (
+    tis_tames_mismatch, bias_variance_by_level, mismatch_low_prob_tokens, precision_vs_algorithm,
+    staleness_breaks_tis, seed_bug_end_to_end)}
+
+
+def claim(name: str) -> ModuleType:
+    """The claim's module (NAME, TITLE, SOURCE, evaluate); a one-line error naming the valid ones."""
+    if name not in CLAIMS:
+        raise UserError(f"unknown claim {name!r}; valid: {', '.join(CLAIMS)}")
+    return CLAIMS[name]
+
+
+def evaluate(name: str, path: str | Path, style: str = "default") -> tuple[Verdict, Any]:
+    """(Verdict, Figure) of claim `name` on the experiment output at `path` (a sweep dir)."""
+    module = claim(name)
+    st.rc(style)
+    ds = load_dataset(path)
+    with st.using(style):
+        return module.evaluate(ds, style)

@@ -1,0 +1,148 @@
+"""Hydra as an application: compose the config of conf/, run one job, and turn Hydra's and
+OmegaConf's exceptions into one-line `UserError`s.
+
+Hydra is initialised inside `initialize_config_dir` used as a context manager, never at import
+time and never through `@hydra.main`, so the CLI controls argv, exit codes and messages.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from runner.errors import UserError
+from runner.paths import conf_dir
+
+CONFIG_NAME = "config"
+JOB_NAME = "is-study"
+
+
+def _register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver("isstudy_uid"):
+        # A short random suffix: two runs started in the same second never share a directory.
+        # Hydra resolves hydra.run.dir once per run, so one value per run.
+        OmegaConf.register_new_resolver("isstudy_uid", lambda: secrets.token_hex(3), use_cache=True)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _unknown_option_message(exc: BaseException) -> str | None:
+    """Hydra says "Could not find 'correction/foo'" and lists options over many lines; say it in one,
+    with the valid names."""
+    text = str(exc)
+    marker = "Could not find '"
+    if marker not in text:
+        return None
+    missing = text.split(marker, 1)[1].split("'", 1)[0]
+    group, _, option = missing.rpartition("/")
+    if not group:
+        return f"unknown config {missing!r}"
+    from runner import registry
+
+    valid = registry.group_options(group)
+    if not valid:
+        return f"unknown config group {group!r} (in {missing!r})"
+    return f"unknown {group} {option!r}; valid: {', '.join(valid)}"
+
+
+@contextlib.contextmanager
+def translated_errors() -> Iterator[None]:
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    try:
+        yield
+    except UserError:
+        raise
+    except (HydraException, OmegaConfBaseException) as exc:
+        msg = _unknown_option_message(exc) or _first_line(exc)
+        raise UserError(f"config: {msg}") from None
+
+
+@contextlib.contextmanager
+def initialized() -> Iterator[Any]:
+    """Hydra initialised over conf/ for the duration of the block; yields Hydra's own `Hydra` object
+    (what compose, run and multirun are called on). Errors inside come out translated."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    _register_resolvers()
+    GlobalHydra.instance().clear()
+    with translated_errors(), initialize_config_dir(config_dir=str(conf_dir()), job_name=JOB_NAME, version_base=None):
+        yield GlobalHydra.instance().hydra
+
+
+def compose(overrides: list[str] | tuple[str, ...] = (), with_hydra: bool = False):
+    """The composed config for these override strings, as a DictConfig."""
+    from hydra import compose as hydra_compose
+
+    with initialized():
+        return hydra_compose(config_name=CONFIG_NAME, overrides=list(overrides), return_hydra_config=with_hydra)
+
+
+def run(overrides: list[str], task: Callable[[Any], Any], validate: Callable[[Any], None] | None = None) -> Any:
+    """One Hydra run: the run dir (hydra.run.dir) and .hydra/ are Hydra's; `task(cfg)` does the work.
+    `validate(cfg)` runs first on the composed config, before Hydra creates anything on disk, so bad
+    input leaves no half-made run dir. Returns the task's return value; the task's own exception
+    propagates unchanged (without Hydra's extra "Error executing job" line)."""
+    failure: list[Exception] = []
+
+    def guarded(cfg: Any) -> Any:
+        # Hydra reports a failed job on stderr before re-raising; keep the exception to ourselves.
+        try:
+            return task(cfg)
+        except Exception as exc:  # noqa: BLE001 - re-raised below, unchanged
+            failure.append(exc)
+            return None
+
+    with initialized() as hydra:
+        if validate is not None:
+            validate(_compose_for_run(hydra, overrides))
+        job = hydra.run(config_name=CONFIG_NAME, task_function=guarded, overrides=list(overrides),
+                        with_log_configuration=False)
+    if failure:
+        raise failure[0]
+    return job.return_value
+
+
+def _compose_for_run(hydra: Any, overrides: list[str]) -> Any:
+    from hydra.types import RunMode
+
+    return hydra.compose_config(config_name=CONFIG_NAME, overrides=list(overrides), run_mode=RunMode.RUN,
+                                with_log_configuration=False)
+
+
+def output_dir() -> Path:
+    """The current job's output directory (inside a task function)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    return Path(HydraConfig.get().runtime.output_dir)
+
+
+def to_container(cfg: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    with translated_errors():
+        return OmegaConf.to_container(cfg, resolve=True)
+
+
+def to_yaml(cfg: Any) -> str:
+    from omegaconf import OmegaConf
+
+    with translated_errors():
+        return OmegaConf.to_yaml(cfg, resolve=True)
+
+
+def job(cfg: Any) -> Any:
+    """The task function of `is-study run`: a module-level function, like every task function, so a
+    process launcher could pickle it."""
+    from runner.studies import run_study
+
+    return run_study(cfg, output_dir())
