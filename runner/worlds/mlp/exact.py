@@ -58,7 +58,7 @@ class CountDP:
             if visits is not None:
                 visits.append((rows_prev, rows_count, rows_position, d.detach().reshape(-1)))
             feats = net.features(rows_prev, rows_count, rows_position, table)  # [S·(t+1), D]
-            logits, _ = net.forward(params, feats, FP32)  # [S·(t+1), V]
+            logits, _ = net.forward(params, feats, FP32, batch_invariant=False)  # [S·(t+1), V]
             probs = torch.softmax(logits, dim=-1).view(S, t + 1, V)
             q = torch.einsum("sc,scv->vc", d, probs)  # [V, t+1]
             d = F.pad(q * (1 - hit), (0, 1)) + F.pad(q * hit, (1, 0))  # [V, t+2]

@@ -23,7 +23,9 @@ sets and a router R_l [E, D_in] (no bias): r = R_l h_{l−1}, e* = argmax r, and
 h_l = softmax(r)[e*] · silu(W_{l,e*} h_{l−1} + b_{l,e*}). The argmax has no gradient; the gate
 softmax(r)[e*] is what trains the router. All E experts are computed for every row and the chosen
 one gathered, so every row's numbers come from one matmul whose shape does not depend on how the
-batch was routed (the price: E× a dense layer's arithmetic; scripts/bench_mlp.py measures it).
+batch was routed (the price: E× a dense layer's arithmetic; scripts/bench_mlp.py measures it). The
+exact solver computes only each row's own expert (`batch_invariant=False`): its float64 needs no
+such guarantee.
 
 Init. W_l, R_l ~ N(0, 1/fan_in), b_l = 0; W_out ~ N(0, init_std²), b_out = 0. At the default
 init_std = 0.02 (GPT-2's) the logits of a state spread by about 0.025 (0.003 with 4 experts, whose
@@ -118,9 +120,12 @@ class Net:
 
     # ------------------------------------------------------------------------------- forward
     def forward(self, params: Params, feats: torch.Tensor, precision: Precision,
-                routes: list[Route] | None = None) -> tuple[torch.Tensor, list[Route]]:
+                routes: list[Route] | None = None, batch_invariant: bool = True) -> tuple[torch.Tensor, list[Route]]:
         """[N, D] features → ([N, V] logits in the compute dtype, the routes taken). `params` come
-        from `cast(·, precision)`; `routes` replays given routing decisions instead of routing."""
+        from `cast(·, precision)`; `routes` replays given routing decisions instead of routing.
+        `batch_invariant=False` (the exact solver, whose float64 does not care about a row's last
+        bits) computes only each row's own expert, rows grouped by expert (1/E of the work), and the
+        router as a plain matmul."""
         def rounded(x: torch.Tensor) -> torch.Tensor:
             return x if precision.exact else precision.activations(x)
 
@@ -131,22 +136,37 @@ class Net:
             if not self.experts:
                 x = F.silu(x @ weight.T + bias)  # [N, H]
             else:
-                route = routes[layer] if routes is not None else self._route(x, params[f"layer{layer}.router"])
-                E, H, n = self.experts, self.hidden, x.shape[0]
-                every = x @ weight.reshape(E * H, -1).T + bias.reshape(E * H)  # [N, E·H]: all experts
-                chosen = every.view(n, E, H).gather(1, route.expert.view(n, 1, 1).expand(n, 1, H)).squeeze(1)  # [N, H]
+                route = routes[layer] if routes is not None else self._route(x, params[f"layer{layer}.router"], batch_invariant)
+                chosen = (self._every_expert if batch_invariant else self._own_expert)(x, weight, bias, route.expert)  # [N, H]
                 x = route.gate.to(chosen.dtype).unsqueeze(-1) * F.silu(chosen)  # [N, H]
                 taken.append(route)
             x = rounded(x)
         return x @ params["out.weight"].T + params["out.bias"], taken  # [N, V]
 
     @staticmethod
-    def _route(x: torch.Tensor, router: torch.Tensor) -> Route:
-        # Not `x @ router.T`: a GEMM this narrow takes a path in MKL whose result for a row depends on
-        # where the row sits in the batch (measured: 114 of 64 rows off by ~1e-7 at D = 39, E = 4),
-        # and a route must not. A product-sum accumulated in fp32, as the GEMM would, then rounded.
-        acc = torch.promote_types(x.dtype, torch.float32)
-        scores = (x.to(acc).unsqueeze(1) * router.to(acc)).sum(-1).to(x.dtype)  # [N, E]
+    def _every_expert(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        n, (E, H, _) = x.shape[0], weight.shape
+        every = x @ weight.reshape(E * H, -1).T + bias.reshape(E * H)  # [N, E·H]
+        return every.view(n, E, H).gather(1, expert.view(n, 1, 1).expand(n, 1, H)).squeeze(1)  # [N, H]
+
+    @staticmethod
+    def _own_expert(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, expert: torch.Tensor) -> torch.Tensor:
+        order = expert.argsort()  # [N]: rows grouped by expert
+        sizes = torch.bincount(expert, minlength=weight.shape[0]).tolist()
+        groups = x[order].split(sizes)
+        out = torch.cat([rows @ weight[e].T + bias[e] for e, rows in enumerate(groups)])  # [N, H], grouped
+        return out[order.argsort()]  # [N, H], back in row order
+
+    @staticmethod
+    def _route(x: torch.Tensor, router: torch.Tensor, batch_invariant: bool) -> Route:
+        if batch_invariant:
+            # Not `x @ router.T`: a GEMM this narrow takes a path in MKL whose result for a row depends
+            # on where the row sits in the batch (measured: 114 of 64 rows off by ~1e-7 at D = 39,
+            # E = 4), and a route must not. A product-sum accumulated in fp32 as the GEMM would.
+            acc = torch.promote_types(x.dtype, torch.float32)
+            scores = (x.to(acc).unsqueeze(1) * router.to(acc)).sum(-1).to(x.dtype)  # [N, E]
+        else:
+            scores = x @ router.T  # [N, E]
         expert = scores.argmax(-1)  # [N]: a tie goes to the lower index
         gate = torch.softmax(scores, dim=-1).gather(-1, expert.unsqueeze(-1)).squeeze(-1)  # [N]
         return Route(expert=expert, gate=gate)
