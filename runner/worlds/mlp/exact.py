@@ -15,7 +15,9 @@ ended + Σ_s d_T[s, ·], and the task turns it into E[R]. d_0 puts all mass on t
 BOS when rollout.prompt_len = 1, a uniform token otherwise (the network sees only that token).
 
 Everything runs in the dtype asked for (float64 for a ground truth), the network included: an exact
-precision casts nothing, so the parameters' own dtype is the arithmetic.
+precision casts nothing, so the parameters' own dtype is the arithmetic. With experts, J is smooth
+between routing boundaries and jumps across them; autograd gives the gradient of the smooth piece
+θ is in (through the gates), which is also what the score function ∇log π sees.
 """
 
 from __future__ import annotations
