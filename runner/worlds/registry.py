@@ -9,6 +9,7 @@ from runner.lookup import LazyRegistry
 
 WORLDS = LazyRegistry("policy.name", {
     "bigram": "runner.worlds.bigram.world:BigramWorld",
+    "mlp": "runner.worlds.mlp.world:MLPWorld",
 })
 
 

@@ -1,0 +1,147 @@
+"""`policy=mlp`: one network shared by every state, with an exact objective for count tasks.
+
+The policy writes `rollout.seq_len` tokens over `rollout.vocab_size`; token t is drawn from
+π_θ(· | prev, count, t), an MLP of the previous token, the number of task target tokens so far in
+the response and the position (model.py: the features, the network, its experts and how it runs in
+low precision). Sharing is the point: an update made in one state moves the policy in every state
+that looks like it, which a table cannot do.
+
+- Prompts are BOS (= V) and `rollout.prompt_len − 1` uniform tokens; only the last one reaches the
+  network, as the previous token of position 0.
+- The count needs the task's targets: a count task gives `is_target`. Any other task leaves the
+  count feature at 0 in every state (the network then sees prev and t only) and there is no exact J.
+- `rollout.eos_token` ends a response right after the first EOS (the EOS is an action; the rest is
+  padding, mask 0). The state is explicit, so the sampler keeps (prev, count, t) per row: no cache.
+- Precision: the trainer's `logits(..., FP32)` and the engine's `logits` / `sampler` in bf16, fp16
+  or fp8 are one forward pass (model.py `Net.forward`), so the mismatch is the arithmetic's.
+- exact.py: J(θ) by dynamic programming over (position, prev, count), for any count task.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import torch
+
+from runner.config_checks import as_float, as_int, check_keys
+from runner.errors import UserError
+from runner.tasks.base import CountTask
+from runner.worlds.mlp.exact import CountDP
+from runner.worlds.mlp.model import Net, Route
+from runner.worlds.precision import FP32, Precision
+from runner.worlds.protocol import Params, World, param_count
+
+POLICY_KEYS = ("name", "description", "layers", "hidden", "experts", "init_std")
+
+
+class MLPWorld(World):
+    name = "mlp"
+
+    def __init__(self, net: Net, prompt_len: int = 1, eos_token: int | None = None,
+                 task: Any = None):
+        self.net = net
+        self.vocab_size, self.seq_len = net.vocab_size, net.seq_len
+        self.prompt_len, self.eos_token = prompt_len, eos_token
+        self.task = task
+        self.is_target = torch.zeros(net.vocab_size, dtype=torch.bool)  # [V]
+        self.exact = None
+        if isinstance(task, CountTask):
+            self.is_target = task.is_target
+            start_prev = torch.tensor([self.bos]) if prompt_len == 1 else torch.arange(self.vocab_size)
+            self.exact = CountDP(net, task, start_prev, eos_token)
+
+    @classmethod
+    def from_config(cls, policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any) -> "MLPWorld":
+        check_keys("policy", policy, POLICY_KEYS)
+        experts = as_int("policy", policy, "experts", low=0, default=0)
+        if experts == 1:
+            raise UserError("policy.experts must be 0 (dense) or >= 2, got 1 (one expert is a dense layer)")
+        vocab = as_int("rollout", rollout, "vocab_size", low=2)
+        task_vocab = getattr(task, "vocab_size", None)
+        if task_vocab is not None and task_vocab != vocab:
+            raise UserError(f"task {task.name} has {task_vocab} tokens but rollout.vocab_size is {vocab}")
+        eos = rollout.get("eos_token")
+        if eos is not None:
+            eos = as_int("rollout", rollout, "eos_token", low=0, high=vocab - 1)
+        net = Net(
+            vocab_size=vocab,
+            seq_len=as_int("rollout", rollout, "seq_len", low=1),
+            layers=as_int("policy", policy, "layers", low=1, default=2),
+            hidden=as_int("policy", policy, "hidden", low=1, default=64),
+            experts=experts,
+            init_std=as_float("policy", policy, "init_std", low=0.0, default=0.02),
+        )
+        return cls(net, as_int("rollout", rollout, "prompt_len", low=1, default=1), eos, task)
+
+    @property
+    def bos(self) -> int:
+        return self.vocab_size
+
+    def init_params(self, generator: torch.Generator) -> Params:
+        return self.net.init_params(generator)
+
+    def sample_prompts(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """[n, prompt_len] long: BOS, then uniform tokens."""
+        prompts = torch.full((n, self.prompt_len), self.bos, dtype=torch.long)
+        if self.prompt_len > 1:
+            prompts[:, 1:] = torch.randint(self.vocab_size, (n, self.prompt_len - 1), generator=generator)
+        return prompts
+
+    def logits(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
+               precision: Precision = FP32) -> torch.Tensor:
+        n, T = tokens.shape
+        prev = torch.cat([prompts[:, -1:], tokens[:, :-1]], 1)  # [N, T]
+        hits = self.is_target[tokens].long()  # [N, T]
+        count = hits.cumsum(1) - hits  # [N, T]: targets before position t
+        position = torch.arange(T).expand(n, T)  # [N, T]
+        engine = Net.cast(params, precision)
+        logits = self.state_logits(engine, params, prev.reshape(-1), count.reshape(-1), position.reshape(-1), precision)
+        return logits.view(n, T, self.vocab_size)
+
+    def sampler(self, params: Params, prompts: torch.Tensor, precision: Precision) -> "MLPSampler":
+        return MLPSampler(self, params, prompts, precision)
+
+    def state_logits(self, engine: Params, params: Params, prev: torch.Tensor, count: torch.Tensor,
+                     position: torch.Tensor, precision: Precision) -> torch.Tensor:
+        """[N] states → [N, V] logits in the compute dtype. `engine` = Net.cast(params, precision);
+        the fp32 `params` give the routes when the precision replays the trainer's routing."""
+        table = self.net.encoding_table(params["out.bias"].dtype)
+        feats = self.net.features(prev, count, position, table)  # [N, D]
+        routes: list[Route] | None = None
+        if precision.router_fp32 and self.net.experts and not precision.exact:
+            with torch.no_grad():
+                _, routes = self.net.forward(params, feats, FP32)
+        return self.net.forward(engine, feats, precision, routes)[0]
+
+    def summary(self) -> dict[str, Any]:
+        net = self.net
+        return {**super().summary(), "layers": net.layers, "hidden": net.hidden, "experts": net.experts,
+                "init_std": net.init_std, "features": net.feature_dim,
+                "parameters": param_count(net.init_params(torch.Generator().manual_seed(0)))}
+
+
+class MLPSampler:
+    """The engine's view, one position at a time: the state (prev, count, t) of every row is kept
+    explicitly, and each call is one [N, D] forward pass, vectorised over the batch."""
+
+    def __init__(self, world: MLPWorld, params: Params, prompts: torch.Tensor, precision: Precision):
+        self.world, self.precision = world, precision
+        self.params = {name: p.detach() for name, p in params.items()}
+        self.engine = Net.cast(self.params, precision)
+        self.prev = prompts[:, -1]  # [N]
+        self.count = torch.zeros_like(self.prev)  # [N]
+        self.t = 0
+
+    def start(self) -> torch.Tensor:
+        return self._logits()
+
+    def step(self, tokens: torch.Tensor) -> torch.Tensor:
+        self.count = self.count + self.world.is_target[tokens].long()
+        self.prev = tokens
+        self.t += 1
+        return self._logits()
+
+    def _logits(self) -> torch.Tensor:
+        with torch.no_grad():
+            return self.world.state_logits(self.engine, self.params, self.prev, self.count,
+                                           torch.full_like(self.prev, self.t), self.precision)  # [N, V]
