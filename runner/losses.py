@@ -12,7 +12,7 @@ from typing import Any, Mapping
 import torch
 
 from runner.corrections import Correction, CorrectionResult, apply_correction
-from runner.masking import zero_padding
+from runner.masking import SAFETY_BOUND, zero_padding
 from runner.errors import UserError
 
 LOSSES = ("ppo", "gspo", "reinforce")
@@ -61,14 +61,29 @@ class LossResult:
     # converts these with them (the train study's one .tolist() a row); None with metrics=False
     clipped_tokens: torch.Tensor | None = None  # masked-in tokens where the clipped branch binds
     tokens: torch.Tensor | None = None  # masked-in tokens
+    policy_k3: torch.Tensor | None = None  # Σ over masked-in tokens of k3(lp − old): how far θ moved from θ_old
+
+    @property
+    def counts(self) -> list[torch.Tensor]:
+        """[clipped tokens, tokens, Σ k3] as 0-d tensors, for `loss_metrics` after one conversion."""
+        return [self.clipped_tokens, self.tokens, self.policy_k3]
 
     @property
     def metrics(self) -> dict[str, float]:
-        """The correction's metrics and ppo_clip_fraction; empty when computed with metrics=False."""
+        """The correction's metrics, ppo_clip_fraction and policy_kl_k3; empty with metrics=False."""
         if self.tokens is None:
             return {}
-        clipped, tokens = torch.stack([self.clipped_tokens, self.tokens]).tolist()
-        return {**self.correction.metrics, "ppo_clip_fraction": clipped / tokens if tokens else 0.0}
+        return {**self.correction.metrics, **loss_metrics(*torch.stack(self.counts).tolist())}
+
+
+def loss_metrics(clipped: float, tokens: float, policy_k3: float) -> dict[str, float]:
+    """ppo_clip_fraction: the share of masked-in tokens where PPO's clipped branch is the active one.
+    policy_kl_k3: the mean k3 = e^d − 1 − d of d = lp − old (±20 bound), an estimate of KL(π_old ‖ π_θ)
+    per token on the batch's tokens: 0 at a step's first update, then how far the updates have moved θ
+    within the step (the field calibrates its learning rates to about 1e-3 nats here)."""
+    if not tokens:
+        return {"ppo_clip_fraction": 0.0, "policy_kl_k3": 0.0}
+    return {"ppo_clip_fraction": clipped / tokens, "policy_kl_k3": policy_k3 / tokens}
 
 
 def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, spec: LossSpec,
@@ -226,4 +241,7 @@ def policy_loss(
             out.clipped_tokens = torch.zeros((), dtype=mask.dtype)
         else:  # under sanitisation the clipped flags are already False at padding (A = 0 there)
             out.clipped_tokens = (clipped if sanitise else clipped & (mask > 0)).sum()
+        with torch.no_grad():
+            moved = zero_padding(lp.detach() - old, mask).clamp(-SAFETY_BOUND, SAFETY_BOUND)
+            out.policy_k3 = (torch.expm1(moved) - moved).sum()  # 0 at padding: e^0 − 1 − 0
     return out

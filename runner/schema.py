@@ -23,7 +23,7 @@ FAULT_COLUMNS = ("nonfinite_loss", "nonfinite_grad", "skipped", "all_rejected")
 CORRECTION_METRICS = ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess",
                       "token_masked_fraction", "seq_masked_fraction", "clamped_fraction", "kl_k1", "kl_k3",
                       "chi2_token", "chi2_seq", "log_ppl_diff", "max_abs_prob_diff")
-LOSS_METRICS = ("ppo_clip_fraction",)
+LOSS_METRICS = ("ppo_clip_fraction", "policy_kl_k3")
 UPDATE_METRICS = CORRECTION_METRICS + LOSS_METRICS  # what log.metrics=false leaves out
 TIMING_COLUMNS = ("wall_ms",)
 

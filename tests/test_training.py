@@ -145,3 +145,23 @@ def test_train_config_errors(tmp_path):
                             ("train.objective_samples=1", "objective_samples must be >= 2")):
         with pytest.raises(UserError, match=match):
             train(tmp_path, [override])
+
+
+def test_updates_without_signal_are_no_evidence_of_scale():
+    """A sparse reward gives zero gradients until a response scores: those zeros are not a running
+    median of 0 against which the first real gradient is a spike."""
+    watch, events = _spike_watch([0.0] * 50 + [0.05, 0.06, 0.05] + [0.05] * 10)
+    assert events == [] and watch.reason is None
+    watch, events = _spike_watch([0.0] * 5 + [1.0] * 10 + [0.0] * 3 + [20.0] * 3)
+    assert len(events) == 1 and watch.step == 9  # zeros neither count nor break a run of spikes
+
+
+def test_between_evaluations_the_sampled_reward_shows_a_drop_but_never_sets_the_peak():
+    watch = CollapseWatch(CollapseRules(), 0.1)
+    watch.observe_objective(0, 0.1)
+    watch.observe_objective(20, 1.0)
+    events = [watch.observe_objective(step, 1.5 if step == 25 else 0.2, estimate=True) for step in range(21, 40)]
+    assert watch.peak == 1.0 and watch.peak_step == 20  # a lucky batch's reward is no peak
+    assert watch.reason is None  # 0.2 from step 26: 13 steps, not yet 20
+    events += [watch.observe_objective(40, 0.2)] + [watch.observe_objective(s, 0.2, estimate=True) for s in range(41, 47)]
+    assert [e.step for e in events if e is not None] == [26] and watch.step == 26

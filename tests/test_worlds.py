@@ -29,6 +29,8 @@ ROLLOUT = {"vocab_size": 8, "seq_len": 6, "prompt_len": 2, "eos_token": None, "b
 WORLD_CONFIGS = {
     "bigram": ({"name": "bigram", "init_std": 1.0}, {**ROLLOUT, "eos_token": 5},
                {"name": "target-threshold", "targets": [0, 1, 2], "min_count": 2}),
+    "mlp": ({"name": "mlp", "layers": 2, "hidden": 16, "experts": 2, "init_std": 0.5}, {**ROLLOUT, "eos_token": 5},
+            {"name": "count-exact", "targets": [0, 1], "k": 2}),
 }
 
 

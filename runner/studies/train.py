@@ -14,7 +14,7 @@ Outputs in the run dir:
                 - faults: nonfinite_loss, nonfinite_grad, skipped, all_rejected (0/1)
                 - the correction's per-batch metrics (is_weight_*, ess, *_masked_fraction,
                   clamped_fraction, kl_k1, kl_k3, chi2_*, log_ppl_diff, max_abs_prob_diff) and
-                  ppo_clip_fraction; dropped when log.metrics=false
+                  ppo_clip_fraction and policy_kl_k3 (runner/losses.py); dropped when log.metrics=false
                 - wall_ms: ms since training began; dropped when log.timing=false, and then the
                   file is byte-identical across runs of the same config and seed
   tokens.csv    step, seq, pos, token, old, roll: every generated token's trainer (fp32) and engine
@@ -42,6 +42,7 @@ import torch
 from omegaconf import DictConfig
 
 from runner.errors import StudyFailed, UserError
+from runner.losses import loss_metrics
 from runner.progress import Progress
 from runner.records import CsvWriter, EventWriter, NumberCsvWriter, mark_done, write_json_atomic
 from runner.schema import CONSTANT_COLUMNS, EVENT_KINDS, TOKEN_COLUMNS, metrics_columns
@@ -115,17 +116,16 @@ class Writer:
             # the correction metrics already are Python floats
             named = {"reward": rec.reward, **objective, "loss": u.loss, "grad_norm": u.grad_norm,
                      "clipped": u.clipped, "update_norm": u.update_norm, "entropy": u.entropy}
-            values = torch.stack([*named.values(), *u.clip_counts]).tolist()
+            values = torch.stack([*named.values(), *u.loss_counts]).tolist()
             row = {"objective": "", "objective_se": "", **dict(zip(named, values))}  # "": not evaluated this step
-            clip_counts = values[len(named):]
+            loss_counts = values[len(named):]
             row["clipped"] = int(row["clipped"])
             # metrics.csv's writer takes the constant cells (seed, correction, ...) from the run, the rest by name
             row.update({"step": rec.step, "update": u.update, "nonfinite_loss": int(not u.loss_finite),
                         "nonfinite_grad": int(not u.grad_finite), "skipped": int(u.skipped),
                         "all_rejected": int(u.all_rejected), **u.correction_metrics})
             if s.metrics:
-                clipped, tokens = clip_counts
-                row["ppo_clip_fraction"] = clipped / tokens if tokens else 0.0
+                row.update(loss_metrics(*loss_counts))
             if s.timing:
                 row["wall_ms"] = round((time.perf_counter() - self.t0) * 1000, 3)
             self.metrics_csv.write(row)

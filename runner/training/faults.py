@@ -7,10 +7,14 @@ reach the parameters, the poisoning the seed report warns about.
 Collapse is relative, so one rule serves every world whatever the scale of its objective and its
 gradients (`train.collapse.*`):
 - drop:  J at least `drop` (a fraction, 0.3) below its running peak for at least `window` (20) steps;
-         the collapse step is the first step of that stretch;
+         the collapse step is the first step of that stretch. The peak is J's; on steps where J is not
+         evaluated (train.objective_every > 1) the step's mean sampled reward stands in for the level,
+         so a drop between two evaluations, or in a run's last stretch, is still seen;
 - spike: at least `spike_updates` (3) consecutive updates whose grad_norm (before clipping) exceeds
-         `spike_factor` (10) × the running median of the run's earlier finite grad norms (judged once
-         `min_history` (10) norms are known); the collapse step is the first of them;
+         `spike_factor` (10) × the running median of the run's earlier finite, non-zero grad norms
+         (judged once `min_history` (10) are known; an update with no signal, e.g. a sparse reward that
+         gave every response 0, has norm 0 and is no evidence of scale); the collapse step is the
+         first of them;
 - NaN/inf parameters (the run then stops: nothing can be sampled from them).
 The first collapse of any kind is the run's collapse (summary.json: collapse_step, collapse_reason);
 each kind is logged as a `collapse` event the first time it happens. A run whose J never rose more
@@ -116,11 +120,12 @@ class CollapseWatch:
     def learned(self) -> bool:
         return math.isfinite(self.peak) and self.peak > self.initial + self.rules.learned_margin
 
-    def observe_objective(self, step: int, value: float) -> Event | None:
-        """A new objective value J(θ_step); an event when it completes a sustained drop."""
+    def observe_objective(self, step: int, value: float, estimate: bool = False) -> Event | None:
+        """A new objective value J(θ_step), or with `estimate` a noisy stand-in for it (never a peak);
+        an event when it completes a sustained drop."""
         if not math.isfinite(value):
             return None
-        if not math.isfinite(self.peak) or value > self.peak:
+        if not estimate and (not math.isfinite(self.peak) or value > self.peak):
             self.peak, self.peak_step = value, step
         threshold = (1 - self.rules.drop) * self.peak
         if value >= threshold or self.peak <= 0:
@@ -138,6 +143,8 @@ class CollapseWatch:
         """An update's grad norm (before clipping); an event when it completes a run of spikes."""
         if not math.isfinite(norm):
             self._spike_run.clear()
+            return None
+        if norm == 0:
             return None
         history = self._norms
         if len(history) >= self.rules.min_history:

@@ -48,7 +48,7 @@ class UpdateRecord:
     skipped: bool
     all_rejected: bool
     correction_metrics: dict[str, float]
-    clip_counts: list[torch.Tensor]  # [clipped tokens, tokens] for ppo_clip_fraction; [] without metrics
+    loss_counts: list[torch.Tensor]  # LossResult.counts, for runner.losses.loss_metrics; [] without metrics
 
 
 @dataclass
@@ -104,6 +104,8 @@ class Trainer:
         if step % s.train.objective_every == 0:
             record.objective, record.objective_se = self.objective_tensor()
             self._note(record, self.collapse.observe_objective(step, float(record.objective)))
+        else:
+            self._note(record, self.collapse.observe_objective(step, float(record.reward), estimate=True))
         parts = (apply_correction_split(s.correction, old, ro.roll, ro.mask, self.slices, metrics=s.metrics)
                  if s.correction.ratio == "decoupled" else [None] * len(self.slices))
         for update, (sl, part) in enumerate(zip(self.slices, parts)):
@@ -175,7 +177,7 @@ class Trainer:
                            entropy=entropy, params_finite=params_finite, loss_finite=loss_finite,
                            grad_finite=grad_finite, skipped=skipped, all_rejected=res.all_rejected,
                            correction_metrics=res.correction.metrics,
-                           clip_counts=[res.clipped_tokens, res.tokens] if s.metrics else [])
+                           loss_counts=res.counts if s.metrics else [])
         if grad_finite:
             self._note(record, self.collapse.observe_grad_norm(step, update, float(grad_norm)))
         if nonfinite and s.train.on_nonfinite == "raise":
