@@ -43,7 +43,8 @@ def mismatch_at_init(s, n: int = 256) -> dict[str, tuple[float, float]]:
     for precision in ("bf16", "fp16", "fp8"):
         gen = torch.Generator().manual_seed(12345)
         prompts = s.world.sample_prompts(n, gen)
-        ro = Engine(s.world, Mismatch(precision=precision)).sample(params, prompts, gen)
+        ro = Engine(s.world, replace(s.mismatch, precision=precision, staleness=0, logit_noise=0.0, outlier_rate=0.0,
+                                        temperature=1.0, top_p=1.0)).sample(params, prompts, gen)
         old = s.world.token_stats(params, ro.prompts, ro.tokens, entropy=False).logp
         inside = ro.mask > 0
         lr = (old - ro.roll)[inside].double()

@@ -267,3 +267,22 @@ def test_target_count_objective_matches_the_forward_recursion(eos, prompt_len):
         alive = q if eos is None else q.index_fill(0, torch.tensor([eos]), 0.0)
         d = torch.cat([alive, alive.new_zeros(1)])
     assert float(world.exact.objective({"theta": theta})) == pytest.approx(float(reference), abs=1e-14)
+
+
+def test_fp32_logprobs_take_the_log_softmax_of_the_rounded_logits_in_fp32():
+    """mismatch.logprobs=fp32 (vLLM's and SGLang's way): the engine upcasts its bf16 logits before the
+    log-softmax, so its report is exactly log_softmax(bf16(θ).float()); the compute-dtype log-softmax
+    adds its own rounding on top (a 2⁻⁶-spaced grid near log(1/16)), several times the logits' alone."""
+    world = Bigram(vocab_size=16, seq_len=8, init_std=1.0)
+    g = torch.Generator().manual_seed(0)
+    params = world.init_params(g)
+    ro = Engine(world, Mismatch()).sample(params, world.sample_prompts(256, g), g)
+    theta = params["theta"]
+    upcast = Engine(world, Mismatch(precision="bf16", logprobs="fp32")).score(params, ro.prompts, ro.tokens)
+    prev = BigramWorld.states(ro.prompts, ro.tokens)
+    expected = torch.log_softmax(theta.to(torch.bfloat16).float(), -1)[prev, ro.tokens]
+    assert torch.equal(upcast, expected)
+    old = _lp(theta, ro)
+    in_compute = Engine(world, Mismatch(precision="bf16")).score(params, ro.prompts, ro.tokens)
+    err_upcast, err_compute = float((upcast - old).abs().mean()), float((in_compute - old).abs().mean())
+    assert 0 < err_upcast < err_compute / 2, (err_upcast, err_compute)

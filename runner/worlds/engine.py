@@ -8,9 +8,12 @@ report is `roll`. Everything in `mismatch.*` happens here and only here:
   ring buffer: the study pushes θ at the start of every step and the engine reads the oldest entry,
   so step t samples from θ_{t−k} (θ₀ while t < k). k = 0 is synchronous.
 - precision fp32 | bf16 | fp16 | fp8: the world computes its forward pass in that precision
-  (runner/worlds/precision.py says what each rounds) and the log-softmax runs in its compute dtype.
-  The trainer recomputes `old` in fp32. `router_replay`: a mixture-of-experts world routes as the
-  trainer does (the router in fp32).
+  (runner/worlds/precision.py says what each rounds). `logprobs`: where the engine takes the
+  log-softmax of those logits: `fp32` upcasts them first, as vLLM and SGLang do, so the mismatch is
+  the forward pass's alone; `compute` takes it in the compute dtype, which adds a floor of rounding
+  that does not depend on the policy (what the bigram world has always done: its only arithmetic is
+  that log-softmax). The trainer recomputes `old` in fp32. `router_replay`: a mixture-of-experts
+  world routes as the trainer does (the router in fp32).
 - logit_noise σ: N(0, σ²) added to every logit (nondeterministic kernels, in the large).
 - temperature, top_p: the engine samples from the processed distribution and reports ITS
   log-probs, as vLLM does (top-p as in vLLM: drop the smallest-probability tokens whose cumulative
@@ -35,6 +38,8 @@ from runner.config_checks import as_bool, as_choice, as_float, as_int, check_key
 from runner.worlds.precision import PRECISIONS, Precision
 from runner.worlds.protocol import Params, World
 
+LOGPROBS = ("compute", "fp32")
+
 
 @dataclass(frozen=True)
 class Mismatch:
@@ -46,6 +51,7 @@ class Mismatch:
     outlier_rate: float = 0.0
     outlier_shift: float = -1000.0
     router_replay: bool = False
+    logprobs: str = "compute"  # compute | fp32: the dtype of the engine's log-softmax
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "Mismatch":
@@ -61,6 +67,7 @@ class Mismatch:
             # ±inf is a legitimate fault to inject; NaN is not a shift.
             outlier_shift=as_float(s, cfg, "outlier_shift", finite=False),
             router_replay=as_bool(s, cfg, "router_replay", default=False),
+            logprobs=as_choice(s, cfg, "logprobs", LOGPROBS, default="compute"),
         )
 
     @property
@@ -103,11 +110,12 @@ class Engine:
         self.world = world
         self.mismatch = mismatch
         self.precision = mismatch.compute_precision
-        self.dtype = self.precision.compute
+        self.dtype = torch.float32 if mismatch.logprobs == "fp32" else self.precision.compute
 
     def process(self, logits: torch.Tensor, noise_generator: torch.Generator | None = None) -> torch.Tensor:
         """Engine-dtype logits [..., V] → the log-probs of the distribution the engine samples from."""
         m = self.mismatch
+        logits = logits.to(self.dtype)
         if m.logit_noise > 0:
             noise = torch.randn(logits.shape, generator=noise_generator, device=logits.device)
             logits = logits + (m.logit_noise * noise).to(self.dtype)
