@@ -16,6 +16,7 @@ import inspect
 import json
 import shlex
 from dataclasses import asdict, dataclass, fields
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from runner.audit.loading import first_line, install_stubs, load_attr, parse_stubs
@@ -127,6 +128,9 @@ class TargetSpec:
         """8 hex digits over everything but the target's name: two audits of one target with
         other kwargs write other case files."""
         body = {k: v for k, v in asdict(self).items() if k not in ("target", "stub", "allow_raise")}
+        if self.weights_fn:  # by name: the folder it was unpacked into is not part of what it is
+            where, _, attr = self.weights_fn.rpartition(":")
+            body["weights_fn"] = f"{Path(where).name}:{attr}"
         return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:8]
 
     def cli_args(self) -> list[str]:

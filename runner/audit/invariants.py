@@ -53,7 +53,7 @@ class Violation(str):
 
 # --------------------------------------------------------------------------------- helpers
 def _fmt(x: float) -> str:
-    return f"{x:.6g}"
+    return f"{x + 0.0:.6g}"  # + 0.0: −0 prints as 0
 
 
 def value_class(x: float) -> str:
@@ -130,7 +130,8 @@ def check_finite(subject, batch: Batch) -> Violation | None:
     if bool(bad.any()):
         i, j = bad.nonzero()[0].tolist()
         value = float(out.grad[i, j])
-        return Violation(f"grad{_where(bad)} {_fmt(value)} on finite inputs (loss {_fmt(loss)})",
+        masked = " (a masked position)" if float(batch.mask[i, j]) == 0 else ""
+        return Violation(f"grad{_where(bad)}{masked} {_fmt(value)} on finite inputs (loss {_fmt(loss)})",
                          f"grad:{value_class(value)}")
     return None
 
