@@ -534,7 +534,7 @@ def render(cells: list[Cell], console) -> None:
 
     numbers = sorted({c.invariant for c in cells if isinstance(c.invariant, int)})
     extra = [k for k in (ALL_MASKED, REFERENCE) if any(c.invariant == k for c in cells)]
-    heads = {ALL_MASKED: "empty", REFERENCE: "ref"}
+    heads = {ALL_MASKED: "empty", REFERENCE: "ref", RAISES: "raises"}
     rows: dict[str, list[Cell]] = {}
     for c in cells:
         rows.setdefault(c.preset, []).append(c)
@@ -542,19 +542,23 @@ def render(cells: list[Cell], console) -> None:
     need = max((len(p) for p in rows), default=6) + 8 + 4 * len(numbers) + 7 * len(extra) + 8 \
         + (len(UPSTREAM) if upstream_fails else 7) + 2 * (len(numbers) + len(extra) + 4)
     wide = console.width >= need
+    if not wide:  # one letter each, spelled out in the legend
+        heads = {ALL_MASKED: "E", REFERENCE: "R", RAISES: "X"}
+    meaning = {ALL_MASKED: "all-masked batch", REFERENCE: "matches the reference preset",
+               RAISES: "distinct exceptions"}
     legend = "  ".join([f"{n} {INVARIANTS[n].short}" for n in numbers]
-                       + ["empty: all-masked batch" if k == ALL_MASKED else "ref: matches the reference preset"
-                          for k in extra] + ["raises: distinct exceptions"])
+                       + [f"{heads[k]}: {meaning[k]}" for k in (*extra, RAISES)])
     if not wide and upstream_fails:
         legend += f"\nknown: a faithful preset that {UPSTREAM}"
     table = Table(title="is-study audit  (preset × invariant)", title_justify="left", caption=legend,
-                  caption_justify="left", box=box.SIMPLE_HEAD, collapse_padding=not wide, pad_edge=wide)
-    table.add_column("preset", style="bold", no_wrap=True)
+                  caption_justify="left", box=box.SIMPLE_HEAD, collapse_padding=not wide, pad_edge=wide,
+                  padding=(0, 1) if wide else 0)  # SIMPLE_HEAD already puts a space between columns
+    table.add_column("preset", style="bold", no_wrap=True, max_width=None if wide else 24)
     if wide:
         table.add_column("kind")
     for n in [*numbers, *extra]:
         table.add_column(str(n) if isinstance(n, int) else heads[n], justify="center", no_wrap=True, min_width=4)
-    table.add_column("raises", justify="center", no_wrap=True)
+    table.add_column(heads[RAISES], justify="center", no_wrap=True)
     table.add_column("verdict", no_wrap=not wide)
     for preset, row in rows.items():
         faithful = row[0].faithful
