@@ -309,7 +309,8 @@ def audit(
 ) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from runner.studies.audit import exit_code, render, run_audit
+    from runner.audit.table import render
+    from runner.studies.audit import exit_code, run_audit
 
     spec = _target_spec(target=target, target_kwargs=target_kwargs, stub=stub, convention=convention,
                         arg_map=arg_map, loss_key=loss_key, call_kwargs=call_kwargs, weights_fn=weights_fn,

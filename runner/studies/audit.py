@@ -6,13 +6,13 @@ For each row (a preset under ppo and reinforce, or one target) and each invarian
   1. the hand-written cases (runner/audit/generators.py) that the input profile admits, in order;
   2. otherwise a derandomized hypothesis search (`hypothesis.find`), which shrinks what it finds;
   3. a failure is shrunk once more (greedy rows/columns), always keeping its kind (a −inf loss
-     stays a −inf loss), and written with `runner.cases.write_case_file` to
+     stays a −inf loss), and saved by runner/audit/counterexamples.py to
      OUT/<row>[.<hash>].<check>.yaml, the command that reproduces it in the header.
 
 A batch on which the subject raises is skipped by the check and logged; each distinct exception
 (type and raising line) is one finding, shrunk and saved too. Faithful presets are expected to fail
 what released code fails; only a finding on one of our own presets or on an external target makes
-the exit code 1.
+the exit code 1. The table is drawn by runner/audit/table.py.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from runner.audit.counterexamples import case_path, save_counterexample, slug
 from runner.errors import UserError
 
 DEFAULT_LOSSES = ("ppo", "reinforce")
@@ -74,7 +75,7 @@ class Group:
 
     def __post_init__(self) -> None:
         if not self.key:
-            self.key = _slug(self.name)
+            self.key = slug(self.name)
 
 
 # --------------------------------------------------------------------------------- subjects
@@ -120,7 +121,7 @@ def preset_groups(overrides: Sequence[str]) -> list[Group]:
         cfg = hydra_app.compose([f"correction={name}", *rest])
         corr = Correction.from_config(hydra_app.to_container(cfg.correction))
         subjects = [PresetSubject(corr, spec, rest) for spec in specs]
-        key = _slug(corr.name) + (f".{_short_hash(' '.join(sorted(rest)))}" if rest else "")
+        key = slug(corr.name) + (f".{_short_hash(' '.join(sorted(rest)))}" if rest else "")
         groups.append(Group(corr.name, corr.faithful, subjects, key))
     return groups
 
@@ -134,7 +135,7 @@ def target_group(spec, overrides: Sequence[str] = ()) -> Group:
         raise UserError("--weights-fn without --target is audited under our losses; correction= does not apply")
     subjects = resolve_all(spec, loss_specs(overrides) if spec.target is None else ())
     name = subjects[0].name
-    return Group(name, False, subjects, f"{_slug(name)}.{spec.digest()}", spec.cli_args() + list(overrides),
+    return Group(name, False, subjects, f"{slug(name)}.{spec.digest()}", spec.cli_args() + list(overrides),
                  spec.allow_raise)
 
 
@@ -248,81 +249,6 @@ def _time(fn: Callable) -> tuple[Any, float]:
     return out, time.perf_counter() - start
 
 
-# --------------------------------------------------------------------------------- case files
-def _slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-+" else "-" for c in name.replace("/", "--").replace(":", "--"))
-
-
-def case_path(out_dir: Path, key: str, check: int | str) -> Path:
-    suffix = f"inv{check}" if isinstance(check, int) else check
-    return Path(out_dir) / f"{_slug(key)}.{suffix}.yaml"
-
-
-def _results(case, subject, corr=None) -> dict[str, Any]:
-    from runner.studies.case import evaluate
-
-    r = evaluate(case, subject.spec, corr or subject.corr)
-    return {"loss": r["loss"], "grad": r["grad"]}
-
-
-def _preset_header(path: Path, n: int | str, subject, batch, cases) -> tuple[list[str], list | None]:
-    """Reproduce lines for a preset (and, for invariants 4-6, the `expect:` numbers to --check)."""
-    from runner.corrections import Correction
-
-    args = [f"correction={subject.name}", f"loss={subject.loss_name}", *subject.overrides]
-    lines, expect = [], None
-    if n in (6, 7):
-        lines.append("checked in float64; `is-study case` evaluates in float32")
-    if n in (4, 5, 6):
-        if n == 4:
-            clean = _results(cases[0], subject)
-            expect = [clean, dict(clean)]
-        elif n == 5:
-            expect = [_results(cases[0], subject, Correction(name="none"))]
-        else:
-            from runner.audit.invariants import permutations
-
-            perm = permutations(batch.shape[0])[0]
-            first = _results(cases[0], subject)
-            expect = [first, {"loss": first["loss"], "grad": [first["grad"][i] for i in perm]}]
-        what = {4: "what clean (zero) padding gives", 5: "what `none` gives", 6: "the original's results, permuted"}[n]
-        lines.append(f"expect: holds {what}, so --check shows the mismatch")
-        expect = [{"preset": subject.name, "overrides": args[1:], "results": expect}]
-        lines.append(f"reproduce: is-study case {path} --check")
-    lines.append(f"reproduce: is-study case {path} {' '.join(args)}")
-    return lines, expect
-
-
-def save_counterexample(path: Path, check: int | str, title: str, subject, group: Group, batch, detail: str,
-                        how: str, profile: str) -> Path:
-    """Write the counterexample of one finding, with a header saying what, how found and how to rerun."""
-    from runner.audit.invariants import permutations
-    from runner.cases import write_case_file
-
-    B, T = batch.shape
-    cases = [batch.to_case(f"{check}-counterexample" if isinstance(check, str) else f"invariant-{check}-counterexample")]
-    if check == 4:
-        cases = [batch.clean_padding().to_case("clean-padding"), batch.to_case("garbage-padding")]
-    elif check == 5:
-        cases = [batch.on_policy().to_case("on-policy")]
-    elif check == 6:
-        perm = permutations(B)[0]
-        cases = [batch.to_case("original"), batch.rows(perm).to_case(f"rows-permuted-{'-'.join(map(str, perm))}")]
-    loss = f"loss={subject.loss_name}: " if subject.loss_name else ""
-    header = [f"is-study audit: {group.name} {title}", f"{loss}{detail}",
-              f"found by {how}; {profile} inputs; B={B}, T={T}"]
-    target = None
-    expect = None
-    if subject.kind == "preset":
-        lines, expect = _preset_header(path, check, subject, batch, cases)
-        header += lines
-    elif subject.target_spec is not None:
-        target = subject.target_spec.to_dict()
-        header.append(f"reproduce: is-study case {path}   (the file names its target; add --json for numbers)")
-        header.append(f"found with: is-study audit {' '.join(group.repro)} --profile {profile}")
-    return write_case_file(path, cases, header="\n".join(header), expect=expect, target=target)
-
-
 # --------------------------------------------------------------------------------- the checks of a row
 def _check_invariant(n: int, group: Group, search: Search, out_dir: Path) -> Cell:
     from runner.audit.invariants import INVARIANTS, violation
@@ -392,7 +318,7 @@ def _check_reference(preset: str, group: Group, search: Search, out_dir: Path) -
             failure = (subject, *found)
             break
     cell = Cell(group.name, REFERENCE, "pass", group.faithful, profile="ordinary")
-    path = case_path(out_dir, group.key, f"ref-{_slug(preset)}")
+    path = case_path(out_dir, group.key, f"ref-{slug(preset)}")
     if failure is not None:
         subject, batch, detail, how = failure
         save_counterexample(path, REFERENCE, f"differs from correction={preset} on ordinary inputs", subject, group,
@@ -472,8 +398,8 @@ def _remove_stale(out_dir: Path, key: str, keep: set[str]) -> None:
     """Counterexamples of this row from an earlier run that no longer fail."""
     if not out_dir.is_dir():
         return
-    stem = _slug(key) + "."
-    for path in out_dir.glob(f"{_slug(key)}.*.yaml"):
+    stem = slug(key) + "."
+    for path in out_dir.glob(f"{slug(key)}.*.yaml"):
         rest = path.name[len(stem):-len(".yaml")]
         if "." not in rest and str(path) not in keep:  # not a longer key's file (tis.<hash>.inv1)
             path.unlink()
@@ -515,92 +441,3 @@ def run_audit(overrides: Sequence[str] = (), out_dir: str | Path = "audit-cases"
 
 def exit_code(cells: list[Cell]) -> int:
     return 1 if any(c.finding and not c.faithful for c in cells) else 0
-
-
-# --------------------------------------------------------------------------------- output
-def _label(c: Cell) -> str:
-    from runner.audit.invariants import INVARIANTS
-
-    return f"{c.invariant} {INVARIANTS[c.invariant].short}" if isinstance(c.invariant, int) else str(c.invariant)
-
-
-def render(cells: list[Cell], console) -> None:
-    """The table (rows × checks), then one line per finding and one per note."""
-    from rich import box
-    from rich.markup import escape
-    from rich.table import Table
-
-    from runner.audit.invariants import INVARIANTS
-
-    numbers = sorted({c.invariant for c in cells if isinstance(c.invariant, int)})
-    extra = [k for k in (ALL_MASKED, REFERENCE) if any(c.invariant == k for c in cells)]
-    heads = {ALL_MASKED: "empty", REFERENCE: "ref", RAISES: "raises"}
-    rows: dict[str, list[Cell]] = {}
-    for c in cells:
-        rows.setdefault(c.preset, []).append(c)
-    upstream_fails = any(c.faithful and c.finding for c in cells)
-    need = max((len(p) for p in rows), default=6) + 8 + 4 * len(numbers) + 7 * len(extra) + 8 \
-        + (len(UPSTREAM) if upstream_fails else 7) + 2 * (len(numbers) + len(extra) + 4)
-    wide = console.width >= need
-    if not wide:  # one letter each, spelled out in the legend
-        heads = {ALL_MASKED: "E", REFERENCE: "R", RAISES: "X"}
-    meaning = {ALL_MASKED: "all-masked batch", REFERENCE: "matches the reference preset",
-               RAISES: "distinct exceptions"}
-    legend = "  ".join([f"{n} {INVARIANTS[n].short}" for n in numbers]
-                       + [f"{heads[k]}: {meaning[k]}" for k in (*extra, RAISES)])
-    if not wide and upstream_fails:
-        legend += f"\nknown: a faithful preset that {UPSTREAM}"
-    table = Table(title="is-study audit  (preset × invariant)", title_justify="left", caption=legend,
-                  caption_justify="left", box=box.SIMPLE_HEAD, collapse_padding=not wide, pad_edge=wide,
-                  padding=(0, 1) if wide else 0)  # SIMPLE_HEAD already puts a space between columns
-    table.add_column("preset", style="bold", no_wrap=True, max_width=None if wide else 24)
-    if wide:
-        table.add_column("kind")
-    for n in [*numbers, *extra]:
-        table.add_column(str(n) if isinstance(n, int) else heads[n], justify="center", no_wrap=True, min_width=4)
-    table.add_column(heads[RAISES], justify="center", no_wrap=True)
-    table.add_column("verdict", no_wrap=not wide)
-    for preset, row in rows.items():
-        faithful = row[0].faithful
-        by_check = {c.invariant: c for c in row if c.invariant != RAISES}
-        texts = []
-        for n in [*numbers, *extra]:
-            c = by_check.get(n)
-            if c is None:
-                texts.append("")
-            elif c.status == "pass":
-                texts.append("[green]pass[/green]")
-            elif c.status == "n/a":
-                texts.append("[dim]n/a[/dim]")
-            elif c.status == "raise":
-                texts.append("[yellow]raise[/yellow]" if faithful else "[bold red]raise[/bold red]")
-            else:
-                texts.append("[yellow]FAIL[/yellow]" if faithful else "[bold red]FAIL[/bold red]")
-        raised = sum(c.invariant == RAISES and c.finding for c in row)
-        texts.append(("[yellow]" if faithful else "[bold red]") + f"{raised}[/]" if raised else "[green]0[/green]")
-        failed = any(c.finding for c in row)
-        upstream = UPSTREAM if wide else "known"
-        verdict = (f"[yellow]{upstream}[/yellow]" if faithful else "[bold red]BUG[/bold red]") if failed \
-            else "[green]ok[/green]"
-        kind = "faithful" if faithful else "external" if ":" in preset else "ours"
-        table.add_row(escape(preset), *([kind] if wide else []), *texts, verdict)
-    console.print(table)
-    failures = [c for c in cells if c.finding]
-    if failures:
-        console.print("findings (each shrunk and saved; the file's header says how to reproduce it):")
-        for c in failures:
-            loss = f" loss={c.loss}" if c.loss else ""
-            tag = f"[yellow]({UPSTREAM})[/yellow]" if c.faithful else "[bold red](bug)[/bold red]"
-            console.print(f"  {escape(c.preset)} · {escape(_label(c))}{loss}: {escape(c.detail or '')} "
-                          f"{escape(f'[{c.profile} inputs]')} {tag} → {escape(c.counterexample or '')}", soft_wrap=True)
-    notes = [c for c in cells if c.note and not c.finding]
-    if notes:
-        console.print("notes (not findings):")
-        for c in notes:
-            console.print(f"  {escape(c.preset)} · {escape(_label(c))}: {escape(c.note or '')}", soft_wrap=True)
-    ours = sorted({c.preset for c in failures if not c.faithful})
-    if ours:
-        console.print(f"[bold red]{len(ours)} preset(s) or target(s) that are not faithful reproductions fail: "
-                      f"{escape(', '.join(ours))}[/bold red]", soft_wrap=True)
-    elif any(not c.faithful for c in cells):
-        console.print("[green]no bug: every preset of ours (or target) passes every check that applies[/green]")
