@@ -94,3 +94,13 @@ def dict_loss(log_probs, old_log_probs, rollout_log_probs, advantages, action_ma
     """The plain convention, returning a dict."""
     per_token = _ppo(log_probs, old_log_probs, advantages, action_mask)
     return {"metrics": {}, "policy_loss": token_mean(per_token, action_mask)}
+
+
+_CALLS = [0]
+
+
+def flaky(log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None):
+    """NaN on every third call, whatever the input: hypothesis cannot replay what it found."""
+    _CALLS[0] += 1
+    loss = token_mean(_ppo(log_probs, old_log_probs, advantages, action_mask), action_mask)
+    return loss * float("nan") if _CALLS[0] % 3 == 0 else loss

@@ -291,6 +291,18 @@ def test_shrinking_keeps_the_failure_kind(tmp_path):
     assert found.kind == "loss:-inf" and batch.shape == (1, 1)
 
 
+def test_a_target_that_answers_differently_twice_is_still_reported(tmp_path):
+    from runner.audit.generators import BUDGETS
+    from runner.audit.subjects import ExternalSubject
+    from runner.studies.audit import Group, audit_groups
+    import tests.audit_targets as targets
+
+    (cell,) = audit_groups([Group("flaky", False, [ExternalSubject("flaky", targets.flaky)])], BUDGETS["fast"],
+                           tmp_path, invariants=[1], hand=False, all_masked=False)
+    assert cell.status == "fail" and cell.detail == "loss nan on finite inputs"
+    assert Path(cell.counterexample).is_file() and "answers differently twice" in cell.found_by
+
+
 def test_invariant_2_tells_ppo_clipped_tokens_from_rejected_ones(tmp_path):
     """Unclamped PPO at lp − old = 100: the clip binds, so the gradient is 0 in float64 and 0·inf =
     NaN in float32. That token was clipped by PPO, not rejected: invariant 1 reports the NaN,
@@ -453,6 +465,7 @@ def test_the_table_prints_each_finding_on_one_line(cli, tmp_path):
     (("--target", "tests.audit_targets:unclamped_ppo", "--call-kwargs", '{"c": {"_target_": "no.such.Thing"}}'),
      "building c from no.such.Thing failed"),
     (("--target", "tests.audit_targets:unclamped_ppo", "--stub", "not a module"), "not a module name"),
+    (("--target", "tests.audit_targets:unclamped_ppo", "--stub", "torch.distributed"), "the audit itself needs torch"),
     (("--stub", "ray"), "needs --target"),
     (("--weights-fn", "tests.audit_targets:clamped_weights", "correction=tis"), "correction= does not apply"),
     (("--profile", "gentle", "correction=tis"), "--profile"),

@@ -14,7 +14,7 @@ import sysconfig
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -60,6 +60,7 @@ class Crash:
     line: int
     batch: Batch  # the first batch that raised it, as the subject was called
     dtype: torch.dtype
+    subject: Any  # the subject that raised it (a preset row has one per loss)
     checks: list[str] = field(default_factory=list)  # the checks that ran into it, first one first
 
     @property
@@ -99,7 +100,7 @@ class CrashLog:
             self.refusals[name] = self.refusals.get(name, 0) + 1
             return None
         file, line = raising_frame(error)
-        crash = Crash(type(error).__name__, message_of(error), file, line, raised.batch, raised.dtype)
+        crash = Crash(type(error).__name__, message_of(error), file, line, raised.batch, raised.dtype, raised.subject)
         crash = self.crashes.setdefault(crash.signature, crash)
         if check not in crash.checks:
             crash.checks.append(check)

@@ -118,6 +118,9 @@ class StubFinder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _StubLoader(), is_package=True)
 
 
+NEEDED = {"torch", "numpy", "hypothesis", "runner", "hydra", "omegaconf", "yaml", "rich", "typer", "click"}
+
+
 def install_stubs(names: Sequence[str]) -> None:
     """Stub `names` for the rest of the process; a stubbed name already imported for real is
     replaced too, so the target sees the stub whichever came first."""
@@ -127,6 +130,8 @@ def install_stubs(names: Sequence[str]) -> None:
     for n in names:
         if not all(part.isidentifier() for part in n.split(".")):
             raise UserError(f"--stub: {n!r} is not a module name")
+        if n.split(".")[0] in NEEDED:
+            raise UserError(f"--stub {n}: the audit itself needs {n.split('.')[0]}; stub only what the loss does not use")
     finder = next((f for f in sys.meta_path if isinstance(f, StubFinder)), None)
     if finder is None:
         finder = StubFinder(())

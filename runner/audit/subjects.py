@@ -125,11 +125,11 @@ class TargetError(Exception):
 
 
 class SubjectRaised(Exception):
-    """A subject raised on `batch` (evaluated in `dtype`); the original exception is `error`."""
+    """`subject` raised on `batch` (evaluated in `dtype`); the original exception is `error`."""
 
-    def __init__(self, error: BaseException, batch: "Batch", dtype: torch.dtype):
+    def __init__(self, error: BaseException, batch: "Batch", dtype: torch.dtype, subject: Any = None):
         super().__init__(str(error))
-        self.error, self.batch, self.dtype = error, batch, dtype
+        self.error, self.batch, self.dtype, self.subject = error, batch, dtype, subject
 
 
 def _backward(lp: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
@@ -171,7 +171,7 @@ class PresetSubject:
             res = policy_loss(self.spec, self.corr, lp, t["old"], t["roll"], t["adv"], t["mask"], metrics=False)
             grad = _backward(lp, res.loss)
         except Exception as exc:
-            raise SubjectRaised(exc, batch, dtype) from exc
+            raise SubjectRaised(exc, batch, dtype, self) from exc
         return Outcome(loss=res.loss.detach(), grad=grad, coef=res.correction.coef.detach(),
                        keep=res.correction.keep, per_token=res.per_token.detach())
 
@@ -247,7 +247,7 @@ class ExternalSubject:
                 loss = _as_loss(self.caller.pick_loss(self.caller(self.fn, tensors)), dtype)
             grad = _backward(lp, loss)
         except Exception as exc:
-            raise SubjectRaised(exc, batch, dtype) from exc
+            raise SubjectRaised(exc, batch, dtype, self) from exc
         return Outcome(loss=loss.detach(), grad=grad, coef=coef, keep=keep)
 
     # The on-policy reference of invariant 5: our `none` under the reduction the target uses.

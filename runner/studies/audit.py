@@ -239,8 +239,14 @@ class Search:
                 how += ", shrunk by hypothesis"
             except NoSuchExample:  # the replay missed it; the greedy shrink below still applies
                 pass
+            except Exception as exc:  # noqa: BLE001 - e.g. Flaky: a target that answers differently twice
+                how += f" (hypothesis could not shrink it: {type(exc).__name__})"
         found = shrink(found, same_kind)
-        return found, outcome(found), how
+        final = outcome(found)
+        if final is None or final.kind != first.kind:
+            final = first
+            how += "; the same input did not fail again: the target answers differently twice"
+        return found, final, how
 
 
 def _time(fn: Callable) -> tuple[Any, float]:
@@ -338,7 +344,7 @@ def _crash_cells(group: Group, search: Search, out_dir: Path) -> list[Cell]:
     cells = []
     for crash in list(search.log.crashes.values()):
         start = time.perf_counter()
-        subject = group.subjects[0]
+        subject = crash.subject or group.subjects[0]
 
         def same(batch, crash=crash) -> bool:
             try:
