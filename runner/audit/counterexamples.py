@@ -6,8 +6,9 @@ that `--check` compares with); for an external target the file records the targe
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 if TYPE_CHECKING:
     from runner.studies.audit import Group
@@ -58,8 +59,10 @@ def _preset_header(path: Path, n: int | str, subject, batch, cases) -> tuple[lis
 
 
 def save_counterexample(path: Path, check: int | str, title: str, subject, group: Group, batch, detail: str,
-                        how: str, profile: str) -> Path:
-    """Write the counterexample of one finding, with a header saying what, how found and how to rerun."""
+                        how: str, inputs: str, audit_args: Sequence[str] = ()) -> Path:
+    """Write the counterexample of one finding, with a header saying what, how it was found (from
+    which `inputs`: a profile's, or ordinary ones) and how to rerun it; `audit_args` are the audit's
+    options beyond the target's that found it (--profile, --reference)."""
     from runner.audit.invariants import permutations
     from runner.cases import write_case_file
 
@@ -74,7 +77,7 @@ def save_counterexample(path: Path, check: int | str, title: str, subject, group
         cases = [batch.to_case("original"), batch.rows(perm).to_case(f"rows-permuted-{'-'.join(map(str, perm))}")]
     loss = f"loss={subject.loss_name}: " if subject.loss_name else ""
     header = [f"is-study audit: {group.name} {title}", f"{loss}{detail}",
-              f"found by {how}; {profile} inputs; B={B}, T={T}"]
+              f"found by {how}; {inputs} inputs; B={B}, T={T}"]
     target = None
     expect = None
     if subject.kind == "preset":
@@ -83,5 +86,5 @@ def save_counterexample(path: Path, check: int | str, title: str, subject, group
     elif subject.target_spec is not None:
         target = subject.target_spec.to_dict()
         header.append(f"reproduce: is-study case {path}   (the file names its target; add --json for numbers)")
-        header.append(f"found with: is-study audit {' '.join(group.repro)} --profile {profile}")
+        header.append(f"found with: {shlex.join(['is-study', 'audit', *group.repro, *audit_args])}")
     return write_case_file(path, cases, header="\n".join(header), expect=expect, target=target)

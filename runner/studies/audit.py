@@ -179,6 +179,10 @@ class Search:
     log: Any
     hand: bool = True
 
+    @property
+    def profile_args(self) -> list[str]:
+        return [] if self.profile.name == "adversarial" else ["--profile", self.profile.name]
+
     def find(self, label: str, check: Callable, hand: list, kind: str, profile=None):
         """(shrunk batch, violation, how it was found) or None. `check(batch)` → Violation | None."""
         from runner.audit.generators import hypothesis_settings, pool, shrink, strategy
@@ -278,7 +282,7 @@ def _check_invariant(n: int, group: Group, search: Search, out_dir: Path) -> Cel
     if failure is not None:
         subject, batch, detail, how = failure
         save_counterexample(path, n, f"fails invariant {n} ({inv.text})", subject, group, batch, detail, how,
-                            search.profile.name)
+                            search.profile.name, search.profile_args)
         cell.status, cell.counterexample, cell.loss, cell.detail, cell.found_by = \
             "fail", str(path), subject.loss_name, str(detail), how
     elif applied:
@@ -302,7 +306,8 @@ def _check_all_masked(group: Group, search: Search, out_dir: Path) -> Cell:
     if verdict.status == "fail":
         subject = group.subjects[verdicts.index(verdict)]
         save_counterexample(path, ALL_MASKED, f"fails the all-masked check ({all_masked.TEXT})", subject, group,
-                            verdict.batch, str(verdict.violation), cell.found_by, search.profile.name)
+                            verdict.batch, str(verdict.violation), cell.found_by, search.profile.name,
+                            search.profile_args)
         cell.counterexample, cell.detail, cell.loss = str(path), str(verdict.violation), subject.loss_name
     elif verdict.status == "raise":
         cell.detail = "raises (reported once, under raises)"
@@ -328,7 +333,7 @@ def _check_reference(preset: str, group: Group, search: Search, out_dir: Path) -
     if failure is not None:
         subject, batch, detail, how = failure
         save_counterexample(path, REFERENCE, f"differs from correction={preset} on ordinary inputs", subject, group,
-                            batch, detail, how, "ordinary")
+                            batch, detail, how, "ordinary", ["--reference", f"correction={preset}"])
         cell.status, cell.counterexample, cell.loss, cell.detail, cell.found_by = \
             "fail", str(path), subject.loss_name, f"vs correction={preset}: {detail}", how
     cell.seconds = time.perf_counter() - start
@@ -360,7 +365,7 @@ def _crash_cells(group: Group, search: Search, out_dir: Path) -> list[Cell]:
                                                 if len(crash.checks) > 1 else "")
         path = case_path(out_dir, group.key, f"raises-{crash.type}-{crash.line}")
         save_counterexample(path, RAISES, f"raises {crash.type}", subject, group, batch, text, how,
-                            search.profile.name)
+                            search.profile.name, search.profile_args)
         cells.append(Cell(group.name, RAISES, "fail", group.faithful, str(path), subject.loss_name, text, how,
                           search.profile.name, time.perf_counter() - start, note=f"checks: {checks}"))
     return cells
