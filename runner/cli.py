@@ -149,7 +149,7 @@ def _override_keys(overrides: list[str]) -> set[str]:
     return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
 
 
-@app.command(help="Run a case file through a loss and correction.  [dim]e.g. is-study case openrlhf-seq-mask-tis correction=seq-mask-tis[/dim]")
+@app.command(help="Run a case file through a loss and correction, or replay an audit's counterexample on its target.  [dim]e.g. is-study case openrlhf-seq-mask-tis correction=seq-mask-tis[/dim]")
 def case(
     file: str = typer.Argument(..., help="A case file (YAML/JSON) or a shipped case name (see `is-study list`)."),
     overrides: Optional[List[str]] = OverridesArg,
