@@ -453,6 +453,7 @@ def test_the_table_prints_each_finding_on_one_line(cli, tmp_path):
 # --------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("args, needle", [
     (("--target", "no/such/file.py:Loss"), "no such file"),
+    (("--target", "tests.no_such_module_xyz:Loss"), "cannot import"),
     (("--target", "tests/audit_targets.py:nope"), "no attribute"),
     (("--target", "tests.audit_targets:verl_style", "--convention", "nope"), "--convention"),
     (("--target", "tests.audit_targets:verl_style", "--convention", "verl"), "benign batch"),
@@ -491,3 +492,16 @@ def test_case_with_check_on_a_target_is_a_user_error(cli, tmp_path):
     code, _, err = cli("case", _one(cells, 1)["counterexample"], "--check", "--target",
                        "tests.external_loss_planted_bug:PlantedLoss")
     assert code == 2 and "does not apply to a target" in err
+
+
+def test_a_package_init_that_fails_points_at_the_file_form(cli, tmp_path, monkeypatch):
+    """`--target openrlhf.models.loss:PolicyLoss` failed on `import peft` in the package's __init__."""
+    pkg = tmp_path / "initfails"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("import peft_is_not_installed_here\n")
+    (pkg / "loss.py").write_text("def loss(*a, **k):\n    return 0.0\n")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("audit", "--out", str(tmp_path / "out"), "--target", "initfails.loss:loss")
+    assert code == 2
+    assert err.strip().endswith("stub what the loss does not need with --stub peft_is_not_installed_here, "
+                                "or give its file (.../initfails/loss.py:loss) to skip its packages' __init__")

@@ -246,8 +246,11 @@ def load_attr(spec: str, flag: str = "--target") -> Any:
     except UserError:
         raise
     except (Exception, SystemExit) as exc:  # an import runs arbitrary code: any failure is the target's
-        hint = " (stub what the loss does not need with --stub NAME,...)" \
-            if isinstance(exc, ImportError) and getattr(exc, "name", None) else ""
+        hint = ""
+        if isinstance(exc, ImportError) and getattr(exc, "name", None):
+            hint = f"; stub what the loss does not need with --stub {exc.name.split('.')[0]}"
+            if not _is_file_spec(where) and "." in where:
+                hint += f", or give its file (.../{where.replace('.', '/')}.py:{attr}) to skip its packages' __init__"
         raise UserError(f"{flag} {spec}: cannot import {where} ({first_line(exc)}){hint}") from None
     for part in attr.split("."):
         if not hasattr(obj, part):
