@@ -35,10 +35,6 @@ def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
     return value
 
 
-def parse_kwargs(text: str | None) -> dict[str, Any]:
-    return parse_json_object(text, "--target-kwargs")
-
-
 def instantiate_values(kwargs: Mapping[str, Any], flag: str) -> dict[str, Any]:
     """Values of the form {"_target_": "pkg.Class", ...} → pkg.Class(...) (Hydra's instantiate)."""
     def wanted(v: Any) -> bool:
