@@ -505,3 +505,13 @@ def test_a_package_init_that_fails_points_at_the_file_form(cli, tmp_path, monkey
     assert code == 2
     assert err.strip().endswith("stub what the loss does not need with --stub peft_is_not_installed_here, "
                                 "or give its file (.../initfails/loss.py:loss) to skip its packages' __init__")
+
+
+def test_the_shrink_budget_stops_at_the_best_so_far():
+    from runner.audit.subjects import Batch
+    from runner.studies.audit import BudgetedShrink
+
+    batches = [Batch.of([[float(-i)]], [[0.0]], [[0.0]], [[1.0]]) for i in range(6)]
+    budget = BudgetedShrink(lambda b: float(b.lp[0, 0]) != -1, calls=3)
+    assert [budget(b) for b in batches] == [True, False, True, False, False, False]
+    assert budget.used == 3 and budget(batches[2]) is True and budget(batches[0]) is False

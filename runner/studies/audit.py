@@ -198,27 +198,10 @@ class Search:
                 return None
 
         found = first = how = None
-        shrink_calls = [0]
 
         def same_kind(batch) -> bool:
             v = outcome(batch)
             return v is not None and v.kind == first.kind
-
-        best: list = [None]
-
-        def same_kind_within_budget(batch) -> bool:
-            # Hypothesis shrinks until no pass makes progress, which on a slow target (10 ms a call)
-            # takes seconds; past the budget every candidate but the best so far is refused (it is
-            # replayed at the end), so it stops at what it has. A count, not a clock, so two runs
-            # give the same counterexample.
-            if shrink_calls[0] >= SHRINK_CALLS:
-                return best[0] is not None and batch.key() == best[0]
-            ok = same_kind(batch)
-            if ok or shrink_calls[0]:  # counting starts at the replayed failure
-                shrink_calls[0] += 1
-            if ok:
-                best[0] = batch.key()
-            return ok
 
         for batch in hand if self.hand else []:
             first = outcome(batch)
@@ -238,7 +221,7 @@ class Search:
                 return None
             how = f"a hypothesis search ({self.budget.name} budget)"
             try:
-                found = find(strategy(kind, self.budget, profile), same_kind_within_budget,
+                found = find(strategy(kind, self.budget, profile), BudgetedShrink(same_kind, SHRINK_CALLS),
                              settings=hypothesis_settings(self.budget.examples[kind]))
                 how += ", shrunk by hypothesis"
             except NoSuchExample:  # the replay missed it; the greedy shrink below still applies
@@ -253,10 +236,26 @@ class Search:
         return found, final, how
 
 
-def _time(fn: Callable) -> tuple[Any, float]:
-    start = time.perf_counter()
-    out = fn()
-    return out, time.perf_counter() - start
+class BudgetedShrink:
+    """A `hypothesis.find` predicate that stops the shrink after `calls` calls. Hypothesis shrinks
+    until no pass makes progress, which on a slow target (10 ms a call) takes seconds; past the
+    budget every candidate but the best so far is refused (that one is replayed at the end), so it
+    stops at what it has. A count, not a clock, so two runs give the same counterexample."""
+
+    def __init__(self, predicate: Callable[[Any], bool], calls: int):
+        self.predicate, self.calls = predicate, calls
+        self.used = 0  # counted from the replayed failure on
+        self.best: bytes | None = None
+
+    def __call__(self, batch) -> bool:
+        if self.used >= self.calls:
+            return self.best is not None and batch.key() == self.best
+        ok = self.predicate(batch)
+        if ok or self.used:
+            self.used += 1
+        if ok:
+            self.best = batch.key()
+        return ok
 
 
 # --------------------------------------------------------------------------------- the checks of a row
