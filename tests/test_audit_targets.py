@@ -515,3 +515,13 @@ def test_the_shrink_budget_stops_at_the_best_so_far():
     budget = BudgetedShrink(lambda b: float(b.lp[0, 0]) != -1, calls=3)
     assert [budget(b) for b in batches] == [True, False, True, False, False, False]
     assert budget.used == 3 and budget(batches[2]) is True and budget(batches[0]) is False
+
+
+def test_the_realistic_all_masked_batches_hold_realistic_values():
+    from runner.audit.generators import PROFILES, all_masked_cases
+
+    for b in all_masked_cases(PROFILES["realistic"]):
+        assert b.all_masked
+        logprobs = torch.stack([b.lp, b.old, b.roll])
+        assert float(logprobs.max()) <= 0 and float(logprobs.min()) >= -100
+        assert float((b.lp - b.old).abs().max()) <= 20 and float((b.roll - b.old).abs().max()) <= 20

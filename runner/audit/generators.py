@@ -267,8 +267,9 @@ def all_masked_cases(profile: InputProfile) -> list[Batch]:
     target refuses the batch, as documented)."""
     if profile.realistic:
         return [Batch.of([[-0.5]], [[-0.5]], [[-0.7]], [[1.0]], [[0]], name="all-masked-1x1"),
+                # every log-prob a model's view of a pad token: within 20 nats of each other
                 Batch.of([[-1.0, -2.0, -0.1], [-0.3, -60.0, -4.0]], [[-1.2, -2.0, -0.1], [-0.3, -50.0, -4.0]],
-                         [[-0.2, -90.0, -0.1], [-0.3, -2.0, -100.0]], [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]],
+                         [[-0.2, -21.0, -0.1], [-0.3, -30.0, -24.0]], [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]],
                          [[0, 0, 0], [0, 0, 0]], name="all-masked-2x3")]
     return [Batch.of([[0.0]], [[0.0]], [[-1000.0]], [[1.0]], [[0]], name="all-masked-1x1"),
             Batch.of([[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]], [[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]],
