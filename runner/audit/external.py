@@ -207,7 +207,6 @@ def resolve(spec: TargetSpec | str, kwargs_json: str | None = None, loss_spec=No
         raise UserError("--band bounds the coefficients of --weights-fn; give --weights-fn")
     subject = ExternalSubject(names[0], fn, caller, weights, band, loss_spec if fn is None else None)
     subject.target_spec = spec
-    subject.allow_raise = spec.allow_raise
     # One benign call up front: a target that cannot take the convention is bad input, not a finding.
     probe = Batch.of([[-0.5, -1.0]], [[-0.6, -1.0]], [[-0.7, -0.9]], [[1.0, -1.0]], [[1, 1]])
     try:

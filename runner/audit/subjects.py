@@ -206,7 +206,6 @@ class ExternalSubject:
         self.loss_name = spec.name if fn is None and spec is not None else None
         self.overrides: list[str] = []
         self.target_spec = None  # the TargetSpec it was resolved from (None: built in Python)
-        self.allow_raise: tuple[str, ...] = ()
         self._reduction: str | None | bool = False  # False: not calibrated yet
 
     @property
