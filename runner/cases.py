@@ -4,7 +4,9 @@ A case file is YAML or JSON: a list of case objects, or a mapping whose `cases:`
 case has `log_probs`, `old_log_probs`, `rollout_log_probs` and `advantages` ([B][T] each), an
 optional `action_mask` (all ones when missing) and an optional `name`. Non-finite numbers may be
 YAML's `.nan`/`.inf`/`-.inf` or the strings "nan", "inf", "-inf". An optional `expect:` list holds,
-per preset, one result per case (format: shared/spec/cases/seed-issue.yaml).
+per preset, one result per case (format: shared/spec/cases/seed-issue.yaml). An optional
+`target:` mapping names the external target an audit found the cases on (runner/audit/external.py:
+TargetSpec), so that `is-study case FILE` replays that target rather than a preset.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class CaseFile:
     path: Path
     cases: list[Case]
     expect: list[dict[str, Any]] = field(default_factory=list)
+    target: dict[str, Any] | None = None  # the audit target the cases were found on
 
 
 def decode_number(value: Any, where: str) -> float:
@@ -126,6 +129,7 @@ def load_case_file(path: str | Path) -> CaseFile:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({first})") from None
     expect: list[dict[str, Any]] = []
+    target = None
     if isinstance(data, dict):
         if "cases" not in data:
             raise UserError(f"{path}: a mapping must hold the cases under a `cases:` key")
@@ -133,20 +137,27 @@ def load_case_file(path: str | Path) -> CaseFile:
         expect = data.get("expect") or []
         if not isinstance(expect, list):
             raise UserError(f"{path}: `expect:` must be a list of {{preset, results}} entries")
+        target = data.get("target")
+        if target is not None and not isinstance(target, dict):
+            raise UserError(f"{path}: `target:` must be a mapping (--target and its options)")
     else:
         raw_cases = data
     if not isinstance(raw_cases, list) or not raw_cases:
         raise UserError(f"{path}: expected a non-empty list of cases")
-    return CaseFile(path=path, cases=[parse_case(c, i) for i, c in enumerate(raw_cases)], expect=expect)
+    return CaseFile(path=path, cases=[parse_case(c, i) for i, c in enumerate(raw_cases)], expect=expect,
+                    target=target)
 
 
-def write_case_file(path: str | Path, cases: list[Case], header: str = "", expect: list | None = None) -> Path:
+def write_case_file(path: str | Path, cases: list[Case], header: str = "", expect: list | None = None,
+                    target: dict[str, Any] | None = None) -> Path:
     """Write cases as YAML that `is-study case` reads back unchanged (non-finite as strings)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     body: dict[str, Any] = {"cases": [c.to_dict() for c in cases]}
     if expect:
         body["expect"] = expect
+    if target:
+        body["target"] = target
     text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(body, sort_keys=False, width=120)
     path.write_text(text)
     return path

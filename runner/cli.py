@@ -38,6 +38,24 @@ def _console(stderr: bool = False):
     return Console(stderr=stderr, highlight=False)
 
 
+# The options that name an external target, shared by `audit` and `case`.
+TargetOpt = typer.Option(None, "--target", help="An external policy loss: module:attr or path/to/file.py:attr (a file is loaded without its package's __init__).")
+TargetKwargsOpt = typer.Option(None, "--target-kwargs", help="JSON object: constructor kwargs of --target (extra kwargs of a function); {\"_target_\": ...} values are instantiated.")
+StubOpt = typer.Option(None, "--stub", help="Modules to replace by stubs while loading (comma-separated or repeated), e.g. deepspeed,ray.")
+ConventionOpt = typer.Option("openrlhf", "--convention", help="openrlhf | verl | trl | plain: the parameter names and return value of the target.")
+ArgMapOpt = typer.Option(None, "--arg-map", help="ROLE=PARAM,... to rename single roles (lp, old, roll, adv, mask, weights); PARAM a name, a position, or - to leave it out.")
+LossKeyOpt = typer.Option(None, "--loss-key", help="Where the loss is in what the target returns: a tuple index or a dict key.")
+CallKwargsOpt = typer.Option(None, "--call-kwargs", help="JSON object: forward-time kwargs (e.g. loss_agg_mode, config); {\"_target_\": ...} values are instantiated.")
+WeightsFnOpt = typer.Option(None, "--weights-fn", help="module:fn or file.py:fn: the correction's coefficients from (old, roll, mask); fed to --target, or audited under our losses without one.")
+WeightsKwargsOpt = typer.Option(None, "--weights-kwargs", help="JSON object: extra kwargs of --weights-fn.")
+
+
+def _target_spec(**values):
+    from runner.audit.external import TargetSpec
+
+    return TargetSpec.of(**values)
+
+
 # ----------------------------------------------------------------------------------------- list
 @app.command("list", help="List presets, losses and config groups.  [dim]e.g. is-study list[/dim]")
 def list_command() -> None:
@@ -131,12 +149,21 @@ def _override_keys(overrides: list[str]) -> set[str]:
     return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
 
 
-@app.command(help="Run a case file through a loss and correction.  [dim]e.g. is-study case openrlhf-seq-mask-tis correction=seq-mask-tis[/dim]")
+@app.command(help="Run a case file through a loss and correction, or replay an audit's counterexample on its target.  [dim]e.g. is-study case openrlhf-seq-mask-tis correction=seq-mask-tis[/dim]")
 def case(
     file: str = typer.Argument(..., help="A case file (YAML/JSON) or a shipped case name (see `is-study list`)."),
     overrides: Optional[List[str]] = OverridesArg,
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per case."),
     check: bool = typer.Option(False, "--check", help="Compare with the file's expect: list to 1e-5; exit 1 on a mismatch."),
+    target: Optional[str] = typer.Option(None, "--target", help="Replay the cases on an external target (the audit's options below); a file an audit saved for a target replays it without this."),
+    target_kwargs: Optional[str] = TargetKwargsOpt,
+    stub: Optional[List[str]] = StubOpt,
+    convention: str = ConventionOpt,
+    arg_map: Optional[str] = ArgMapOpt,
+    loss_key: Optional[str] = LossKeyOpt,
+    call_kwargs: Optional[str] = CallKwargsOpt,
+    weights_fn: Optional[str] = WeightsFnOpt,
+    weights_kwargs: Optional[str] = WeightsKwargsOpt,
 ) -> None:
     from runner.hydra_app import app as hydra_app
     from runner.cases import load_case_file
@@ -146,6 +173,12 @@ def case(
 
     overrides = _overrides(overrides)
     case_file = load_case_file(_resolve_case_path(file))
+    spec = _target_spec(target=target, target_kwargs=target_kwargs, stub=stub, convention=convention,
+                        arg_map=arg_map, loss_key=loss_key, call_kwargs=call_kwargs, weights_fn=weights_fn,
+                        weights_kwargs=weights_kwargs)
+    if spec.given or (case_file.target and not overrides and not check):
+        _replay_target(case_file, spec, overrides, as_json, check)
+        return
     runs = _case_runs(case_file, overrides, check)
     failures: list[str] = []
     printed: list[dict] = []
@@ -184,6 +217,32 @@ def case(
             raise typer.Exit(1)
 
 
+def _replay_target(case_file, spec, overrides: list[str], as_json: bool, check: bool) -> None:
+    from runner.audit.external import TargetSpec, resolve_all
+    from runner.audit.replay import evaluate_target, print_table
+    from runner.studies.audit import loss_specs
+
+    if check:
+        raise UserError("--check compares presets with the file's expect: list; it does not apply to a target")
+    if not spec.given:
+        spec = TargetSpec.from_dict(case_file.target, str(case_file.path))
+        _console(stderr=True).print(f"[dim]replaying the target recorded in {case_file.path}: "
+                                    f"{spec.command_line()}[/dim]", soft_wrap=True)
+    elif spec.target is not None and overrides:
+        raise UserError(f"--target replays an external callable; overrides ({' '.join(overrides)}) do not apply")
+    subjects = resolve_all(spec, loss_specs(overrides) if spec.target is None else ())
+    printed = []
+    for subject in subjects:
+        results = [evaluate_target(c, subject) for c in case_file.cases]
+        title = subject.name + (f"  loss={subject.loss_name}" if subject.loss_name else "")
+        if as_json:
+            printed.extend({"target": title, **r} if len(subjects) > 1 else r for r in results)
+        else:
+            print_table(title, results, _console())
+    if as_json:
+        typer.echo(json.dumps(printed, indent=1))
+
+
 def _case_runs(case_file, overrides: list[str], check: bool) -> list[tuple[str, list[str], list | None]]:
     """Which (preset, extra overrides, expected results) to evaluate. Without --check: the composed
     preset. With --check: each matching `expect:` entry, its own overrides added unless the command
@@ -214,27 +273,48 @@ def _case_runs(case_file, overrides: list[str], check: bool) -> list[tuple[str, 
     "Invariants, under loss=ppo and loss=reinforce: 1 finite inputs give a finite loss and gradient; 2 a rejected "
     "unit gets exactly zero gradient; 3 clamped coefficients stay in their bounds; 4 values at mask=0 (even NaN/inf) "
     "change nothing; 5 on-policy inputs give coefficient 1 and the loss of `none`; 6 permuting the batch permutes "
-    "the results; 7 the gradient matches finite differences. Each failure is saved as OUT/PRESET.invN.yaml for "
-    "`is-study case`. Exit code 1 when a preset that is not a faithful reproduction (or an external target) fails; "
-    "faithful presets that fail reproduce upstream behaviour.\n\n"
-    "External target ([bold]--target module:attr[/bold], OpenRLHF's PolicyLoss convention): a class built as "
-    "attr(**kwargs), or a function given the kwargs, called as loss_fn(log_probs, old_log_probs, advantages, "
-    "action_mask=..., rollout_log_probs=...) on [B, T] tensors and returning the loss or a tuple whose first item "
-    "is the loss. The current directory is importable. Invariant 3 is n/a for a target, and 5 compares its loss "
-    "with `none`.  [dim]e.g. is-study audit --target tests.external_loss_planted_bug:PlantedLoss "
+    "the results; 7 the gradient matches finite differences. An all-masked batch is checked on its own (finite, or "
+    "an --allow-raise refusal); each distinct exception is one finding with its file:line. Each finding is saved, "
+    "shrunk, as OUT/NAME[.HASH].CHECK.yaml for `is-study case`. Exit code 1 when a preset that is not a faithful "
+    "reproduction (or an external target) has a finding; faithful presets that fail reproduce upstream behaviour.\n\n"
+    "External target ([bold]--target module:attr[/bold] or [bold]path/to/file.py:attr[/bold]): a class built as "
+    "attr(**kwargs), or a function given the kwargs, called on [B, T] tensors under a convention: openrlhf (default) "
+    "loss_fn(log_probs, old_log_probs, advantages, action_mask=..., rollout_log_probs=...) returning the loss or a "
+    "tuple whose first item is the loss; verl (old_log_prob=, log_prob=, advantages=, response_mask=, "
+    "rollout_is_weights=) returning (loss, metrics); trl (per_token_logps=, old_per_token_logps=, "
+    "sampling_per_token_logps=, advantages=, completion_mask=); plain (log_probs=, old_log_probs=, "
+    "rollout_log_probs=, advantages=, action_mask=). The current directory is importable. --weights-fn gives the "
+    "coefficients separately (invariants 2 and 3 then read them; --band declares their bounds); "
+    "--reference correction=PRESET compares with one of our presets on ordinary inputs.  "
+    "[dim]e.g. is-study audit --target tests.external_loss_planted_bug:PlantedLoss "
     "--target-kwargs '{\"high\": 5.0}'[/dim]"))
 def audit(
     overrides: Optional[List[str]] = OverridesArg,
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per preset × invariant."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per row × check (and per exception)."),
     out: Path = typer.Option(Path("audit-cases"), "--out", help="Directory for the counterexample case files."),
     thorough: bool = typer.Option(False, "--thorough", help="Longer property-based searches (more examples, bigger batches)."),
-    target: Optional[str] = typer.Option(None, "--target", help="Audit an external policy loss, module:attr (see above)."),
-    target_kwargs: Optional[str] = typer.Option(None, "--target-kwargs", help="JSON object: constructor kwargs of --target (or extra kwargs of a function)."),
+    profile: str = typer.Option("adversarial", "--profile", help="adversarial (any finite value, NaN/inf padding) | realistic (log-probs in [-100, 0], |lp - old| <= 20, left-aligned masks)."),
+    reference: Optional[str] = typer.Option(None, "--reference", help="correction=PRESET: compare with one of our presets on ordinary inputs."),
+    target: Optional[str] = TargetOpt,
+    target_kwargs: Optional[str] = TargetKwargsOpt,
+    stub: Optional[List[str]] = StubOpt,
+    convention: str = ConventionOpt,
+    arg_map: Optional[str] = ArgMapOpt,
+    loss_key: Optional[str] = LossKeyOpt,
+    call_kwargs: Optional[str] = CallKwargsOpt,
+    weights_fn: Optional[str] = WeightsFnOpt,
+    weights_kwargs: Optional[str] = WeightsKwargsOpt,
+    band: Optional[str] = typer.Option(None, "--band", help="LOW,HIGH: the bounds of --weights-fn's kept coefficients (for invariant 3); either side may be empty."),
+    allow_raise: Optional[List[str]] = typer.Option(None, "--allow-raise", help="Exception types the target raises on purpose (documented refusals), e.g. ValueError."),
 ) -> None:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from runner.studies.audit import exit_code, render, run_audit
+    from runner.audit.table import render
+    from runner.studies.audit import exit_code, run_audit
 
+    spec = _target_spec(target=target, target_kwargs=target_kwargs, stub=stub, convention=convention,
+                        arg_map=arg_map, loss_key=loss_key, call_kwargs=call_kwargs, weights_fn=weights_fn,
+                        weights_kwargs=weights_kwargs, band=band, allow_raise=allow_raise)
     err = _console(stderr=True)
     progress = Progress(TextColumn("audit"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         TextColumn("{task.description}"), console=err, transient=True,
@@ -250,8 +330,8 @@ def audit(
         progress.update(task, description=description)
 
     with progress:
-        cells = run_audit(_overrides(overrides), out_dir=out, profile="thorough" if thorough else "default",
-                          target=target, target_kwargs=target_kwargs, on_step=on_step,
+        cells = run_audit(_overrides(overrides), out_dir=out, budget="thorough" if thorough else "default",
+                          profile=profile, target=spec, reference=reference, on_step=on_step,
                           on_start=lambda total: progress.update(task, total=total))
     if as_json:
         typer.echo(json.dumps([c.to_json() for c in cells], indent=1))

@@ -1,32 +1,45 @@
-"""`is-study audit`: find correction bugs automatically, in our presets and in external losses.
+"""`is-study audit`: find correction bugs automatically, in our presets and in external code.
 
 Seven invariants (runner/audit/invariants.py) are checked on every preset, under `loss=ppo` and
-`loss=reinforce`, first on hand-written adversarial cases and then by a property-based search with
-hypothesis (runner/audit/generators.py), always derandomized, so two runs give the same table. A
-failure is shrunk (hypothesis, then a greedy row/column pass) and saved as a case file that
-`is-study case` reads. The orchestration, the table and the JSON live in runner/studies/audit.py.
+`loss=reinforce`, first on hand-written cases and then by a property-based search with hypothesis
+(runner/audit/generators.py), always derandomized, so two runs give the same table. Besides them:
 
-External implementations (`is-study audit --target module:attr [--target-kwargs JSON]`) follow
-OpenRLHF's PolicyLoss convention:
+- the all-masked check (runner/audit/all_masked.py): a batch with no token must give a finite
+  result or an allowed refusal; such batches never reach the invariants;
+- exceptions (runner/audit/crashes.py): each distinct one is a single finding, with its type,
+  message and the file:line that raised it;
+- the reference (runner/audit/reference.py, `--reference correction=PRESET`): differential testing
+  against one of our presets on ordinary inputs.
 
-- `module:attr` names a class or a function. `module` is imported with the current directory on
-  sys.path (so `tests.external_loss_planted_bug:PlantedLoss` works from the repo root); `attr` may
-  be dotted (`module:Outer.Inner`).
-- A class is constructed once as `attr(**kwargs)`; a function is called with the kwargs added as
-  keyword arguments. `--target-kwargs` is a JSON object (default `{}`).
-- It is called as `loss_fn(log_probs, old_log_probs, advantages, action_mask=...,
-  rollout_log_probs=...)` with [B, T] tensors: `log_probs` (π_θ, requires grad), `old_log_probs`
-  (π_old), `advantages`, `action_mask` (0/1 in the same float dtype), `rollout_log_probs`
-  (π_rollout). Tensors are float32, or float64 for the checks that say so (6 and 7, and the
-  float64 reference of 2).
-- It returns the scalar loss, or a tuple/list whose first item is the loss (OpenRLHF returns
-  `(loss, clip_ratio, ppo_kl, vllm_kl)`). The gradient is taken with `loss.backward()`.
+A failure is shrunk (hypothesis, then a greedy row/column pass), always keeping its kind, and saved
+as a case file that `is-study case` replays (runner/audit/counterexamples.py). The orchestration
+and the JSON live in runner/studies/audit.py, the table in runner/audit/table.py. Inputs follow a profile: `adversarial` (default) or `realistic`.
 
-Invariants that need our coefficients (3, and the "coefficient 1" half of 5) are n/a for an
-external target. For 5 its loss is compared with our `none` preset under the reduction the target
-is found to use on a calibration batch (token-mean, seq-mean-token-mean or seq-mean-token-sum).
-For 2 a unit counts as rejected when the target gives it exactly zero gradient in float64, where
-ratios up to e^709 are finite; the same input in float32 must then give it zero too, not 0·inf.
+External code (`--target`, runner/audit/external.py):
+
+- `--target module:attr` imports a module (the current directory is on sys.path, so
+  `tests.external_loss_planted_bug:PlantedLoss` works from the repo root); `--target
+  path/to/file.py:attr` loads a file without running its package's `__init__` (runner/audit/
+  loading.py), and `--stub NAME,...` replaces heavy imports the loss never uses. `attr` may be
+  dotted.
+- A class is constructed once as `attr(**target_kwargs)`; a function gets the kwargs added.
+  `--target-kwargs`, `--call-kwargs` and `--weights-kwargs` are JSON objects; a value
+  `{"_target_": "pkg.Class", ...}` is built with Hydra's instantiate.
+- It is called under a convention (runner/audit/conventions.py): `openrlhf` (default)
+  `loss_fn(log_probs, old_log_probs, advantages, action_mask=..., rollout_log_probs=...)`, or
+  `verl`, `trl`, `plain`; `--arg-map` renames single roles and `--loss-key` picks the loss out of
+  a tuple or dict. Tensors are [B, T], float32, or float64 for the checks that say so; the
+  gradient is taken with respect to the log-probs under π_θ.
+- `--weights-fn` names a function that turns (old, roll, mask) into the correction's coefficients
+  (and optionally a keep mask): fed to the target as its `weights` role, or, without a target,
+  composed with our losses. With it, invariant 2 reads the keep mask (a weight of exactly 0 is a
+  rejection) and invariant 3 checks the coefficients against `--band LOW,HIGH`.
+
+Without a weights function, invariant 3 is n/a, and invariant 2 calls a unit rejected when the
+target gives it exactly zero gradient in float64 (where ratios up to e^709 are finite) while plain
+PPO does not (so a token PPO's clip silenced is not taken for one); the same input in float32 must
+then give it zero too, not 0·inf. For invariant 5 the target's loss is compared with our `none`
+preset under the reduction it is found to use on a calibration batch.
 """
 
 from __future__ import annotations

@@ -1,5 +1,7 @@
 """The seven invariants. Each has `applies(subject) -> reason | None` (a reason makes it n/a) and
-`check(subject, batch) -> violation | None`, where a violation is one line saying what went wrong.
+`check(subject, batch) -> Violation | None`, where a violation is one line saying what went wrong
+and carries its kind (which quantity went wrong, and how: "loss:-inf", "grad:nan", "coef:above"),
+so that shrinking can keep the failure it found instead of drifting to a neighbour.
 
     1 finite     finite inputs (log-ratios of ±1000, log-probs of −1e4) → finite loss and gradient
     2 reject→0   a rejected unit (token or sequence) gets exactly zero gradient (not 0·inf = NaN)
@@ -10,7 +12,9 @@
     7 grad=FD    the gradient matches central finite differences where the loss is smooth
 
 Checks 1-5 run in float32, as `is-study case` does; 6 and 7 in float64 (6 so that the summation
-order cannot matter beyond 1e-6, 7 so that finite differences mean something).
+order cannot matter beyond 1e-6, 7 so that finite differences mean something). A batch with no
+token at all is never checked here: it has its own check (runner/audit/all_masked.py). A subject
+that raises is not a violation either: the audit reports each exception once (runner/audit/crashes.py).
 """
 
 from __future__ import annotations
@@ -36,9 +40,29 @@ class Invariant:
     check: Callable[[object, Batch], str | None]
 
 
+class Violation(str):
+    """A violation's text, with its kind (compared when shrinking: the kind must not change)."""
+
+    kind: str
+
+    def __new__(cls, text: str, kind: str) -> "Violation":
+        out = super().__new__(cls, text)
+        out.kind = kind
+        return out
+
+
 # --------------------------------------------------------------------------------- helpers
 def _fmt(x: float) -> str:
-    return f"{x:.6g}"
+    return f"{x + 0.0:.6g}"  # + 0.0: −0 prints as 0
+
+
+def value_class(x: float) -> str:
+    """nan, inf, -inf, zero or finite: what kind of wrong a number is."""
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return "zero" if x == 0 else "finite"
 
 
 def _where(mask: torch.Tensor) -> str:
@@ -59,21 +83,37 @@ def _same(a: torch.Tensor, b: torch.Tensor, rtol: float, atol: float) -> torch.T
     return both_nan | (finite & close) | (~finite & (a == b))
 
 
-def _compare(what: str, got: Outcome, want: Outcome, rtol: float, atol: float, grad: bool = True,
-             perm: list[int] | None = None) -> str | None:
+def _compare(what: str, got: Outcome, want: Outcome, rtol: float, atol: float, grad: bool = True) -> Violation | None:
     if not bool(_same(got.loss, want.loss, rtol, atol)):
-        return f"{what}: loss {_fmt(float(got.loss))}, expected {_fmt(float(want.loss))}"
+        loss = float(got.loss)
+        return Violation(f"{what}: loss {_fmt(loss)}, expected {_fmt(float(want.loss))}", f"loss:{value_class(loss)}")
     if grad:
         ok = _same(got.grad, want.grad, rtol, atol)
         if not bool(ok.all()):
             i, j = (~ok).nonzero()[0].tolist()
-            return (f"{what}: grad{_where(~ok)} {_fmt(float(got.grad[i, j]))}, expected "
-                    f"{_fmt(float(want.grad[i, j]))}")
+            value = float(got.grad[i, j])
+            return Violation(f"{what}: grad{_where(~ok)} {_fmt(value)}, expected {_fmt(float(want.grad[i, j]))}",
+                             f"grad:{value_class(value)}")
     return None
 
 
 def _uses_coef(subject) -> bool:
-    return subject.kind == "preset" and subject.loss_name != "gspo"
+    """The subject reports coefficients that multiply the per-token loss."""
+    if subject.kind == "preset":
+        return subject.loss_name != "gspo"
+    return subject.has_coef and subject.loss_name != "gspo"
+
+
+def declared_band(subject) -> tuple[float | None, float | None] | None:
+    """The bounds a kept coefficient must respect: a preset's clamp, or an external --band."""
+    if subject.kind == "external":
+        return subject.band if subject.has_coef else None
+    corr = subject.corr
+    if corr.weight_op == "clamp" and (corr.low is not None or corr.high is not None):
+        return corr.low, corr.high
+    if corr.weight_op == "clamp-high" and corr.high is not None:
+        return None, corr.high
+    return None
 
 
 # --------------------------------------------------------------------------------- 1 finite
@@ -81,21 +121,25 @@ def _applies_always(subject) -> str | None:
     return None
 
 
-def check_finite(subject, batch: Batch) -> str | None:
+def check_finite(subject, batch: Batch) -> Violation | None:
     out = subject(batch, F32)
-    if not math.isfinite(float(out.loss)):
-        return f"loss {_fmt(float(out.loss))} on finite inputs"
+    loss = float(out.loss)
+    if not math.isfinite(loss):
+        return Violation(f"loss {_fmt(loss)} on finite inputs", f"loss:{value_class(loss)}")
     bad = ~torch.isfinite(out.grad)
     if bool(bad.any()):
         i, j = bad.nonzero()[0].tolist()
-        return f"grad{_where(bad)} {_fmt(float(out.grad[i, j]))} on finite inputs (loss {_fmt(float(out.loss))})"
+        value = float(out.grad[i, j])
+        masked = " (a masked position)" if float(batch.mask[i, j]) == 0 else ""
+        return Violation(f"grad{_where(bad)}{masked} {_fmt(value)} on finite inputs (loss {_fmt(loss)})",
+                         f"grad:{value_class(value)}")
     return None
 
 
 # --------------------------------------------------------------------------------- 2 reject→0
 def applies_rejection(subject) -> str | None:
     if subject.kind == "external":
-        return None
+        return None if subject.loss_name != "gspo" else "gspo does not apply the correction"
     if subject.loss_name == "gspo":
         return "gspo does not apply the correction"
     if subject.corr.filter == "none" and subject.corr.veto is None:
@@ -103,64 +147,67 @@ def applies_rejection(subject) -> str | None:
     return None
 
 
-def check_rejection(subject, batch: Batch) -> str | None:
-    if subject.kind == "external":
-        # Rejected = exactly zero gradient in float64, where e^±709 are still finite.
+def check_rejection(subject, batch: Batch) -> Violation | None:
+    if subject.kind == "external" and not subject.has_coef:
+        # No keep mask to read: a unit counts as rejected when the target gives it exactly zero
+        # gradient in float64 (where e^±709 are still finite) and plain PPO does not, so a token
+        # that PPO's clip silenced is not taken for a rejected one.
         ref = subject(batch, F64)
-        zero = (ref.grad == 0) & (batch.mask > 0)
-        if not bool(zero.any()):
+        plain = subject.none()(batch, F64)
+        rejected = (ref.grad == 0) & (plain.grad != 0) & (batch.mask > 0)
+        if not bool(rejected.any()):
             return None
         out = subject(batch, F32)
-        bad = zero & ~torch.isfinite(out.grad)
+        bad = rejected & (out.grad != 0)
         if bool(bad.any()):
             i, j = bad.nonzero()[0].tolist()
-            return (f"unit{_where(bad)} contributes 0 in float64 but has gradient {_fmt(float(out.grad[i, j]))} "
-                    f"in float32 (0·inf)")
+            value = float(out.grad[i, j])
+            why = " (0·inf)" if math.isnan(value) else ""
+            return Violation(f"rejected unit{_where(bad)} (gradient exactly 0 in float64, where plain PPO's is not) "
+                             f"has gradient {_fmt(value)} in float32{why}", f"rejected-grad:{value_class(value)}")
         return None
     out = subject(batch, F32)
     rejected = (batch.mask > 0) & ~out.keep
     bad = rejected & (out.grad != 0)
     if bool(bad.any()):
         i, j = bad.nonzero()[0].tolist()
-        return f"rejected unit{_where(bad)} has gradient {_fmt(float(out.grad[i, j]))}, expected exactly 0"
+        value = float(out.grad[i, j])
+        return Violation(f"rejected unit{_where(bad)} has gradient {_fmt(value)}, expected exactly 0",
+                         f"rejected-grad:{value_class(value)}")
     return None
 
 
 # --------------------------------------------------------------------------------- 3 bounds
 def applies_bounds(subject) -> str | None:
-    if subject.kind == "external":
-        return "needs our coefficients"
+    if subject.kind == "external" and not subject.has_coef:
+        return "needs the coefficients: give the weights function with --weights-fn"
     if subject.loss_name == "gspo":
         return "gspo does not apply the correction"
-    corr = subject.corr
-    if corr.weight_op == "clamp" and (corr.low is not None or corr.high is not None):
-        return None
-    if corr.weight_op == "clamp-high" and corr.high is not None:
-        return None
-    return "weight_op raw: no declared bounds"
+    if declared_band(subject) is None:
+        return "no declared bounds (--band LOW,HIGH)" if subject.kind == "external" else \
+            "weight_op raw: no declared bounds"
+    return None
 
 
-def check_bounds(subject, batch: Batch) -> str | None:
+def check_bounds(subject, batch: Batch) -> Violation | None:
     out = subject(batch, F32)
-    corr = subject.corr
+    low, high = declared_band(subject)
     live = (batch.mask > 0) & out.keep
     coef = out.coef
-    ok = torch.ones_like(live)
-    low = corr.low if corr.weight_op == "clamp" else None
-    if low is not None:
-        ok &= coef >= torch.tensor(low, dtype=coef.dtype)
-    if corr.high is not None:
-        ok &= coef <= torch.tensor(corr.high, dtype=coef.dtype)
-    bad = live & ~ok
+    below = torch.zeros_like(live) if low is None else coef < torch.tensor(low, dtype=coef.dtype)
+    above = torch.zeros_like(live) if high is None else coef > torch.tensor(high, dtype=coef.dtype)
+    bad = live & (below | above | torch.isnan(coef))
     if bool(bad.any()):
         i, j = bad.nonzero()[0].tolist()
-        band = f"[{'—' if low is None else _fmt(low)}, {_fmt(corr.high) if corr.high is not None else '—'}]"
-        return f"coefficient{_where(bad)} {_fmt(float(coef[i, j]))} outside {band}"
+        value = float(coef[i, j])
+        band = f"[{'—' if low is None else _fmt(low)}, {'—' if high is None else _fmt(high)}]"
+        side = "above" if bool(above[i, j]) else "below" if bool(below[i, j]) else "nan"
+        return Violation(f"kept coefficient{_where(bad)} {_fmt(value)} outside {band}", f"coef:{side}")
     return None
 
 
 # --------------------------------------------------------------------------------- 4 padding
-def check_padding(subject, batch: Batch) -> str | None:
+def check_padding(subject, batch: Batch) -> Violation | None:
     if not batch.has_padding:
         return None
     clean = batch.clean_padding()
@@ -168,7 +215,7 @@ def check_padding(subject, batch: Batch) -> str | None:
 
 
 # --------------------------------------------------------------------------------- 5 on-policy
-def check_on_policy(subject, batch: Batch) -> str | None:
+def check_on_policy(subject, batch: Batch) -> Violation | None:
     batch = batch.on_policy()
     out = subject(batch, F32)
     inside = batch.mask > 0
@@ -176,11 +223,11 @@ def check_on_policy(subject, batch: Batch) -> str | None:
         bad = inside & (out.coef != 1)
         if bool(bad.any()):
             i, j = bad.nonzero()[0].tolist()
-            return f"on-policy coefficient{_where(bad)} {_fmt(float(out.coef[i, j]))}, expected 1"
+            return Violation(f"on-policy coefficient{_where(bad)} {_fmt(float(out.coef[i, j]))}, expected 1", "coef")
     ref = subject.none()
     if subject.kind == "external" and subject.reduction() is None:
-        return ("on-policy loss matches `none` under no reduction (token-mean, seq-mean-token-mean, "
-                "seq-mean-token-sum) on the calibration batch")
+        return Violation("on-policy loss matches `none` under no reduction (token-mean, seq-mean-token-mean, "
+                         "seq-mean-token-sum) on the calibration batch", "reduction")
     return _compare("on-policy differs from none", out, ref(batch, F32), rtol=1e-5, atol=1e-5,
                     grad=subject.kind == "preset")
 
@@ -195,7 +242,7 @@ def permutations(B: int) -> list[list[int]]:
     return perms
 
 
-def check_permutation(subject, batch: Batch) -> str | None:
+def check_permutation(subject, batch: Batch) -> Violation | None:
     perms = permutations(batch.shape[0])
     if not perms:
         return None
@@ -213,7 +260,8 @@ def check_permutation(subject, batch: Batch) -> str | None:
         if problem is None and base.coef is not None:
             ok = _same(got.coef, base.coef[idx], rtol, atol)
             if not bool(ok.all()):
-                problem = f"rows permuted as {perm}: coefficient{_where(~ok)} does not follow its row"
+                problem = Violation(f"rows permuted as {perm}: coefficient{_where(~ok)} does not follow its row",
+                                    "coef")
         if problem:
             return problem
     return None
@@ -229,7 +277,7 @@ def applies_fd(subject) -> str | None:
 FD_STEP = 1e-4
 
 
-def check_fd(subject, batch: Batch) -> str | None:
+def check_fd(subject, batch: Batch) -> Violation | None:
     base = subject(batch, F64)
     if not math.isfinite(float(base.loss)) or not bool(torch.isfinite(base.grad).all()):
         return None  # not smooth here; invariant 1 speaks about non-finite values
@@ -250,8 +298,8 @@ def check_fd(subject, batch: Batch) -> str | None:
         if abs(coarse - fine) > 1e-6 * (1 + abs(fine)):
             continue  # a kink (clip edge, clamp, filter edge) within the step: not smooth here
         if abs(fine - analytic) > 1e-5 * (1 + abs(fine)):
-            return (f"directional derivative {_fmt(analytic)} (autograd) vs {_fmt(fine)} (central differences, "
-                    f"h={FD_STEP / 4:g}, direction {k})")
+            return Violation(f"directional derivative {_fmt(analytic)} (autograd) vs {_fmt(fine)} (central "
+                             f"differences, h={FD_STEP / 4:g}, direction {k})", "fd")
     return None
 
 
@@ -273,10 +321,9 @@ INVARIANTS: dict[int, Invariant] = {
 }
 
 
-def violation(inv: Invariant, subject, batch: Batch) -> str | None:
-    """The check, with any exception turned into a violation (a loss that raises is not finite)."""
-    try:
-        return inv.check(subject, batch)
-    except Exception as exc:  # noqa: BLE001 - the subject may be anyone's code
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return f"raised {type(exc).__name__}{': ' + text if text else ''}"
+def violation(inv: Invariant, subject, batch: Batch) -> Violation | None:
+    """The check on one batch. A batch with no token is not this check's business (None); what a
+    subject raises propagates as runner.audit.subjects.SubjectRaised for the caller to report."""
+    if batch.all_masked:
+        return None
+    return inv.check(subject, batch)

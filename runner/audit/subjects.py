@@ -1,7 +1,12 @@
 """What the audit feeds and what it audits: a `Batch` of [B, T] tensors, and a subject that turns a
-batch into an `Outcome` (loss, gradient with respect to log_probs and, for our presets, the
+batch into an `Outcome` (loss, gradient with respect to log_probs and, where known, the
 correction's coefficients and keep mask). A subject is one preset under one loss, or an external
-callable in OpenRLHF's PolicyLoss convention (see runner/audit/__init__.py)."""
+target: a loss called under a convention (runner/audit/conventions.py), optionally fed by an
+external weights function, or an external weights function composed with one of our losses.
+
+Anything a subject raises reaches the audit as `SubjectRaised`, which carries the batch and dtype
+of the call, so a crash is reported (and shrunk) as what it is rather than as a violation.
+"""
 
 from __future__ import annotations
 
@@ -49,6 +54,10 @@ class Batch:
     def to_case(self, name: str | None = None) -> Case:
         return Case(name=name or self.name, **{CASE_KEYS[k]: getattr(self, k).tolist() for k in FIELDS})
 
+    def key(self) -> bytes:
+        """The values, bit for bit (NaN included), to recognise a batch seen before."""
+        return b"".join(getattr(self, k).numpy().tobytes() for k in FIELDS) + repr(self.shape).encode()
+
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.lp.shape)  # type: ignore[return-value]
@@ -70,10 +79,11 @@ class Batch:
     def on_policy(self) -> "Batch":
         return replace(self, old=self.lp.clone(), roll=self.lp.clone())
 
-    def with_padding(self, value: float, name: str | None = None) -> "Batch":
-        """Every masked-out entry of lp, old, roll and adv set to `value`."""
+    def with_padding(self, value: float, name: str | None = None,
+                     fields: Sequence[str] = ("lp", "old", "roll", "adv")) -> "Batch":
+        """Every masked-out entry of `fields` (all four by default) set to `value`."""
         out = {k: torch.where(self.mask > 0, getattr(self, k), torch.tensor(value, dtype=torch.float64))
-               for k in ("lp", "old", "roll", "adv")}
+               if k in fields else getattr(self, k) for k in ("lp", "old", "roll", "adv")}
         return Batch(**out, mask=self.mask, name=name or self.name)
 
     def clean_padding(self) -> "Batch":
@@ -90,6 +100,16 @@ class Batch:
     def has_padding(self) -> bool:
         return bool((self.mask == 0).any())
 
+    @property
+    def all_masked(self) -> bool:
+        return not bool((self.mask > 0).any())
+
+    @property
+    def left_aligned(self) -> bool:
+        """Each row's mask is ones then zeros, as a trainer pads responses."""
+        m = self.mask > 0
+        return not bool((~m[:, :-1] & m[:, 1:]).any())
+
 
 @dataclass
 class Outcome:
@@ -101,7 +121,15 @@ class Outcome:
 
 
 class TargetError(Exception):
-    """An external target returned something that is not a loss."""
+    """An external target returned something that is not a loss, or weights that are not [B, T]."""
+
+
+class SubjectRaised(Exception):
+    """`subject` raised on `batch` (evaluated in `dtype`); the original exception is `error`."""
+
+    def __init__(self, error: BaseException, batch: "Batch", dtype: torch.dtype, subject: Any = None):
+        super().__init__(str(error))
+        self.error, self.batch, self.dtype, self.subject = error, batch, dtype, subject
 
 
 def _backward(lp: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
@@ -110,6 +138,17 @@ def _backward(lp: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
         if grad is not None:
             return grad.detach()
     return torch.zeros_like(lp.detach())
+
+
+def _as_loss(res: Any, dtype: torch.dtype) -> torch.Tensor:
+    if not torch.is_tensor(res):
+        try:
+            res = torch.tensor(float(res), dtype=dtype)
+        except (TypeError, ValueError):
+            raise TargetError(f"returned {type(res).__name__}, not a loss tensor") from None
+    if res.numel() != 1:
+        raise TargetError(f"returned a loss of shape {list(res.shape)}, expected a scalar")
+    return res.reshape(())
 
 
 class PresetSubject:
@@ -126,10 +165,13 @@ class PresetSubject:
         self.overrides = list(overrides)  # extra overrides (beyond correction= and loss=) for repro
 
     def __call__(self, batch: Batch, dtype: torch.dtype = torch.float32) -> Outcome:
-        t = batch.tensors(dtype)
-        lp = t["lp"].clone().requires_grad_(True)
-        res = policy_loss(self.spec, self.corr, lp, t["old"], t["roll"], t["adv"], t["mask"], metrics=False)
-        grad = _backward(lp, res.loss)
+        try:
+            t = batch.tensors(dtype)
+            lp = t["lp"].clone().requires_grad_(True)
+            res = policy_loss(self.spec, self.corr, lp, t["old"], t["roll"], t["adv"], t["mask"], metrics=False)
+            grad = _backward(lp, res.loss)
+        except Exception as exc:
+            raise SubjectRaised(exc, batch, dtype, self) from exc
         return Outcome(loss=res.loss.detach(), grad=grad, coef=res.correction.coef.detach(),
                        keep=res.correction.keep, per_token=res.per_token.detach())
 
@@ -137,38 +179,75 @@ class PresetSubject:
         """Plain PPO (the `none` preset) under the same loss spec: the on-policy reference."""
         return PresetSubject(Correction(name="none"), self.spec, self.overrides)
 
+    def reduction(self) -> str:
+        return self.spec.effective_reduction
+
 
 class ExternalSubject:
-    """A callable in OpenRLHF's PolicyLoss convention."""
+    """An external target: `fn` called through `caller` (OpenRLHF's convention by default), or,
+    with `fn=None`, our loss `spec` on the coefficients of the external `weights` function."""
 
     kind = "external"
     faithful = False
-    loss_name = None
 
-    def __init__(self, name: str, fn: Callable[..., Any]):
+    def __init__(self, name: str, fn: Callable[..., Any] | None, caller=None,
+                 weights: Callable[..., Any] | None = None, band: tuple[float | None, float | None] | None = None,
+                 spec: LossSpec | None = None):
+        from runner.audit.conventions import Caller
+
+        if fn is None and (weights is None or spec is None):
+            raise ValueError("an external subject needs a loss, or a weights function and one of our losses")
         self.name = name
         self.fn = fn
+        self.caller = caller or Caller.build("openrlhf")
+        self.weights = weights
+        self.band = band
+        self.spec = spec
+        self.loss_name = spec.name if fn is None and spec is not None else None
         self.overrides: list[str] = []
+        self.target_spec = None  # the TargetSpec it was resolved from (None: built in Python)
         self._reduction: str | None | bool = False  # False: not calibrated yet
 
+    @property
+    def has_coef(self) -> bool:
+        return self.weights is not None
+
+    def _coefficients(self, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        tensors = {"old": t["old"], "roll": t["roll"], "mask": t["mask"], "log_ratio": t["old"] - t["roll"]}
+        args, kwargs = self.caller.weights_kwargs(self.weights, tensors)
+        res = self.weights(*args, **kwargs)
+        items = list(res) if isinstance(res, (tuple, list)) else [res]
+        coef = items[0]
+        if not torch.is_tensor(coef):
+            raise TargetError(f"the weights function returned {type(coef).__name__}, not a tensor of coefficients")
+        coef = coef.detach().to(t["mask"].dtype).expand_as(t["mask"])
+        keep = next((x for x in items[1:] if torch.is_tensor(x) and x.dtype == torch.bool
+                     and x.shape[-1] in (1, coef.shape[-1])), None)
+        keep = keep.expand_as(coef) if keep is not None else coef != 0  # no keep mask: weight 0 = rejected
+        return coef, keep
+
     def __call__(self, batch: Batch, dtype: torch.dtype = torch.float32) -> Outcome:
-        t = batch.tensors(dtype)
-        lp = t["lp"].clone().requires_grad_(True)
-        res = self.fn(lp, t["old"], t["adv"], action_mask=t["mask"], rollout_log_probs=t["roll"])
-        if isinstance(res, (tuple, list)):
-            if not res:
-                raise TargetError("returned an empty tuple")
-            res = res[0]
-        if not torch.is_tensor(res):
-            try:
-                res = torch.tensor(float(res), dtype=dtype)
-            except (TypeError, ValueError):
-                raise TargetError(f"returned {type(res).__name__}, not a loss tensor") from None
-        if res.numel() != 1:
-            raise TargetError(f"returned a loss of shape {list(res.shape)}, expected a scalar")
-        loss = res.reshape(())
-        grad = _backward(lp, loss)
-        return Outcome(loss=loss.detach(), grad=grad)
+        coef = keep = None
+        try:
+            t = batch.tensors(dtype)
+            lp = t["lp"].clone().requires_grad_(True)
+            if self.weights is not None:
+                coef, keep = self._coefficients(t)
+            if self.fn is None:
+                from runner.corrections import CorrectionResult
+
+                res = policy_loss(self.spec, Correction(name="weights-fn"), lp, t["old"], t["roll"], t["adv"],
+                                  t["mask"], metrics=False, correction=CorrectionResult(coef, t["mask"], keep))
+                loss = res.loss
+            else:
+                tensors = {"lp": lp, "old": t["old"], "roll": t["roll"], "adv": t["adv"], "mask": t["mask"]}
+                if coef is not None:
+                    tensors["weights"] = coef
+                loss = _as_loss(self.caller.pick_loss(self.caller(self.fn, tensors)), dtype)
+            grad = _backward(lp, loss)
+        except Exception as exc:
+            raise SubjectRaised(exc, batch, dtype, self) from exc
+        return Outcome(loss=loss.detach(), grad=grad, coef=coef, keep=keep)
 
     # The on-policy reference of invariant 5: our `none` under the reduction the target uses.
     # B = 3 rows of 4, 1 and 2 tokens (7 in all): the three reductions differ, and by no simple factor.
@@ -184,11 +263,16 @@ class ExternalSubject:
 
     def reduction(self) -> str | None:
         """Which of our reductions reproduces the target's on-policy loss; None when none does."""
+        if self.spec is not None and self.fn is None:
+            return self.spec.effective_reduction
         if self._reduction is False:
             from runner.losses import REDUCTIONS
 
             batch = self.calibration_batch()
-            got = float(self(batch).loss)
+            try:
+                got = float(self(batch).loss)
+            except SubjectRaised:
+                got = math.nan
             self._reduction = None
             for how in REDUCTIONS:
                 ref = PresetSubject(Correction(name="none"), LossSpec(reduction=how))
@@ -199,4 +283,6 @@ class ExternalSubject:
         return self._reduction  # type: ignore[return-value]
 
     def none(self) -> PresetSubject:
+        if self.spec is not None and self.fn is None:
+            return PresetSubject(Correction(name="none"), self.spec)
         return PresetSubject(Correction(name="none"), LossSpec(reduction=self.reduction() or "token-mean"))

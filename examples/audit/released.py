@@ -1,0 +1,120 @@
+"""The released framework code `is-study audit` is pointed at: one command per target, and what
+each one finds. The README's "Auditing your framework's loss" shows these commands, and
+tests/test_audit_released.py runs them on the wheels downloaded from PyPI.
+
+    python examples/audit/released.py [WHEELS]     # download, unpack, audit all (default: wheels/)
+
+The wheels are fetched with `pip download --no-deps` (nothing is installed) and their packages
+unpacked into WHEELS/site: only openrlhf/, verl/ and trl/, since verl's wheel also ships top-level
+`tests` and `scripts` packages. OpenRLHF at commit bc71bb19 is not on PyPI; its targets are the
+adapter examples/audit/openrlhf_bc71bb1.py (see its docstring for what that does and does not show).
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PACKAGES = ("openrlhf==0.11.2", "verl==0.9.1", "trl==1.16.0")
+UNPACKED = ("openrlhf", "verl", "trl")
+REPO = Path(__file__).resolve().parents[2]
+SITE = "{site}"  # in TARGETS' arguments: the folder the wheels' packages are unpacked into
+
+VERL_PPO = f"{SITE}/verl/trainer/ppo"
+VERL_CONFIG = ('{"loss_agg_mode": "token-mean", "config": {"_target_": "verl.workers.config.ActorConfig", '
+               '"strategy": "fsdp", "rollout_n": 1, "ppo_micro_batch_size_per_gpu": 1}}')
+BC71BB1 = ('{"enable_vllm_is_correction": true, "vllm_is_truncated_threshold": [0.5, 5.0], '
+           '"vllm_is_correction_type": "%s"}')
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    what: str
+    args: tuple[str, ...]  # `is-study audit` arguments
+    known: tuple[str, ...]  # the known bugs: "CHECK: start of the finding's text"
+    other: tuple[str, ...] = ()  # further findings, each true only of adversarial input
+
+    def argv(self, site: str | Path) -> list[str]:
+        return [a.replace(SITE, str(site)) for a in self.args]
+
+    def command(self, site: str | Path = "wheels/site") -> str:
+        return shlex.join(["is-study", "audit", *self.argv(site)])
+
+
+TARGETS = (
+    Target("openrlhf-0.11.2", "OpenRLHF 0.11.2 PolicyLoss, sequence-level mask mode",
+           ("--target", f"{SITE}/openrlhf/models/loss.py:PolicyLoss", "--stub", "deepspeed",
+            "--target-kwargs", '{"is_correction_level": "seq", "is_correction_mode": "mask"}'),
+           known=("1 finite: loss -inf on finite inputs",),
+           other=("4 padding: padding values leak: loss nan",)),
+    Target("verl-0.9.1", "verl 0.9.1 vanilla PPO loss fed by its token IcePop weights",
+           ("--convention", "verl", "--stub", "tensordict,transformers,ray,codetiming",
+            "--target", f"{VERL_PPO}/core_algos.py:compute_policy_loss_vanilla", "--call-kwargs", VERL_CONFIG,
+            "--weights-fn", f"{VERL_PPO}/rollout_corr_helper.py:compute_rollout_correction_weights",
+            "--weights-kwargs", '{"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}', "--band", "0.5,5",
+            "--allow-raise", "ValueError"),
+           known=("raises: ZeroDivisionError: float division by zero at verl/trainer/ppo/rollout_corr_helper.py:758",),
+           other=("4 padding: padding values leak: grad",)),
+    Target("trl-1.16.0", "TRL 1.16.0 GRPO loss with its vLLM IS correction (GRPOConfig defaults)",
+           ("--convention", "trl", "--target", "examples/audit/trl_grpo.py:GRPOLoss",
+            "--target-kwargs", f'{{"trl": "{SITE}/trl"}}'),
+           known=(),
+           other=("1 finite: grad", "4 padding: padding values leak: loss nan")),
+    Target("openrlhf-bc71bb1-seq-mask-tis", "OpenRLHF bc71bb19 seq-mask-tis (adapter)",
+           ("--target", "examples/audit/openrlhf_bc71bb1.py:PolicyLoss", "--target-kwargs", BC71BB1 % "seq-mask-tis",
+            "--reference", "correction=seq-mask-tis"),
+           known=("1 finite: loss -inf on finite inputs", "2 reject→0: rejected unit[0][0]",
+                  "reference: vs correction=seq-mask-tis: token[0][0] gets weight 10"),
+           other=("4 padding: padding values leak: loss nan",)),
+    Target("openrlhf-bc71bb1-icepop", "OpenRLHF bc71bb19 icepop (adapter)",
+           ("--target", "examples/audit/openrlhf_bc71bb1.py:PolicyLoss", "--target-kwargs", BC71BB1 % "icepop"),
+           known=("1 finite: loss nan on finite inputs", "2 reject→0: rejected unit[0][0]"),
+           other=("4 padding: padding values leak: loss nan",)),
+)
+
+
+def download(wheels: Path) -> None:
+    wheels.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels), *PACKAGES],
+                   check=True)
+
+
+def unpack(wheels: Path) -> Path:
+    """The packages of every wheel in `wheels` into wheels/site (a wheel is a zip; nothing runs)."""
+    site = wheels / "site"
+    for wheel in sorted(wheels.glob("*.whl")):
+        with zipfile.ZipFile(wheel) as zf:
+            for member in zf.namelist():
+                parts = member.split("/")
+                if len(parts) > 2 and parts[0].endswith(".data") and parts[1] in ("purelib", "platlib"):
+                    parts = parts[2:]
+                if parts[0] not in UNPACKED or member.endswith("/"):
+                    continue
+                dest = site.joinpath(*parts)
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                dest.write_bytes(zf.read(member))
+    return site
+
+
+def main(argv: list[str]) -> int:
+    wheels = Path(argv[0] if argv else "wheels").resolve()
+    if not list(wheels.glob("*.whl")):
+        download(wheels)
+    site = unpack(wheels)
+    for target in TARGETS:
+        print(f"\n## {target.name}: {target.what}\n$ {target.command(site)}", flush=True)
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "runner", "audit", "--out", str(wheels / "audit-cases"),
+                        *target.argv(site)], cwd=REPO)
+        print(f"({time.perf_counter() - start:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
