@@ -326,7 +326,7 @@ def test_invariant_2_tells_ppo_clipped_tokens_from_rejected_ones(tmp_path):
 
 def test_invariant_2_flags_a_finite_nonzero_gradient_on_a_rejected_row():
     """Issue 20: checking only for non-finite gradients at rejected units must not survive."""
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
     from runner.audit.invariants import check_rejection
     from runner.audit.subjects import Batch, PresetSubject
     from runner.corrections import Correction
@@ -354,7 +354,7 @@ def test_invariant_2_flags_a_finite_nonzero_gradient_on_a_rejected_row():
 
 def test_invariant_3_flags_a_coefficient_outside_its_band():
     """Issue 20: invariant 3 had no test showing it can fail."""
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
     from runner.audit.invariants import check_bounds
     from runner.audit.subjects import Batch, PresetSubject
     from runner.corrections import Correction

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from runner import hydra_app
+from runner.hydra_app import app as hydra_app
 from runner.corrections import Correction
 from runner.losses import LossSpec, policy_loss
 

@@ -8,14 +8,9 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
-if TYPE_CHECKING:
-    from runner.studies.audit import Group
-
-
-def slug(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "._-+" else "-" for c in name.replace("/", "--").replace(":", "--"))
+from runner.audit.groups import Group, slug
 
 
 def case_path(out_dir: Path, key: str, check: int | str) -> Path:

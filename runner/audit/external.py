@@ -42,13 +42,13 @@ def instantiate_values(kwargs: Mapping[str, Any], flag: str) -> dict[str, Any]:
 
     if not any(wanted(v) for v in kwargs.values()):
         return dict(kwargs)
-    from hydra.utils import instantiate
+    from runner.hydra_app.app import instantiate
 
     out = {}
     for key, value in kwargs.items():
         if wanted(value):
             try:
-                value = instantiate(value, _convert_="all")
+                value = instantiate(value)
             except Exception as exc:  # noqa: BLE001 - the user's class, the user's error
                 cause = exc.__cause__ or exc
                 raise UserError(f"{flag}: building {key} from {value['_target_']} failed "

@@ -31,7 +31,7 @@ def parse(text: str) -> str:
 
 def reference_subject(subject, preset: str) -> PresetSubject:
     """Our preset under the subject's loss (a preset subject) or loss=ppo with the target's reduction."""
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
     from runner.corrections import Correction
     from runner.losses import LossSpec
 

@@ -140,6 +140,14 @@ def to_yaml(cfg: Any) -> str:
         return OmegaConf.to_yaml(cfg, resolve=True)
 
 
+def instantiate(config: Any) -> Any:
+    """Hydra's `_target_` instantiation of a plain mapping (nested values converted to plain containers).
+    The target's own exception propagates: it is the user's class, and the caller words it."""
+    from hydra.utils import instantiate as hydra_instantiate
+
+    return hydra_instantiate(config, _convert_="all")
+
+
 def job(cfg: Any) -> Any:
     """The task function of `is-study run`: a module-level function, like every task function, so a
     process launcher could pickle it."""

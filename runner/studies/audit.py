@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from runner.audit.counterexamples import case_path, save_counterexample, slug
+from runner.audit.groups import Group
 from runner.errors import UserError
 
 DEFAULT_LOSSES = ("ppo", "reinforce")
@@ -62,22 +63,6 @@ class Cell:
                 "seconds": round(self.seconds, 3)}
 
 
-@dataclass
-class Group:
-    """The subjects (one per loss) that make up one row of the table."""
-
-    name: str
-    faithful: bool
-    subjects: list
-    key: str = ""  # the case files' name stem: the name, plus a hash of what else defines the row
-    repro: list[str] = field(default_factory=list)  # CLI arguments that select this row again
-    allow_raise: tuple[str, ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.key:
-            self.key = slug(self.name)
-
-
 # --------------------------------------------------------------------------------- subjects
 def _split_overrides(overrides: Sequence[str]) -> tuple[str | None, str | None, list[str]]:
     preset = loss = None
@@ -99,7 +84,7 @@ def _short_hash(text: str) -> str:
 
 def loss_specs(overrides: Sequence[str]) -> list:
     """One LossSpec per loss to audit: loss=NAME, or ppo and reinforce."""
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
     from runner.losses import LossSpec
 
     _, loss, rest = _split_overrides(overrides)
