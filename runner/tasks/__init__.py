@@ -11,6 +11,7 @@ from runner.tasks.base import CountTask, Task
 TASKS = LazyRegistry("task.name", {
     "target-count": "runner.tasks.targets:TargetCount",
     "target-threshold": "runner.tasks.targets:TargetThreshold",
+    "sort": "runner.tasks.sorting:Sort",
 })
 
 
