@@ -9,6 +9,7 @@ from runner.lookup import LazyRegistry
 
 WORLDS = LazyRegistry("policy.name", {
     "bigram": "runner.worlds.bigram.world:BigramWorld",
+    "transformer": "runner.worlds.transformer.world:TransformerWorld",
 })
 
 
