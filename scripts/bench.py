@@ -304,6 +304,7 @@ BENCHES = {
     "long": bench_long_sequences,
     "cli": bench_cli,
     "sweep": lambda tiny: _script_results("bench_sweep.py", tiny),
+    "transformer": lambda tiny: _script_results("bench_transformer.py", tiny),
 }
 
 

@@ -46,8 +46,11 @@ def main() -> None:
     print(json.dumps(out["world"].get("warm_start", {}), indent=1))
 
     prompts = world.sample_prompts(args.prompts, torch.Generator().manual_seed(args.seed))
-    for name in ("bf16", "fp16", "fp8"):
-        tok = mismatch.token_mismatch(world, params, prompts, Precision(name), torch.Generator().manual_seed(args.seed + 1))
+    precisions = {"bf16": Precision("bf16"), "fp16": Precision("fp16"), "fp8": Precision("fp8")}
+    if world.shape.experts:
+        precisions["bf16+router_replay"] = Precision("bf16", router_fp32=True)
+    for name, precision in precisions.items():
+        tok = mismatch.token_mismatch(world, params, prompts, precision, torch.Generator().manual_seed(args.seed + 1))
         summary, bins = mismatch.summarize(tok), mismatch.by_probability(tok)
         out["precisions"][name] = {"summary": summary, "by_probability": bins}
         print(f"\n{name}: kl_k3 {summary['kl_k3']:.3g} ± {summary['kl_k3_se']:.2g}   max|Δp| {summary['max_abs_prob_diff']:.3g}"

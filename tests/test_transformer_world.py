@@ -352,3 +352,18 @@ def test_rollout_shorter_than_the_answer_is_an_error(tmp_path):
     task = make_task({**SMALL_TASK, "length": 7}, {"seq_len": 8})
     with pytest.raises(UserError, match=r"rollout.seq_len \(6\) is shorter than task=sort's answer \(8 tokens\)"):
         make_world({"name": "transformer"}, {"seq_len": 6}, task)
+
+
+def test_bench_runs_at_tiny_size(tmp_path):
+    # CI proves the bench runs; its figures are measured by `python scripts/bench_transformer.py`.
+    out = tmp_path / "bench.json"
+    res = subprocess.run([sys.executable, "scripts/bench_transformer.py", "--tiny", "--out", str(out)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    names = " | ".join(r["name"] for r in rows)
+    for part in ("KV-cache sampling speedup", "KV cache bytes", "peak memory", "SFT warm start", "forward+backward"):
+        assert part in names
+    for row in rows:
+        assert set(row) == {"name", "value", "target", "pass", "detail"}
+        assert row["value"] > 0 and (row["pass"] is not None or row["target"] == "info"), row

@@ -9,11 +9,11 @@ on comes from the arithmetic, as in LLM serving, never from a second implementat
 
 How the engine's precision is applied (what bf16/fp16/fp8 serving stacks do):
 
-- every Linear (q/k/v, attention output, MLP in/out, the router) takes `precision.weights(W)` and
+- every Linear (q/k/v, attention output, MLP in/out) takes `precision.weights(W)` and
   `precision.activations(x)`, accumulates in fp32 and rounds its output to the compute dtype once,
   as a tensor-core GEMM with an fp32 accumulator does;
-- the embeddings, LayerNorm weights and the tied LM head are held in the compute dtype but never
-  fp8 (vLLM quantizes Linear layers only);
+- the embeddings, LayerNorm weights, the tied LM head and the MoE router are held in the compute
+  dtype but never fp8 (vLLM's fp8 quantizes the Linear layers and leaves the gate unquantized);
 - attention scores and their softmax are fp32 and the probabilities are rounded to the compute
   dtype before the product with V (FlashAttention's arithmetic); the KV cache holds K and V as
   rounded by their projection;
@@ -102,8 +102,8 @@ def init_params(shape: Shape, generator: torch.Generator, std: float = 0.02) -> 
 
 
 # Linear layers' weights: rounded through `precision.weights` (fp8-scaled where fp8). Everything
-# else (embeddings, norms, biases) is only held in the compute dtype.
-_LINEAR = ("attn.w_qkv", "attn.w_out", "mlp.w_in", "mlp.w_out", "mlp.router")
+# else (embeddings, norms, biases, the router) is only held in the compute dtype.
+_LINEAR = ("attn.w_qkv", "attn.w_out", "mlp.w_in", "mlp.w_out")
 
 
 def engine_weights(params: Params, precision: Precision) -> Params:
@@ -132,8 +132,10 @@ class _Round:
         """An activation entering a Linear (fp8: per-token scaled rounding)."""
         return t if self.exact else self.precision.activations(t).float()
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-        y = self.act(x) @ w  # fp32 accumulate of rounded operands
+    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
+               quantized: bool = True) -> torch.Tensor:
+        """A GEMM; `quantized=False` for a layer fp8 serving keeps in the compute dtype (the router)."""
+        y = (self.act(x) if quantized else self(x)) @ w  # fp32 accumulate of rounded operands
         if b is not None:
             y = y + b  # the GEMM epilogue adds the bias before the one output rounding
         return self(y)
@@ -193,7 +195,7 @@ def _mlp(shape: Shape, w: Params, h: str, x: torch.Tensor, rnd: _Round,
     if shape.experts == 0:
         u = rnd(F.gelu(rnd.linear(x, w[h + "mlp.w_in"], w[h + "mlp.b_in"])))  # [N, t, 4d]
         return rnd.linear(u, w[h + "mlp.w_out"], w[h + "mlp.b_out"])  # [N, t, d]
-    gate_logits = rnd.linear(x, w[h + "mlp.router"])  # [N, t, E] in the engine's precision
+    gate_logits = rnd.linear(x, w[h + "mlp.router"], quantized=False)  # [N, t, E] in the engine's precision
     gate_probs = torch.softmax(gate_logits, dim=-1)  # [N, t, E] fp32, as MoE routers do
     choice = gate_probs.argmax(-1) if routes is None else routes  # [N, t] expert ids
     if record is not None:

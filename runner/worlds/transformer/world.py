@@ -31,6 +31,8 @@ from runner.worlds.transformer import sft as sft_module
 from runner.worlds.transformer.kv_cache import KVCache
 from runner.worlds.transformer.model import Shape, engine_weights, forward, init_params
 
+# `seq_len` is read by conf/config.yaml (rollout.seq_len's default for this world), never here: the
+# world's response length is rollout.seq_len.
 POLICY_KEYS = ("name", "description", "n_layer", "n_head", "d_model", "mlp_ratio", "context", "experts",
                "init_std", "seq_len", "sft")
 
