@@ -265,12 +265,19 @@ def test_killed_sft_leaves_no_checkpoint(tmp_path):
     assert job.returncode == -signal.SIGKILL
     assert list(folder.glob("*.lock"))
     assert not list(folder.glob("*.pt")) and not list(folder.glob("*.json"))
-    # the next job takes the (released) lock and trains it
+    # a job killed while writing leaves its temporary file (never the checkpoint's name); plant one
+    # for the next job's checkpoint, which must remove it once it holds that checkpoint's lock
+    rollout = {"seq_len": 8}
+    nxt = make_world({"name": "transformer", "sft": {"steps": 20, "eval_samples": 64, "cache_dir": str(tmp_path)}},
+                     rollout, make_task({"name": "sort", "values": 16}, rollout))
+    stale = folder / f".{sft.cache_key(sft.cache_identity(nxt, torch.device('cpu')))}.pt.99999.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    # the next job takes the (released) lock, removes the stale file and trains
     job = _spawn(20, tmp_path)
     out, err = job.communicate(timeout=300)
     assert job.returncode == 0, err
     assert json.loads(out.strip().splitlines()[-1])["cache"] == "trained"
-    assert len(list(folder.glob("*.pt"))) == 1
+    assert len(list(folder.glob("*.pt"))) == 1 and not stale.exists()
 
 
 def test_a_write_that_fails_leaves_no_file(tmp_path):

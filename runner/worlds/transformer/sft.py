@@ -132,7 +132,7 @@ def warm_start(world: "TransformerWorld", device: torch.device) -> tuple[dict[st
         with FileLock(str(folder / f"{key}.lock")):
             loaded = _load(path, device)  # another job may have trained it while we waited
             if loaded is None:
-                for stale in folder.glob(f".{key}.pt.*.tmp"):  # left by a killed run
+                for stale in folder.glob(f".{key}.*.tmp"):  # left by a run killed while writing
                     stale.unlink(missing_ok=True)
                 loaded = _train_and_save(world, device, identity, path)
                 loaded[1]["cache"] = "trained"
