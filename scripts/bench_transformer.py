@@ -153,7 +153,7 @@ def bench_sft(tiny: bool) -> list[dict]:
         world.init_params(torch.Generator())
         seconds = time.perf_counter() - start
         record = world.warm_start
-    detail = (f"{record['sft_steps']} steps: train {record['sft_seconds']:.1f} s; accuracy {record['accuracy']:.3f} "
+    detail = (f"{record['sft_steps']} steps: train {record['sft_seconds']:.1f} s (CPU {record['sft_cpu_seconds']:.1f} s); accuracy {record['accuracy']:.3f} "
               f"± {record['accuracy_se']:.3f}, p>0.9 {record['confident_fraction']:.3f}, forks "
               f"{record['fork_fraction']:.3f}, mean entropy {record['mean_entropy']:.3f} nats")
     if tiny:
