@@ -305,6 +305,7 @@ BENCHES = {
     "cli": bench_cli,
     "sweep": lambda tiny: _script_results("bench_sweep.py", tiny),
     "mlp": lambda tiny: _script_results("bench_mlp.py", tiny),
+    "transformer": lambda tiny: _script_results("bench_transformer.py", tiny),
 }
 
 

@@ -12,6 +12,7 @@ TASKS = LazyRegistry("task.name", {
     "target-count": "runner.tasks.targets:TargetCount",
     "target-threshold": "runner.tasks.targets:TargetThreshold",
     "count-exact": "runner.tasks.count_exact:CountExact",
+    "sort": "runner.tasks.sorting:Sort",
 })
 
 

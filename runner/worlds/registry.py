@@ -10,6 +10,7 @@ from runner.lookup import LazyRegistry
 WORLDS = LazyRegistry("policy.name", {
     "bigram": "runner.worlds.bigram.world:BigramWorld",
     "mlp": "runner.worlds.mlp.world:MLPWorld",
+    "transformer": "runner.worlds.transformer.world:TransformerWorld",
 })
 
 
