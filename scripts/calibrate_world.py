@@ -6,8 +6,8 @@ Prints, for the composed config:
   1. at initialisation: J (exact or Monte Carlo), the mean entropy per token, and the engine's mismatch
      against the fp32 trainer per precision (mean kl_k3 per token, max |Δp|) on tokens the engine
      samples, at staleness 0 with no noise: what the arithmetic alone gives;
-  2. warm-up grad norms (clipping off) over the first --steps steps: percentiles, from which a clip that
-     binds sometimes (about the 90th) is chosen;
+  2. warm-up grad norms (clipping off, at the config's train.lr) over the first --steps steps:
+     percentiles, from which a clip that binds sometimes (about the 90th) is chosen;
   3. for each learning rate in --lrs: the per-update policy KL (policy_kl_k3 after one update: the
      k3 estimate of KL(π_old ‖ π_θ) per token) and J after --steps steps. The field calibrates its
      learning rates to about 1e-3 nats per token per update.
@@ -84,8 +84,8 @@ def main() -> int:
     warm = replace(s, train=replace(s.train, grad_clip=None, steps=args.steps))
     _, records = run_steps(warm, args.steps)
     norms = sorted(float(u.grad_norm) for r in records for u in r.updates if float(u.grad_norm) > 0)
-    if norms:
-        q = statistics.quantiles(norms, n=10)
+    if len(norms) >= 10:
+        q = statistics.quantiles(norms, n=10, method="inclusive")
         print(f"warm-up grad norms (clip off, {len(norms)} non-zero of "
               f"{sum(len(r.updates) for r in records)} updates): p10 {q[0]:.3g}  p50 {q[4]:.3g}  p90 {q[8]:.3g}  "
               f"max {norms[-1]:.3g}")
