@@ -4,6 +4,7 @@ objective's schedule and its Monte Carlo estimate, the clip flag, and their conf
 from __future__ import annotations
 
 import csv
+import json
 import math
 
 import pytest
@@ -165,3 +166,28 @@ def test_between_evaluations_the_sampled_reward_shows_a_drop_but_never_sets_the_
     assert watch.reason is None  # 0.2 from step 26: 13 steps, not yet 20
     events += [watch.observe_objective(40, 0.2)] + [watch.observe_objective(s, 0.2, estimate=True) for s in range(41, 47)]
     assert [e.step for e in events if e is not None] == [26] and watch.step == 26
+
+
+# ------------------------------------------------------------------------------------ the device
+def test_device_names_and_a_missing_gpu_are_one_line_errors():
+    from runner.training.device import resolve
+
+    assert str(resolve("cpu")) == "cpu"
+    assert str(resolve("auto")) == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(UserError, match="is not one of: auto, cpu, cuda, cuda:N"):
+        resolve("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(UserError, match="sees no CUDA device here"):
+            resolve("cuda")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+@pytest.mark.parametrize("world", [["policy=bigram"], ["policy=mlp", "rollout.seq_len=16"],
+                                   ["policy=transformer", "policy.sft.steps=0", "rollout.seq_len=8",
+                                    "task.length=7", "train.objective_samples=64"]])
+def test_the_same_seed_on_cuda_gives_the_same_metrics(tmp_path, world):
+    args = [*world, "device=cuda", "train.steps=3", "log.timing=false"]
+    _, a = train(tmp_path, args, "a")
+    _, b = train(tmp_path, args, "b")
+    assert (a / "metrics.csv").read_bytes() == (b / "metrics.csv").read_bytes()
+    assert json.loads((a / "summary.json").read_text())["device"].startswith("cuda")

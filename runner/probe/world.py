@@ -121,7 +121,7 @@ def drift(params: Params, setup: Setup, steps: int, lr: float) -> Params:
 def validate(cfg: Mapping[str, Any]) -> tuple[Setup, ProbeSettings, int]:
     """Every config check, no work: (Setup, ProbeSettings, rollouts per batch) of a resolved config
     (plain values: runner.studies.plain_config)."""
-    setup = load(cfg)
+    setup = replace(load(cfg), device=torch.device("cpu"))  # the probe's statistics run on the CPU
     probe = ProbeSettings.from_config(cfg.get("probe"))
     if setup.loss.name not in LOSSES:
         raise UserError(f"probe: loss={setup.loss.name} is not supported (the probe takes the gradient of the "

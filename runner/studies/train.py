@@ -208,6 +208,7 @@ class Run:
             "collapse_reason": trainer.collapse.reason,
             "objective": "monte-carlo" if trainer.objective_fn.monte_carlo else "exact",
             "objective_every": s.train.objective_every,
+            "device": str(s.device),
             "wall_s": round(time.perf_counter() - self.writer.t0, 3),
         }
 

@@ -45,7 +45,7 @@ class CountTask(Task):
         self.is_target[list(targets)] = True
 
     def count(self, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        return (self.is_target[tokens].to(mask.dtype) * mask).sum(-1)
+        return (self.is_target.to(tokens.device)[tokens].to(mask.dtype) * mask).sum(-1)
 
     def expected(self, law: torch.Tensor) -> torch.Tensor:
         """E[R] from the [C+1] law of the count (differentiable)."""

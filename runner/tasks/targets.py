@@ -55,7 +55,7 @@ class TargetCount(CountTask):
         return self.is_target.to(dtype) / self.seq_len
 
     def expected(self, law):
-        return (law * torch.arange(law.shape[-1], dtype=law.dtype)).sum(-1) / self.seq_len
+        return (law * torch.arange(law.shape[-1], dtype=law.dtype, device=law.device)).sum(-1) / self.seq_len
 
 
 class TargetThreshold(CountTask):

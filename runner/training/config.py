@@ -6,11 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+import torch
+
 from runner.config_checks import as_bool, as_choice, as_float, as_int, check_keys
 from runner.corrections import Correction
 from runner.errors import UserError
 from runner.losses import LossSpec
 from runner.tasks import Task, make_task
+from runner.training.device import resolve as resolve_device
 from runner.training.faults import ON_NONFINITE, CollapseRules
 from runner.training.optim import OPTIMIZERS
 from runner.worlds.engine import Mismatch
@@ -68,6 +71,7 @@ class Setup:
     metrics: bool
     quiet: bool
     tokens_every: int
+    device: torch.device = torch.device("cpu")
 
 
 def _section(cfg: Mapping[str, Any], key: str) -> dict:
@@ -106,4 +110,5 @@ def load(cfg: Mapping[str, Any]) -> Setup:
         metrics=as_bool("log", log, "metrics", default=True),
         quiet=as_bool("log", log, "quiet", default=False),
         tokens_every=as_int("log", log, "tokens_every", low=0, default=50),
+        device=resolve_device(cfg.get("device", "cpu")),
     )

@@ -69,13 +69,13 @@ class Trainer:
         self.s = s
         # Two streams: token sampling, and the engine's noise and faults; so turning outliers on does
         # not change which tokens are sampled. 2·seed and 2·seed+1 keep seeds 0, 1, 2, ... disjoint.
-        self.gen = torch.Generator().manual_seed(2 * s.seed)
-        self.noise_gen = torch.Generator().manual_seed(2 * s.seed + 1)
+        self.gen = torch.Generator(device=s.device).manual_seed(2 * s.seed)
+        self.noise_gen = torch.Generator(device=s.device).manual_seed(2 * s.seed + 1)
         self.params = {name: p.requires_grad_(True) for name, p in s.world.init_params(self.gen).items()}
         self.opt = Optimizer(self.params, s.train.optimizer, s.train.lr)
         self.engine = Engine(s.world, s.mismatch)
         self.history = ParamHistory(s.mismatch.staleness)
-        self.objective_fn = make_objective(s.world, s.task, s.train.objective_samples, s.seed)
+        self.objective_fn = make_objective(s.world, s.task, s.train.objective_samples, s.seed, s.device)
         n = s.batch_size * s.group_size
         # Contiguous slices, so a mini-batch holds whole groups whenever the sizes allow.
         self.slices = [slice(int(c[0]), int(c[-1]) + 1) for c in torch.arange(n).tensor_split(s.train.updates_per_step)]

@@ -33,14 +33,14 @@ class ExactObjective:
 class MonteCarloObjective:
     monte_carlo = True
 
-    def __init__(self, world, task, samples: int, seed: int, group: int = 16):
-        self.world, self.task, self.samples, self.seed = world, task, samples, seed
+    def __init__(self, world, task, samples: int, seed: int, group: int = 16, device: torch.device | str = "cpu"):
+        self.world, self.task, self.samples, self.seed, self.device = world, task, samples, seed, torch.device(device)
         self.engine = Engine(world, Mismatch())  # fp32, synchronous, exact: π_θ itself
         self.group = min(group, samples)
 
     @torch.no_grad()
     def __call__(self, params: Params) -> tuple[torch.Tensor, torch.Tensor]:
-        gen = torch.Generator().manual_seed(MC_STREAM + self.seed)
+        gen = torch.Generator(device=self.device).manual_seed(MC_STREAM + self.seed)
         prompts = self.world.sample_prompts(math.ceil(self.samples / self.group), gen)
         prompts = prompts.repeat_interleave(self.group, 0)[: self.samples]
         ro = self.engine.sample(params, prompts, gen)
@@ -48,6 +48,7 @@ class MonteCarloObjective:
         return rewards.mean(), rewards.std() / math.sqrt(len(rewards))
 
 
-def make_objective(world, task, samples: int, seed: int):
+def make_objective(world, task, samples: int, seed: int, device: torch.device | str = "cpu"):
     solver = world.exact
-    return ExactObjective(solver) if solver is not None else MonteCarloObjective(world, task, samples, seed)
+    return ExactObjective(solver) if solver is not None else MonteCarloObjective(world, task, samples, seed,
+                                                                                   device=device)

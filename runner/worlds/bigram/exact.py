@@ -34,24 +34,27 @@ def solver_for(world, task):
 class AdditiveObjective:
     def __init__(self, world, task):
         self.world, self.task = world, task
-        self._constants: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+        self._constants: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
-    def _constants_in(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _constants_in(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(per-token reward [V], d_0 [S], [[0, I], [0, I]] [2S, 2S]) in dtype, built once: the
         objective runs every step and each torch call costs a few µs at this size."""
-        cached = self._constants.get(dtype)
+        cached = self._constants.get((dtype, device))
         if cached is None:
             S = self.world.num_states
-            block = torch.zeros(2 * S, 2 * S, dtype=dtype)
-            block[:, S:] = torch.eye(S, dtype=dtype).repeat(2, 1)
-            cached = self._constants[dtype] = (self.task.token_reward(dtype), self.world.start_distribution(dtype), block)
+            block = torch.zeros(2 * S, 2 * S, dtype=dtype, device=device)
+            block[:, S:] = torch.eye(S, dtype=dtype, device=device).repeat(2, 1)
+            cached = self._constants[(dtype, device)] = (self.task.token_reward(dtype).to(device),
+                                                         self.world.start_distribution(dtype, device), block)
         return cached
 
     def objective(self, params, dtype=torch.float64):
         world = self.world
-        token_reward, start, identity_columns = self._constants_in(dtype)
-        probs = torch.softmax(params["theta"], dim=-1, dtype=dtype)  # [S, V]
-        move = probs if world.eos_token is None else probs.index_fill(1, torch.tensor([world.eos_token]), 0.0)
+        theta = params["theta"]
+        token_reward, start, identity_columns = self._constants_in(dtype, theta.device)
+        probs = torch.softmax(theta, dim=-1, dtype=dtype)  # [S, V]
+        move = probs if world.eos_token is None else probs.index_fill(
+            1, torch.tensor([world.eos_token], device=theta.device), 0.0)
         S, V = world.num_states, world.vocab_size
         block = identity_columns.clone()
         block[:S, :V] = move  # the BOS column stays empty
@@ -66,17 +69,19 @@ class CountLawObjective:
     def objective(self, params, dtype=torch.float64):
         world = self.world
         T, V = world.seq_len, world.vocab_size
-        probs = torch.softmax(params["theta"], dim=-1, dtype=dtype)  # [S, V]
-        hit = self.task.is_target.to(dtype).unsqueeze(-1)  # [V, 1]
-        d = torch.zeros(world.num_states, T + 1, dtype=dtype)  # (state, count so far)
-        d[:, 0] = world.start_distribution(dtype)
-        ended = torch.zeros(T + 1, dtype=dtype)  # the count law of responses ended by EOS
+        theta = params["theta"]
+        device = theta.device
+        probs = torch.softmax(theta, dim=-1, dtype=dtype)  # [S, V]
+        hit = self.task.is_target.to(device, dtype).unsqueeze(-1)  # [V, 1]
+        d = torch.zeros(world.num_states, T + 1, dtype=dtype, device=device)  # (state, count so far)
+        d[:, 0] = world.start_distribution(dtype, device)
+        ended = torch.zeros(T + 1, dtype=dtype, device=device)  # the count law of responses ended by EOS
         for _ in range(T):
             q = probs.transpose(0, 1) @ d  # [V, T+1]: next token v, count before it
             shifted = torch.cat([q.new_zeros(V, 1), q[:, :-1]], dim=1)  # count + 1
             q = hit * shifted + (1 - hit) * q
             if world.eos_token is not None:
                 ended = ended + q[world.eos_token]
-                q = q.index_fill(0, torch.tensor([world.eos_token]), 0.0)
+                q = q.index_fill(0, torch.tensor([world.eos_token], device=device), 0.0)
             d = torch.cat([q, q.new_zeros(1, T + 1)])
         return self.task.expected(ended + d.sum(0))

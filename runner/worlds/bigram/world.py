@@ -71,21 +71,24 @@ class BigramWorld(World):
         return solver_for(self, self.task)
 
     def init_params(self, generator: torch.Generator) -> Params:
-        theta = torch.zeros(self.num_states, self.vocab_size)
+        device = generator.device
+        theta = torch.zeros(self.num_states, self.vocab_size, device=device)
         if self.init_std > 0:
-            theta = self.init_std * torch.randn(self.num_states, self.vocab_size, generator=generator)
+            theta = self.init_std * torch.randn(self.num_states, self.vocab_size, generator=generator, device=device)
         return {"theta": theta}
 
     def sample_prompts(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """[n, prompt_len] long: BOS, then uniform tokens."""
-        prompts = torch.full((n, self.prompt_len), self.bos, dtype=torch.long)
+        device = generator.device
+        prompts = torch.full((n, self.prompt_len), self.bos, dtype=torch.long, device=device)
         if self.prompt_len > 1:
-            prompts[:, 1:] = torch.randint(self.vocab_size, (n, self.prompt_len - 1), generator=generator)
+            prompts[:, 1:] = torch.randint(self.vocab_size, (n, self.prompt_len - 1), generator=generator,
+                                           device=device)
         return prompts
 
-    def start_distribution(self, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    def start_distribution(self, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> torch.Tensor:
         """[V+1]: the law of the state (previous token) the first response token is drawn from."""
-        dist = torch.zeros(self.num_states, dtype=dtype)
+        dist = torch.zeros(self.num_states, dtype=dtype, device=device)
         if self.prompt_len == 1:
             dist[self.bos] = 1.0
         else:
@@ -128,7 +131,7 @@ class BigramWorld(World):
         S, V = theta.shape
         K = weights.shape[0]
         cell = (self.states(prompts, tokens) * V + tokens).reshape(-1)
-        pos = torch.zeros(K, S * V, dtype=weights.dtype)
+        pos = torch.zeros(K, S * V, dtype=weights.dtype, device=weights.device)
         pos.index_add_(1, cell, weights.reshape(K, -1))
         pos = pos.view(K, S, V)
         probs = torch.softmax(theta.to(weights.dtype), dim=-1)

@@ -47,15 +47,16 @@ class CountDP:
         (prev, count, position, P(running in that state)) per position, each [S·(t+1)]."""
         net, T, V = self.net, self.net.seq_len, self.net.vocab_size
         params = {name: p.to(dtype) for name, p in params.items()}
-        table = net.encoding_table(dtype)  # [T+1, 1+2J]
-        hit = self.task.is_target.to(dtype).unsqueeze(-1)  # [V, 1]
-        prev = self.start_prev
-        d = torch.full((prev.numel(), 1), 1.0 / prev.numel(), dtype=dtype)  # [S0, 1]
-        ended = torch.zeros(T + 1, dtype=dtype)  # the count law of responses that ended with EOS
+        device = next(iter(params.values())).device
+        table = net.encoding_table(dtype, device)  # [T+1, 1+2J]
+        hit = self.task.is_target.to(device, dtype).unsqueeze(-1)  # [V, 1]
+        prev = self.start_prev.to(device)
+        d = torch.full((prev.numel(), 1), 1.0 / prev.numel(), dtype=dtype, device=device)  # [S0, 1]
+        ended = torch.zeros(T + 1, dtype=dtype, device=device)  # the count law of responses that ended with EOS
         for t in range(T):
             S = prev.numel()
             rows_prev = prev.repeat_interleave(t + 1)  # [S·(t+1)]: s-major, then c
-            rows_count = torch.arange(t + 1).repeat(S)  # [S·(t+1)]
+            rows_count = torch.arange(t + 1, device=device).repeat(S)  # [S·(t+1)]
             rows_position = torch.full_like(rows_prev, t)  # [S·(t+1)]
             if visits is not None:
                 visits.append((rows_prev, rows_count, rows_position, d.detach().reshape(-1)))
@@ -66,8 +67,8 @@ class CountDP:
             d = F.pad(q * (1 - hit), (0, 1)) + F.pad(q * hit, (1, 0))  # [V, t+2]
             if self.eos_token is not None:
                 ended = ended + F.pad(d[self.eos_token], (0, T - t - 1))
-                d = d.index_fill(0, torch.tensor([self.eos_token]), 0.0)
-            prev = torch.arange(V)
+                d = d.index_fill(0, torch.tensor([self.eos_token], device=device), 0.0)
+            prev = torch.arange(V, device=device)
         return ended + d.sum(0)  # [T+1]
 
     def states(self, params: Params) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:

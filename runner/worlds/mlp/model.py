@@ -79,11 +79,13 @@ class Net:
     def feature_dim(self) -> int:
         return self.vocab_size + 1 + 2 * (1 + 2 * self.frequencies)
 
-    def encoding_table(self, dtype: torch.dtype) -> torch.Tensor:
-        """[T+1, 1 + 2J] enc(x) for x = 0..T, computed in float64 and rounded once to dtype."""
+    def encoding_table(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+        """[T+1, 1 + 2J] enc(x) for x = 0..T, computed in float64 (on the CPU, so every device gets the same
+        numbers) and rounded once to dtype."""
         x = torch.arange(self.seq_len + 1, dtype=torch.float64).unsqueeze(-1)  # [T+1, 1]
         omega = math.pi * 2.0 ** torch.arange(self.frequencies, dtype=torch.float64) / self.seq_len  # [J]
-        return torch.cat([x / self.seq_len, torch.sin(x * omega), torch.cos(x * omega)], -1).to(dtype)
+        table = torch.cat([x / self.seq_len, torch.sin(x * omega), torch.cos(x * omega)], -1)
+        return table.to(device=device, dtype=dtype)
 
     def features(self, prev: torch.Tensor, count: torch.Tensor, position: torch.Tensor,
                  table: torch.Tensor) -> torch.Tensor:
@@ -93,8 +95,10 @@ class Net:
 
     # ---------------------------------------------------------------------------- parameters
     def init_params(self, generator: torch.Generator) -> Params:
+        device = generator.device
+
         def normal(*shape: int, std: float) -> torch.Tensor:
-            return std * torch.randn(*shape, generator=generator)
+            return std * torch.randn(*shape, generator=generator, device=device)
 
         params: Params = {}
         fan_in, H, E = self.feature_dim, self.hidden, self.experts
@@ -102,13 +106,13 @@ class Net:
             if E:
                 params[f"layer{layer}.router"] = normal(E, fan_in, std=fan_in ** -0.5)  # [E, D_in]
                 params[f"layer{layer}.weight"] = normal(E, H, fan_in, std=fan_in ** -0.5)  # [E, H, D_in]
-                params[f"layer{layer}.bias"] = torch.zeros(E, H)
+                params[f"layer{layer}.bias"] = torch.zeros(E, H, device=device)
             else:
                 params[f"layer{layer}.weight"] = normal(H, fan_in, std=fan_in ** -0.5)  # [H, D_in]
-                params[f"layer{layer}.bias"] = torch.zeros(H)
+                params[f"layer{layer}.bias"] = torch.zeros(H, device=device)
             fan_in = H
         params["out.weight"] = normal(self.vocab_size, H, std=self.init_std)  # [V, H]
-        params["out.bias"] = torch.zeros(self.vocab_size)
+        params["out.bias"] = torch.zeros(self.vocab_size, device=device)
         return params
 
     @staticmethod

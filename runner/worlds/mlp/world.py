@@ -82,18 +82,20 @@ class MLPWorld(World):
 
     def sample_prompts(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """[n, prompt_len] long: BOS, then uniform tokens."""
-        prompts = torch.full((n, self.prompt_len), self.bos, dtype=torch.long)
+        device = generator.device
+        prompts = torch.full((n, self.prompt_len), self.bos, dtype=torch.long, device=device)
         if self.prompt_len > 1:
-            prompts[:, 1:] = torch.randint(self.vocab_size, (n, self.prompt_len - 1), generator=generator)
+            prompts[:, 1:] = torch.randint(self.vocab_size, (n, self.prompt_len - 1), generator=generator,
+                                           device=device)
         return prompts
 
     def logits(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
                precision: Precision = FP32) -> torch.Tensor:
         n, T = tokens.shape
         prev = torch.cat([prompts[:, -1:], tokens[:, :-1]], 1)  # [N, T]
-        hits = self.is_target[tokens].long()  # [N, T]
+        hits = self.is_target.to(tokens.device)[tokens].long()  # [N, T]
         count = hits.cumsum(1) - hits  # [N, T]: targets before position t
-        position = torch.arange(T).expand(n, T)  # [N, T]
+        position = torch.arange(T, device=tokens.device).expand(n, T)  # [N, T]
         engine = Net.cast(params, precision)
         logits = self.state_logits(engine, params, prev.reshape(-1), count.reshape(-1), position.reshape(-1), precision)
         return logits.view(n, T, self.vocab_size)
@@ -105,7 +107,7 @@ class MLPWorld(World):
                      position: torch.Tensor, precision: Precision) -> torch.Tensor:
         """[N] states → [N, V] logits in the compute dtype. `engine` = Net.cast(params, precision);
         the fp32 `params` give the routes when the precision replays the trainer's routing."""
-        table = self.net.encoding_table(params["out.bias"].dtype)
+        table = self.net.encoding_table(params["out.bias"].dtype, params["out.bias"].device)
         feats = self.net.features(prev, count, position, table)  # [N, D]
         routes: list[Route] | None = None
         if precision.router_fp32 and self.net.experts and not precision.exact:
@@ -129,6 +131,7 @@ class MLPSampler:
         self.params = {name: p.detach() for name, p in params.items()}
         self.engine = Net.cast(self.params, precision)
         self.prev = prompts[:, -1]  # [N]
+        self.is_target = world.is_target.to(prompts.device)  # [V]
         self.count = torch.zeros_like(self.prev)  # [N]
         self.t = 0
 
@@ -136,7 +139,7 @@ class MLPSampler:
         return self._logits()
 
     def step(self, tokens: torch.Tensor) -> torch.Tensor:
-        self.count = self.count + self.world.is_target[tokens].long()
+        self.count = self.count + self.is_target[tokens].long()
         self.prev = tokens
         self.t += 1
         return self._logits()
