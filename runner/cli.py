@@ -137,15 +137,18 @@ def case(
     overrides: Optional[List[str]] = OverridesArg,
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per case."),
     check: bool = typer.Option(False, "--check", help="Compare with the file's expect: list to 1e-5; exit 1 on a mismatch."),
+    max_elements: Optional[int] = typer.Option(None, "--max-elements", help="Refuse a file that expands to more elements, YAML aliases included (default 10,000,000).", show_default=False),
 ) -> None:
-    from runner.hydra_app import app as hydra_app
     from runner.cases import load_case_file
+
+    # the file first: a bad or oversized one is refused before torch and Hydra are imported
+    case_file = load_case_file(_resolve_case_path(file), max_elements=max_elements)
+    from runner.hydra_app import app as hydra_app
     from runner.corrections import Correction
     from runner.losses import LossSpec
     from runner.studies.case import compare, evaluate
 
     overrides = _overrides(overrides)
-    case_file = load_case_file(_resolve_case_path(file))
     runs = _case_runs(case_file, overrides, check)
     failures: list[str] = []
     printed: list[dict] = []

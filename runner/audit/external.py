@@ -11,6 +11,7 @@ import os
 import sys
 from typing import Any
 
+from runner.bounded import load_json
 from runner.errors import UserError
 
 
@@ -23,7 +24,7 @@ def parse_kwargs(text: str | None) -> dict[str, Any]:
     if text is None or not text.strip():
         return {}
     try:
-        value = json.loads(text)
+        value = load_json(text, "--target-kwargs")  # refused past runner.bounded's element cap
     except json.JSONDecodeError as exc:
         raise UserError(f"--target-kwargs is not valid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(value, dict):
