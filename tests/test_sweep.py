@@ -62,8 +62,8 @@ def _check_grid_sweep(sweep_dir: Path) -> None:
     assert all(len(v) == ROWS_PER_JOB for v in per_job.values())
     assert [r["step"] for r in per_job["0"]] == ["0", "0", "1", "1", "2", "2"]
     summary = _read_csv(sweep_dir / "sweep_summary.csv")
-    assert len(summary) == 8 and {r["job_status"] for r in summary} == {"done"}
-    assert all(r["status"] == "ok" and r["steps_run"] == "3" for r in summary)
+    assert len(summary) == 8 and {r["status"] for r in summary} == {"done"}
+    assert all(r["summary.status"] == "ok" and r["steps_run"] == "3" for r in summary)
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +87,7 @@ def test_joblib_two_workers_gives_the_same_table(basic_sweep, tmp_path, cli):
     assert code == 0, err
     assert out.strip().splitlines()[-1] == str(d)
     _check_grid_sweep(d)
-    assert "n_jobs: 2" in (d / "0" / ".hydra" / "hydra.yaml").read_text()  # the preset, n_jobs from --jobs
+    assert "n_jobs: 2" in (d / "00" / ".hydra" / "hydra.yaml").read_text()  # the preset, n_jobs from --jobs
     assert (d / "sweep.csv").read_bytes() == (basic_sweep / "sweep.csv").read_bytes()
 
 
@@ -190,26 +190,26 @@ def test_failing_jobs_do_not_lose_the_others_and_rerun_on_resume(tmp_path, cli, 
     assert code == 1
     assert out.strip() == str(d)
     statuses = {r["job"]: r for r in _read_csv(d / "sweep_summary.csv")}
-    assert [statuses[j]["job_status"] for j in "0123"] == ["done", "failed", "failed", "failed"]
+    assert [statuses[j]["status"] for j in "0123"] == ["done", "failed", "failed", "failed"]
     assert statuses["1"]["error"] == "RuntimeError: boom in seed 1"
     assert statuses["2"]["error"].startswith("train.updates_per_step (5) > rollout.batch_size")
     for j in ("1", "2", "3"):
         assert f"FAILED job {j} " in err
-        text = (d / j / "ERROR").read_text()
+        text = (d / f"0{j}" / "ERROR").read_text()
         assert text.splitlines()[0] == statuses[j]["error"] and "Traceback" in text
     assert "--resume" in err  # the hint to rerun what failed
     # finished jobs' rows: job 0 (3 steps × 1 update), and the partial rows jobs 1 and 3 wrote before raising
     assert [r["job"] for r in _read_csv(d / "sweep.csv")] == ["0", "0", "0", "1", "3"]
 
     monkeypatch.setattr(train, "run", real_run)
-    done0 = (d / "0" / "DONE").stat().st_mtime_ns
+    done0 = (d / "00" / "DONE").stat().st_mtime_ns
     code, _, err = cli("sweep", *args, "--resume")
     assert code == 1  # updates_per_step=5 still fails; seed 1 now succeeds
-    statuses = {r["job"]: r["job_status"] for r in _read_csv(d / "sweep_summary.csv")}
+    statuses = {r["job"]: r["status"] for r in _read_csv(d / "sweep_summary.csv")}
     assert statuses == {"0": "done", "1": "done", "2": "failed", "3": "failed"}
-    assert not (d / "1" / "ERROR").exists()
-    assert len(_read_csv(d / "1" / "metrics.csv")) == 3  # rerun from scratch: no row of the failed attempt
-    assert (d / "0" / "DONE").stat().st_mtime_ns == done0
+    assert not (d / "01" / "ERROR").exists()
+    assert len(_read_csv(d / "01" / "metrics.csv")) == 3  # rerun from scratch: no row of the failed attempt
+    assert (d / "00" / "DONE").stat().st_mtime_ns == done0
 
 
 def test_aggregate_reads_hydra_files_not_dir_names(basic_sweep, tmp_path, cli):
@@ -220,13 +220,14 @@ def test_aggregate_reads_hydra_files_not_dir_names(basic_sweep, tmp_path, cli):
     for job in list(d.glob("*/.hydra")):  # rename every job dir: numbers must come from .hydra/
         job.parent.rename(job.parent.with_name(f"run-{9 - int(job.parent.name)}"))
     for job in d.glob("run-*"):  # a probe study's table aggregates the same way
-        (job / "probe.csv").write_text("quantity,value\nbias,0.5\nvariance,2.0\n")
+        (job / "probe.csv").write_text("preset,low,high,bias_norm\ntis,0.5,2.0,0.25\nicepop,0.5,2.0,0.5\n")
     code, out, err = cli("aggregate", str(d))
     assert code == 0, err
     assert (d / "sweep.csv").read_bytes() == (basic_sweep / "sweep.csv").read_bytes()
     probe = _read_csv(d / "sweep_probe.csv")
-    assert len(probe) == 16 and list(probe[0])[:4] == ["job", *GRID_KEYS] and list(probe[0])[-2:] == ["quantity", "value"]
-    assert {(r["job"], r["quantity"]) for r in probe} == {(str(j), q) for j in range(8) for q in ("bias", "variance")}
+    assert len(probe) == 16 and list(probe[0])[:4] == ["job", *GRID_KEYS]
+    assert list(probe[0])[-4:] == ["preset", "low", "high", "bias_norm"]
+    assert {(r["job"], r["preset"]) for r in probe} == {(str(j), p) for j in range(8) for p in ("tis", "icepop")}
     assert "sweep_probe.csv\t16 rows" in out and "8 done" in err
     assert not list(d.glob(".*.tmp"))
 
