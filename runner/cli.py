@@ -59,8 +59,9 @@ def list_command() -> None:
         group_entries = registry.entries(group)
         if not group_entries:
             continue
-        t = Table(title=f"{group}  ({group}=NAME)" if group != "cases" else "shipped cases  (is-study case NAME)",
-                  title_justify="left")
+        titles = {"cases": "shipped cases  (is-study case NAME)",
+                  "hydra/launcher": "sweep launchers  (is-study sweep --launcher NAME, or hydra/launcher=NAME)"}
+        t = Table(title=titles.get(group, f"{group}  ({group}=NAME)"), title_justify="left")
         t.add_column("name", style="bold", no_wrap=True)
         t.add_column("description")
         for entry in group_entries:

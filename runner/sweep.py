@@ -61,23 +61,21 @@ class Launcher:
 
 
 LAUNCHERS = {
-    "basic": Launcher("basic", "serial", None, None, None),
-    "joblib": Launcher("joblib", "parallel", "hydra_plugins.hydra_joblib_launcher", "parallel", "hydra.launcher.n_jobs"),
+    "basic": Launcher("basic", "basic", None, None, None),
+    "joblib": Launcher("joblib", "joblib", "hydra_plugins.hydra_joblib_launcher", "parallel", "hydra.launcher.n_jobs"),
     # submitit's local executor starts a whole batch at once: cap the batch instead.
     "submitit-local": Launcher("submitit-local", "submitit-local", "hydra_plugins.hydra_submitit_launcher", "slurm",
                                "hydra.sweeper.max_batch_size"),
     "submitit-slurm": Launcher("submitit-slurm", "submitit-slurm", "hydra_plugins.hydra_submitit_launcher", "slurm",
                                "hydra.launcher.array_parallelism"),
-    "ray": Launcher("ray", "ray-cluster", "hydra_plugins.hydra_ray_launcher", "ray", "++hydra.launcher.ray.init.num_cpus"),
+    "ray": Launcher("ray", "ray", "hydra_plugins.hydra_ray_launcher", "ray", "++hydra.launcher.ray.init.num_cpus"),
 }
-# hydra/launcher=NAME given directly, as our preset or as the plugin's own config name.
+# hydra/launcher=NAME given directly: our presets (named as --launcher names them), or a plugin's own
+# config that no preset of ours shadows.
 _BY_OPTION = {
-    **{spec.preset: spec for spec in LAUNCHERS.values()},
-    "basic": LAUNCHERS["basic"],
-    "joblib": LAUNCHERS["joblib"],
+    **LAUNCHERS,
     "submitit_local": LAUNCHERS["submitit-local"],
     "submitit_slurm": LAUNCHERS["submitit-slurm"],
-    "ray": LAUNCHERS["ray"],
     "ray_aws": LAUNCHERS["ray"],
 }
 

@@ -1,5 +1,5 @@
-"""`is-study sweep` and `is-study aggregate`: Hydra multiruns on the basic, joblib and submitit-local
-launchers, resume after SIGKILL, dry-run counts, failure isolation, and the aggregated tables.
+"""`is-study sweep` and `is-study aggregate`: Hydra multiruns on the basic, joblib, submitit-local and
+ray launchers, resume after SIGKILL, dry-run counts, failure isolation, and the aggregated tables.
 
 Every sweep here is tiny (3 steps of 2 prompts × 2 responses: 6 metrics rows per job) and runs with
 log.timing=false, so a job's metrics.csv is byte-identical whichever launcher ran it.
@@ -8,6 +8,7 @@ log.timing=false, so a job's metrics.csv is byte-identical whichever launcher ra
 from __future__ import annotations
 
 import csv
+import json
 import re
 import shutil
 import signal
@@ -250,6 +251,33 @@ def test_launcher_flags(cli):
     if not sweep.plugin_installed("hydra_plugins.hydra_ray_launcher"):
         code, _, err = cli("sweep", "seed=0,1", "--launcher", "ray", "--dry-run")
         assert code == 2 and "pip install 'is-study[ray]'" in err
+
+
+def test_one_launcher_vocabulary(cli):
+    """`is-study list`, --launcher, hydra/launcher= and the files in conf/hydra/launcher/ use the same
+    names, and hydra/launcher=NAME gives our preset, as --launcher NAME does."""
+    from runner import registry
+
+    names = ["basic", "joblib", "ray", "submitit-local", "submitit-slurm"]
+    assert sorted(sweep.LAUNCHERS) == names == registry.group_options("hydra/launcher")
+    code, out, _ = cli("list")
+    assert code == 0
+    listed = out.split("sweep launchers  (is-study sweep --launcher NAME, or hydra/launcher=NAME)", 1)[1]
+    listed = listed.split("\n\n", 1)[0]
+    assert [n for n in names if f" {n} " in listed] == names
+    for old in ("serial", "parallel", "ray-cluster"):
+        assert f" {old} " not in listed
+    for name in names:
+        spec = sweep.LAUNCHERS[name]
+        if spec.plugin and not sweep.plugin_installed(spec.plugin):
+            continue
+        fixed = "hydra.sweep.dir=/tmp/x"  # submitit's folder lives in it
+        by_flag, _ = sweep.build_overrides(sweep.Request(launcher=name, overrides=[fixed]))
+        by_option = hydra_app.compose([f"hydra/launcher={name}", fixed], with_hydra=True).hydra.launcher
+        assert hydra_app.compose(by_flag, with_hydra=True).hydra.launcher == by_option
+    joblib = hydra_app.compose(["hydra/launcher=joblib"], with_hydra=True).hydra.launcher
+    assert joblib.n_jobs == -1 and joblib.prefer == "processes"  # our preset's values, the plugin's schema
+    assert joblib.pre_dispatch == "2*n_jobs"
 
 
 def test_launcher_presets_compose_with_jobs():

@@ -87,6 +87,9 @@ def initialized() -> Iterator[Any]:
     register_resolvers()
     GlobalHydra.instance().clear()
     with translated_errors(), initialize_config_dir(config_dir=str(conf_dir()), job_name=JOB_NAME, version_base=None):
+        from runner.hydra_app.launchers import register_plugin_configs
+
+        register_plugin_configs()  # what our launcher presets extend (see launchers.py)
         yield GlobalHydra.instance().hydra
 
 
