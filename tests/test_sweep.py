@@ -90,6 +90,44 @@ def test_joblib_two_workers_gives_the_same_table(basic_sweep, tmp_path, cli):
     _check_grid_sweep(d)
     assert "n_jobs: 2" in (d / "00" / ".hydra" / "hydra.yaml").read_text()  # the preset, n_jobs from --jobs
     assert (d / "sweep.csv").read_bytes() == (basic_sweep / "sweep.csv").read_bytes()
+    # the whole command line, as typed, for reports (issue 16)
+    manifest = json.loads((d / "sweep.json").read_text())
+    typed = ["sweep", *GRID, *TINY, "--launcher", "joblib", "--jobs", "2", f"hydra.sweep.dir={d}"]
+    assert manifest["argv"] == ["is-study", *typed]
+    assert manifest["command"] == "is-study " + " ".join(typed)
+    assert [r["command"] for r in manifest["runs"]] == [manifest["command"]]
+
+
+def test_the_command_of_a_sweep_not_typed_is_rebuilt_whole():
+    req = sweep.Request(overrides=["seed=0,1", "x='a b'"], name="ladder", launcher="joblib", jobs=2, resume=True)
+    assert sweep.command_line(req.command()) == \
+        "is-study sweep seed=0,1 'x='\"'\"'a b'\"'\"'' --launcher joblib --jobs 2 --name ladder --resume"
+
+
+def test_job_dirs_are_zero_padded_and_sort(basic_sweep, tmp_path, cli):
+    dirs = sorted(p.name for p in basic_sweep.iterdir() if p.is_dir())
+    assert dirs == [f"{i:02d}" for i in range(8)]
+    for name in dirs:
+        assert f"num: {int(name)}\n" in (basic_sweep / name / ".hydra" / "hydra.yaml").read_text()
+    assert json.loads((basic_sweep / "sweep.json").read_text())["job_dir_width"] == 2
+    widths = {n: sweep.job_dir_width(tmp_path, n, resume=False) for n in (1, 12, 100, 101, 1000, 1001)}
+    assert widths == {1: 2, 12: 2, 100: 2, 101: 3, 1000: 3, 1001: 4}
+
+    # a sweep made before the dirs were padded keeps its dir names on --resume
+    d = tmp_path / "legacy"
+    args = ["seed=0,1", *TINY, f"hydra.sweep.dir={d}"]
+    code, _, err = cli("sweep", *args)
+    assert code == 0, err
+    for name in ("00", "01"):
+        (d / name).rename(d / name[1])
+    manifest = json.loads((d / "sweep.json").read_text())
+    del manifest["job_dir_width"]
+    (d / "sweep.json").write_text(json.dumps(manifest))
+    (d / "1" / "DONE").unlink()
+    code, _, err = cli("sweep", *args, "--resume")
+    assert code == 0, err
+    assert sorted(p.name for p in d.iterdir() if p.is_dir()) == ["0", "1"]
+    assert (d / "1" / "DONE").is_file() and len(_read_csv(d / "sweep.csv")) == 2 * ROWS_PER_JOB
 
 
 def test_submitit_local_completes(basic_sweep, tmp_path, cli):
@@ -99,6 +137,22 @@ def test_submitit_local_completes(basic_sweep, tmp_path, cli):
     _check_grid_sweep(d)
     assert (d / ".submitit").is_dir()  # submitit ran each job in its own process
     assert (d / "sweep.csv").read_bytes() == (basic_sweep / "sweep.csv").read_bytes()
+
+
+def test_ray_local_cluster_gives_the_same_table(basic_sweep, tmp_path):
+    """A local Ray (the plugin's in-process ray.init), started for the sweep and stopped with it: a
+    fresh interpreter, as a user runs it. Needs the [ray] extra, which the [test] extra brings."""
+    pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="the [ray] extra is not installed")
+    d = tmp_path / "ray"
+    res = subprocess.run([sys.executable, "-m", "runner", "sweep", *GRID, *TINY, "--launcher", "ray", "--jobs", "2",
+                          f"hydra.sweep.dir={d}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == str(d)
+    _check_grid_sweep(d)
+    assert (d / "sweep.csv").read_bytes() == (basic_sweep / "sweep.csv").read_bytes()
+    hydra_yaml = (d / "00" / ".hydra" / "hydra.yaml").read_text()
+    assert "hydra_plugins.hydra_ray_launcher.ray_launcher.RayLauncher" in hydra_yaml and "num_cpus: 2" in hydra_yaml
+    assert "INFO" not in res.stderr and "WARNING" not in res.stderr  # Ray's own logging kept off the terminal
 
 
 def test_sigkill_then_resume_reruns_only_unfinished_jobs(tmp_path, cli):
@@ -170,6 +224,16 @@ def test_dry_run_counts_match_real_runs(basic_sweep, tmp_path, cli):
     rows = _read_csv(d / "sweep_summary.csv")
     assert {(r["band"], r["seed"]) for r in rows} == {(b, s) for b in ("tight", "mid", "loose") for s in ("0", "1")}
     assert all(r["experiment"] == "threshold-tradeoff" for r in rows)
+    # a swept band preset gets numeric low / high columns; staleness is one column, not two (issue 16)
+    bands = {"tight": ("0.8", "1.25"), "mid": ("0.5", "2.0"), "loose": ("0.2", "5.0")}
+    assert {r["band"]: (r["low"], r["high"]) for r in rows} == bands
+    table = _read_csv(d / "sweep.csv")
+    assert len(table) == n * ROWS_PER_JOB
+    assert {r["band"]: (r["low"], r["high"]) for r in table} == bands
+    header = list(table[0])
+    assert "mismatch.staleness" not in header
+    assert header.count("staleness") == 1 and {r["staleness"] for r in table} == {"0"}
+    assert header.index("low") < header.index("step")  # with the keys, before the metrics
 
 
 def test_failing_jobs_do_not_lose_the_others_and_rerun_on_resume(tmp_path, cli, monkeypatch):
