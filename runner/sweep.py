@@ -143,7 +143,7 @@ class Plan:
 def _check_name(name: str) -> None:
     p = Path(name)
     if not name.strip() or p.is_absolute() or ".." in p.parts:
-        raise UserError(f"--name {name!r}: give a plain name (it becomes {DEFAULT_ROOT}/NAME); "
+        raise UserError(f"--name {clip(name)}: give a plain name (it becomes {DEFAULT_ROOT}/NAME); "
                         f"for another place use hydra.sweep.dir=DIR")
 
 
@@ -157,7 +157,7 @@ def build_overrides(req: Request) -> tuple[list[str], Launcher | None]:
     if req.launcher is not None:
         spec = LAUNCHERS.get(req.launcher)
         if spec is None:
-            raise UserError(f"--launcher {req.launcher!r}: valid: {', '.join(LAUNCHERS)}")
+            raise UserError(f"--launcher {clip(req.launcher)}: valid: {', '.join(LAUNCHERS)}")
         if chosen is not None:
             raise UserError(f"give either --launcher or hydra/launcher={chosen}, not both")
         ours.append(f"hydra/launcher={spec.preset}")

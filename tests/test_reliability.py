@@ -20,7 +20,6 @@ import errno
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from runner import records
 from runner.dirlock import DirLock, Holder, LockBusy
 from runner.errors import UserError
 from runner.integrity import Damage, check_table
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, kill_at_first_done, run_cli
 
 # 4 jobs of 300 steps × 2 updates on a tiny world: long enough (seconds) that a second sweep started
 # with it meets it running, short enough for CI
@@ -99,16 +98,7 @@ def test_two_sweeps_at_once_one_refuses_the_other_finishes_exactly(undisturbed, 
 def test_a_stale_lock_is_taken_over_with_a_note(undisturbed, tmp_path):
     d = tmp_path / "killed"
     proc = _sweep_process(d)
-    try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None and not list(d.glob("*/DONE")):
-            time.sleep(0.02)
-        assert proc.poll() is None, "the sweep ended before it could be killed"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_at_first_done(proc, d)
     stale = json.loads((d / ".sweep.lock").read_text())
     assert stale["pid"] == proc.pid and stale["host"] == socket.gethostname()
 
@@ -333,7 +323,12 @@ def test_messages_quote_at_most_about_200_characters(tmp_path):
                       "    rollout_log_probs: [[0.0]]\n    advantages: [[1.0]]\n")
     code, _, err = run_cli("case", str(nested))
     assert code == 2 and len(err) < 300 + len(str(nested)), err
-    assert len(str(UserError("v" * 10**6))) < 1100  # whatever a message quotes, the line stays bounded
+    # a value echoed by a message built elsewhere (here a config check) is cut in the middle
+    code, _, err = run_cli("run", "correction.high=" + "a" * 100_000)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and len(err) < 300, err
+    assert err.startswith("is-study: error: correction.high must be a number or null, got 'aaa")
+    assert "…[99,822 characters]…" in err
+    assert len(str(UserError("v" * 10**6))) < 300 and len(str(UserError("v " * 10**6))) < 1100
 
 
 # ----------------------------------------------------------------------------------------- a full disk

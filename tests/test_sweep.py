@@ -11,7 +11,6 @@ import csv
 import json
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from runner import sweep
 from runner.errors import UserError
 from runner.hydra_app import app as hydra_app
 from runner.hydra_app import launch
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, kill_at_first_done, run_cli
 
 TINY = ["train.steps=3", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.timing=false"]
 ROWS_PER_JOB = 3 * 2  # steps × train.updates_per_step
@@ -160,18 +159,7 @@ def test_sigkill_then_resume_reruns_only_unfinished_jobs(tmp_path, cli):
     args = ["seed=range(0,8)", "train.steps=60", "log.quiet=true", "log.timing=false", f"hydra.sweep.dir={d}"]
     proc = subprocess.Popen([sys.executable, "-m", "runner", "sweep", *args], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and proc.poll() is None:
-            if len(_markers(d, "DONE")) >= 1:
-                break
-            time.sleep(0.02)
-        assert proc.poll() is None, "the sweep ended before it could be killed"
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    kill_at_first_done(proc, d)
     done_before = {p.parent.name: p.stat().st_mtime_ns for p in _markers(d, "DONE")}
     assert 1 <= len(done_before) < 8
 
