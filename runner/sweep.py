@@ -524,6 +524,20 @@ def print_result(result: Result, req: Request, console: Any, limit: int = 20) ->
         say(f"  rerun what did not finish: {escape(resume_hint(req, result.sweep_dir))}")
 
 
+def _lock_note(job_dir: Path) -> str:
+    """For an incomplete job: who holds (or held) its lock, unless that process is known to be gone
+    (a lock left by a killed job is taken over by the next run of it)."""
+    from rich.markup import escape
+
+    from runner.sweep_job import JOB_LOCK
+
+    holder = holder_of(job_dir / JOB_LOCK)
+    if holder is None or holder.gone():
+        return ""
+    return escape(f": its lock names {holder.describe()} (still running there? if that process is gone and the "
+                  f"filesystem has no flock, delete {job_dir / JOB_LOCK})")
+
+
 def problem_lines(report: Any, limit: int = 20) -> list[str]:
     """Rich-markup lines, one per failed, damaged or incomplete job (at most `limit` of each kind):
     its number, overrides, what is wrong and where. Shared by `sweep` and `aggregate`."""
@@ -538,7 +552,7 @@ def problem_lines(report: Any, limit: int = 20) -> list[str]:
             elif kind == "damaged":
                 where, why = job.damage.path, f": {escape(job.damage.reason)}"
             else:
-                where, why = job.dir, ""
+                where, why = job.dir, _lock_note(job.dir)
             lines.append(f"  [{style}]{kind.upper()}[/{style}] job {job.num} {escape(f'[{job.label()}]')}{why}  "
                          f"[dim]({escape(str(where))})[/dim]")
         if len(jobs) > limit:

@@ -155,6 +155,7 @@ def test_a_job_locked_by_another_process_is_left_alone(tmp_path):
         assert holder.stdout.readline().strip() == "held"
         code, _, err = run_cli("sweep", *args, "--resume")
         assert code == 1 and "INCOMPLETE job 1 " in err, err
+        assert f"its lock names host {socket.gethostname()}, pid {holder.pid}, started " in err
         assert (d / "01" / "partial-output").read_text() == "the other writer's file\n"  # not cleared
         statuses = {r["job"]: r["status"] for r in _read_csv(d / "sweep_summary.csv")}
         assert statuses == {"0": "done", "1": "incomplete"}
