@@ -6,21 +6,30 @@ job starts). Everything about a job is read from its own files, never from direc
   - its swept keys: `.hydra/overrides.yaml`, parsed by Hydra's override grammar
   - its state: `DONE` (written last by the study: complete), `ERROR` (written by the sweep's job
     wrapper: failed; first line = the error), neither (running, or killed: `--resume` reruns it)
+  - whether its files are whole (runner/integrity.py): a job with DONE whose DONE, summary.json or
+    tables are damaged (cut short, garbage appended, two writers interleaved) is `damaged`: it is
+    reported by path and reason, left out of every table but the summary, and `--resume` reruns it.
 
-Files written in the sweep dir, each atomically (a temp file, then rename):
+Files written in the sweep dir, each atomically (a temporary file of its own, then rename):
   sweep.csv          every finished job's metrics.csv rows (train study: one row per update),
                      prefixed by `job` and one column per override key of the jobs (swept or fixed on
-                     the command line, e.g. `correction`, `correction.high`, `mismatch.staleness`,
-                     `seed`). A per-job column with the same name as an override key (`seed`,
-                     `correction`) is left out: the override column already holds it.
-  sweep_summary.csv  one row per job, finished or not: job, the override keys, job_status
-                     (done / failed / incomplete), error, job_dir (relative to the sweep dir), then
-                     summary.json flattened (`events.collapse`, ...).
+                     the command line, e.g. `correction`, `correction.high`, `seed`). A per-job column
+                     that already holds an override key's value is kept and the key's column left
+                     out: the same name (`seed`, `correction`), or a known alias (`staleness` is
+                     `mismatch.staleness`). When the correction's band is set by something else than
+                     `correction.low` / `correction.high` (a band preset such as threshold-tradeoff's
+                     `band=tight`, or the presets' own bands), numeric `low` and `high` columns follow
+                     the keys, resolved from each job's config.
+  sweep_summary.csv  one row per job, finished or not: job, the override keys (and low, high as
+                     above), status (done / failed / incomplete / damaged), error (for a damaged job:
+                     the file and what is wrong with it), job_dir (relative to the sweep dir), then
+                     summary.json flattened (`events.collapse`, ...; its own `status` as
+                     `summary.status`).
   sweep_probe.csv    the same as sweep.csv for studies that write probe.csv instead of metrics.csv
   sweep_events.csv   the same for events.csv (train study: NaN/inf, all_rejected, collapse events)
 A table no job has is not written (and a stale copy from an earlier aggregate is removed).
-"Finished" = DONE or ERROR: a failed job's rows are kept (they show what led to the failure); an
-incomplete job's partial rows are not.
+"Finished" = DONE or ERROR: a failed job's rows are kept when its table is whole (they show what led
+to the failure); an incomplete or damaged job's rows are not.
 
 Values are copied as text, byte for byte; the CSVs are streamed, so a sweep of thousands of jobs
 aggregates in constant memory.
@@ -35,13 +44,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+import yaml
+
 from runner.errors import UserError
 from runner.hydra_app.overrides import parse_job_overrides
-from runner.records import DONE, ERROR, fmt
+from runner.integrity import Damage, damage
+from runner import records
+from runner.records import DONE, ERROR, fmt, unique_temp, write_failed
 
 SUMMARY_CSV = "sweep_summary.csv"
 # per-job table -> its aggregate in the sweep dir
 TABLES = {"metrics.csv": "sweep.csv", "probe.csv": "sweep_probe.csv", "events.csv": "sweep_events.csv"}
+STATUSES = ("done", "failed", "incomplete", "damaged")
+# override key -> the column of the studies' tables that records the same value
+SAME_AS = {"mismatch.staleness": "staleness"}
+BAND_KEYS = {"low": "correction.low", "high": "correction.high"}
 
 
 @dataclass
@@ -49,13 +66,15 @@ class Job:
     num: int
     dir: Path
     overrides: list[tuple[str, str]]  # (key, value), in the order of .hydra/overrides.yaml
-    status: str  # done | failed | incomplete
+    status: str  # done | failed | incomplete | damaged
     error: str | None = None
     override_strings: list[str] = field(default_factory=list)
+    damage: Damage | None = None  # damaged: what is wrong; failed: a damaged table (its rows are left out)
 
     @property
     def finished(self) -> bool:
-        return self.status in ("done", "failed")
+        """Its rows go into the tables."""
+        return self.status == "done" or (self.status == "failed" and self.damage is None)
 
     def label(self) -> str:
         return " ".join(self.override_strings)
@@ -67,28 +86,33 @@ class Report:
     jobs: list[Job]
     keys: list[str]
     written: dict[str, int]  # file name -> data rows
+    band: bool = False  # low and high columns were added
 
     def by_status(self, status: str) -> list[Job]:
         return [j for j in self.jobs if j.status == status]
 
 
 def _yaml_load(path: Path) -> Any:
-    import yaml
-
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     with open(path, encoding="utf-8") as f:
         return yaml.load(f, Loader=loader)
 
 
-def job_status(job_dir: Path) -> tuple[str, str | None]:
-    """(status, error first line). ERROR wins over DONE: the job raised."""
+def job_status(job_dir: Path) -> tuple[str, str | None, Damage | None]:
+    """(status, error first line, damage). ERROR wins over DONE: the job raised. A job with DONE
+    whose files are not whole is damaged; a failed job's damaged table is noted (its rows are left
+    out) but it stays failed."""
     err = job_dir / ERROR
     if err.is_file():
-        text = err.read_text(encoding="utf-8", errors="replace").strip()
-        return "failed", (text.splitlines()[0] if text else "failed")
+        with open(err, encoding="utf-8", errors="replace") as f:
+            first = f.readline(1000).strip()
+        return "failed", first or "failed", damage(job_dir, done=False)
     if (job_dir / DONE).is_file():
-        return "done", None
-    return "incomplete", None
+        found = damage(job_dir, done=True)
+        if found is not None:
+            return "damaged", f"{os.path.relpath(found.path, job_dir)}: {found.reason}", found
+        return "done", None, None
+    return "incomplete", None, None
 
 
 def _job_num(job_dir: Path) -> int | None:
@@ -108,13 +132,19 @@ def find_jobs(sweep_dir: Path | str) -> list[Job]:
     jobs = []
     for overrides_file in sweep_dir.glob("*/.hydra/overrides.yaml"):
         job_dir = overrides_file.parent.parent
-        strings = _yaml_load(overrides_file) or []
-        strings = [str(s) for s in strings]
         num = _job_num(job_dir)
         if num is None:
             continue
-        status, error = job_status(job_dir)
-        jobs.append(Job(num, job_dir, parse_job_overrides(strings), status, error, strings))
+        try:
+            strings = [str(s) for s in (_yaml_load(overrides_file) or [])]
+            overrides = parse_job_overrides(strings)
+        except (OSError, ValueError, TypeError, UserError, yaml.YAMLError) as exc:
+            strings, overrides = [], []
+            bad = Damage(overrides_file, f"unreadable ({type(exc).__name__})")
+            jobs.append(Job(num, job_dir, overrides, "damaged", f".hydra/overrides.yaml: {bad.reason}", strings, bad))
+            continue
+        status, error, found = job_status(job_dir)
+        jobs.append(Job(num, job_dir, overrides, status, error, strings, found))
     jobs.sort(key=lambda j: j.num)
     return jobs
 
@@ -127,30 +157,67 @@ def override_keys(jobs: Iterable[Job]) -> list[str]:
     return list(keys)
 
 
+def band_values(jobs: list[Job], keys: list[str]) -> dict[int, list[str]] | None:
+    """{job num: [low, high]} when the jobs' correction band is set by something else than the
+    correction.low / correction.high keys (a band preset, the presets' own bands), i.e. when jobs
+    with the same values of those keys have different bands; else None (the key columns say it all)."""
+    from runner.hydra_app.job_config import resolved_values
+
+    direct = [k for k in BAND_KEYS.values() if k in keys]
+    bands: dict[int, list[str]] = {}
+    seen: dict[tuple, set[tuple[str, str]]] = {}
+    for job in jobs:
+        values = resolved_values(job.dir / ".hydra" / "config.yaml", list(BAND_KEYS.values()))
+        band = [fmt(values[k]) for k in BAND_KEYS.values()]
+        bands[job.num] = band
+        given = dict(job.overrides)
+        seen.setdefault(tuple(given.get(k) for k in direct), set()).add(tuple(band))
+    return bands if any(len(v) > 1 for v in seen.values()) else None
+
+
 def _key_values(job: Job, keys: list[str]) -> list[str]:
     values = dict(job.overrides)
     return [values.get(k, "") for k in keys]
 
 
 class _AtomicCsv:
-    """A CSV written to `.NAME.tmp` beside its target and renamed into place on close."""
+    """A CSV written to a temporary file of its own beside its target and renamed into place on
+    close; a failed write leaves the old file as it was and names the file (WriteFailed)."""
 
     def __init__(self, path: Path):
         self.path = path
-        self.tmp = path.with_name(f".{path.name}.tmp")
-        self._file = open(self.tmp, "w", newline="", encoding="utf-8")
+        try:
+            self.tmp = unique_temp(path)
+            self._file = records.open_for_writing(self.tmp, newline="")
+        except OSError as exc:
+            raise self._failed(exc) from None
         self.writer = csv.writer(self._file, lineterminator="\n")
         self.rows = 0
 
+    def _failed(self, exc: OSError):
+        return write_failed(self.path, exc, f"{self.path.name} was left as it was "
+                                            f"(free space, then is-study aggregate {self.path.parent})")
+
     def writerow(self, row: list[str]) -> None:
-        self.writer.writerow(row)
+        try:
+            self.writer.writerow(row)
+        except OSError as exc:
+            self.abort()
+            raise self._failed(exc) from None
 
     def commit(self) -> None:
-        self._file.close()
-        os.replace(self.tmp, self.path)
+        try:
+            self._file.close()
+            os.replace(self.tmp, self.path)
+        except OSError as exc:
+            self.abort()
+            raise self._failed(exc) from None
 
     def abort(self) -> None:
-        self._file.close()
+        try:
+            self._file.close()
+        except OSError:
+            pass
         self.tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> "_AtomicCsv":
@@ -168,16 +235,17 @@ def _read_header(path: Path) -> list[str] | None:
     try:
         with open(path, newline="", encoding="utf-8") as f:
             return next(csv.reader(f), None)
-    except OSError:
+    except (OSError, UnicodeDecodeError, csv.Error):
         return None
 
 
-def concat_table(jobs: list[Job], keys: list[str], table: str, out_path: Path) -> int:
-    """Concatenate `table` (e.g. metrics.csv) of the finished jobs into out_path, prefixed by job and
-    the override keys; returns the data rows written, 0 (and no file) when no job has the table."""
+def concat_table(jobs: list[Job], keys: list[str], table: str, out_path: Path,
+                 bands: dict[int, list[str]] | None = None) -> int:
+    """Concatenate `table` (e.g. metrics.csv) of the finished jobs into out_path, prefixed by job, the
+    override keys and (with `bands`) low and high; returns the data rows written, 0 (and no file)
+    when no job has the table."""
     sources = []
     columns: dict[str, None] = {}
-    key_set = set(keys)
     for job in jobs:
         if not job.finished:
             continue
@@ -186,16 +254,21 @@ def concat_table(jobs: list[Job], keys: list[str], table: str, out_path: Path) -
             continue
         sources.append((job, header))
         for c in header:
-            if c not in key_set and c != "job":
-                columns.setdefault(c, None)
+            columns.setdefault(c, None)
     if not sources:
         out_path.unlink(missing_ok=True)
         return 0
-    cols = list(columns)
+    # one column per value: a key's column wins over the table's column of the same name (`seed`),
+    # the table's column over a key it records under another name (`staleness`), and the table's
+    # own low / high over the band columns
+    kept = [k for k in keys if SAME_AS.get(k) not in columns]
+    band = bands is not None and not any(c in columns for c in BAND_KEYS)
+    prefix_names = ["job", *kept, *(BAND_KEYS if band else ())]
+    cols = [c for c in columns if c not in set(prefix_names)]
     with _AtomicCsv(out_path) as out:
-        out.writerow(["job", *keys, *cols])
+        out.writerow([*prefix_names, *cols])
         for job, header in sources:
-            prefix = [str(job.num), *_key_values(job, keys)]
+            prefix = [str(job.num), *_key_values(job, kept), *(bands[job.num] if band else ())]
             pos = {c: i for i, c in enumerate(header)}
             idx = [pos.get(c, -1) for c in cols]
             with open(job.dir / table, newline="", encoding="utf-8") as f:
@@ -223,26 +296,34 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 def _read_summary(job_dir: Path) -> dict[str, Any]:
     try:
-        return json.loads((job_dir / "summary.json").read_text(encoding="utf-8"))
+        data = json.loads((job_dir / "summary.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
 
 
-def write_summary(jobs: list[Job], keys: list[str], out_path: Path) -> int:
-    fixed = ["job", *keys, "job_status", "error", "job_dir"]
-    taken = set(fixed)
-    flats = [(_flatten(_read_summary(job.dir))) for job in jobs]
+def write_summary(jobs: list[Job], keys: list[str], out_path: Path,
+                  bands: dict[int, list[str]] | None = None) -> int:
+    own = ["status", "error", "job_dir"]
+    fixed = ["job", *keys, *(BAND_KEYS if bands is not None else ()), *own]
+    # summary.json's copies of a key's value are left out (`seed`, `staleness` for
+    # mismatch.staleness); its fields named like our own columns are kept as summary.NAME
+    copies = set(fixed) - set(own) | {SAME_AS[k] for k in keys if k in SAME_AS}
+    # a damaged job's summary.json is not trusted (it may be what is damaged)
+    flats = [_flatten(_read_summary(job.dir)) if job.status != "damaged" else {} for job in jobs]
     columns: dict[str, None] = {}
     for flat in flats:
         for c in flat:
-            if c not in taken:
+            if c not in copies:
                 columns.setdefault(c, None)
     cols = list(columns)
+    names = [f"summary.{c}" if c in own else c for c in cols]
     with _AtomicCsv(out_path) as out:
-        out.writerow(fixed + cols)
+        out.writerow(fixed + names)
         for job, flat in zip(jobs, flats):
             rel = os.path.relpath(job.dir, out_path.parent)
-            out.writerow([str(job.num), *_key_values(job, keys), job.status, job.error or "", rel,
+            band = bands[job.num] if bands is not None else []
+            out.writerow([str(job.num), *_key_values(job, keys), *band, job.status, job.error or "", rel,
                           *(fmt(flat.get(c)) for c in cols)])
             out.rows += 1
     return out.rows
@@ -256,10 +337,11 @@ def aggregate(sweep_dir: Path | str) -> Report:
     if not jobs:
         raise UserError(f"no sweep jobs in {sweep_dir} (no */.hydra/overrides.yaml)")
     keys = override_keys(jobs)
+    bands = band_values(jobs, keys)
     written: dict[str, int] = {}
     for table, name in TABLES.items():
-        rows = concat_table(jobs, keys, table, sweep_dir / name)
+        rows = concat_table(jobs, keys, table, sweep_dir / name, bands if table == "metrics.csv" else None)
         if (sweep_dir / name).is_file():
             written[name] = rows
-    written[SUMMARY_CSV] = write_summary(jobs, keys, sweep_dir / SUMMARY_CSV)
-    return Report(sweep_dir, jobs, keys, written)
+    written[SUMMARY_CSV] = write_summary(jobs, keys, sweep_dir / SUMMARY_CSV, bands)
+    return Report(sweep_dir, jobs, keys, written, bands is not None)

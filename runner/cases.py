@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from runner.bounded import clip, load_json, load_yaml
 from runner.errors import UserError
 
 TENSOR_KEYS = ("log_probs", "old_log_probs", "rollout_log_probs", "advantages")
@@ -58,12 +59,12 @@ class CaseFile:
 
 def decode_number(value: Any, where: str) -> float:
     if isinstance(value, bool):
-        raise UserError(f"{where}: expected a number, got {value!r}")
+        raise UserError(f"{where}: expected a number, got {clip(value)}")
     if isinstance(value, (int, float)):
         return float(value)
     if isinstance(value, str) and value.strip().lower() in NONFINITE:
         return NONFINITE[value.strip().lower()]
-    raise UserError(f"{where}: expected a number or 'nan'/'inf'/'-inf', got {value!r}")
+    raise UserError(f"{where}: expected a number or 'nan'/'inf'/'-inf', got {clip(value)}")
 
 
 def encode_number(x: float) -> float | str:
@@ -98,7 +99,7 @@ def parse_case(raw: Any, index: int) -> Case:
     if not isinstance(raw, dict):
         raise UserError(f"{where}: expected a mapping with log_probs, old_log_probs, rollout_log_probs, advantages")
     name = str(raw.get("name", f"case-{index}"))
-    where = f"case {name!r}"
+    where = f"case {clip(name)}"
     missing = [k for k in TENSOR_KEYS if k not in raw]
     if missing:
         raise UserError(f"{where}: missing {', '.join(missing)}")
@@ -110,7 +111,7 @@ def parse_case(raw: Any, index: int) -> Case:
         tensors["action_mask"] = _matrix(raw["action_mask"], f"{where}.action_mask")
         bad = {v for row in tensors["action_mask"] for v in row if v not in (0.0, 1.0)}
         if bad:
-            raise UserError(f"{where}.action_mask: values must be 0 or 1, got {sorted(bad)[0]!r}")
+            raise UserError(f"{where}.action_mask: values must be 0 or 1, got {clip(sorted(bad)[0])}")
     for key, value in tensors.items():
         got = (len(value), len(value[0]))
         if got != shape:
@@ -118,13 +119,19 @@ def parse_case(raw: Any, index: int) -> Case:
     return Case(name=name, **tensors)
 
 
-def load_case_file(path: str | Path) -> CaseFile:
+CAP_HINT = "is-study case --max-elements N raises it"
+
+
+def load_case_file(path: str | Path, max_elements: int | None = None) -> CaseFile:
+    """Read and check a case file. A file that expands to more than `max_elements` elements (YAML
+    aliases included) is refused while it is parsed, before any of it is built (runner.bounded)."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"case file not found: {path}")
     try:
         text = path.read_text()
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = (load_json(text, str(path), max_elements, CAP_HINT) if path.suffix == ".json"
+                else load_yaml(text, str(path), max_elements, CAP_HINT))
     except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({first})") from None

@@ -77,8 +77,9 @@ def list_command() -> None:
         group_entries = registry.entries(group)
         if not group_entries:
             continue
-        t = Table(title=f"{group}  ({group}=NAME)" if group != "cases" else "shipped cases  (is-study case NAME)",
-                  title_justify="left")
+        titles = {"cases": "shipped cases  (is-study case NAME)",
+                  "hydra/launcher": "sweep launchers  (is-study sweep --launcher NAME, or hydra/launcher=NAME)"}
+        t = Table(title=titles.get(group, f"{group}  ({group}=NAME)"), title_justify="left")
         t.add_column("name", style="bold", no_wrap=True)
         t.add_column("description")
         for entry in group_entries:
@@ -164,15 +165,18 @@ def case(
     call_kwargs: Optional[str] = CallKwargsOpt,
     weights_fn: Optional[str] = WeightsFnOpt,
     weights_kwargs: Optional[str] = WeightsKwargsOpt,
+    max_elements: Optional[int] = typer.Option(None, "--max-elements", help="Refuse a file that expands to more elements, YAML aliases included (default 10,000,000).", show_default=False),
 ) -> None:
-    from runner.hydra_app import app as hydra_app
     from runner.cases import load_case_file
+
+    # the file first: a bad or oversized one is refused before torch and Hydra are imported
+    case_file = load_case_file(_resolve_case_path(file), max_elements=max_elements)
+    from runner.hydra_app import app as hydra_app
     from runner.corrections import Correction
     from runner.losses import LossSpec
     from runner.studies.case import compare, evaluate
 
     overrides = _overrides(overrides)
-    case_file = load_case_file(_resolve_case_path(file))
     spec = _target_spec(target=target, target_kwargs=target_kwargs, stub=stub, convention=convention,
                         arg_map=arg_map, loss_key=loss_key, call_kwargs=call_kwargs, weights_fn=weights_fn,
                         weights_kwargs=weights_kwargs)
@@ -348,20 +352,21 @@ def audit(
     "An experiment can define the sweep: [dim]is-study sweep experiment=threshold-tradeoff[/dim]. Jobs go to "
     "multirun/NAME/<job num>/ (--name) or a timestamped dir; at the end sweep.csv (every job's metrics.csv rows "
     "with one column per override key), sweep_summary.csv (one row per job) are written there. A failing job is "
-    "listed and the exit code is 1; the other jobs still run. Launchers: basic (default, one job at a time), "
-    "joblib, submitit-local, submitit-slurm, ray (each needs its extra)."))
+    "listed and the exit code is 1; the other jobs still run. One sweep at a time per directory (a second one, or a "
+    "--resume while it runs, is refused). Launchers: basic (default, one job at a time), joblib, submitit-local, "
+    "submitit-slurm, ray (each needs its extra)."))
 def sweep(
     overrides: Optional[List[str]] = OverridesArg,
     name: Optional[str] = typer.Option(None, "--name", help="Put the sweep in multirun/NAME (hydra.sweep.dir=... wins)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="List the jobs' overrides and their count; run nothing."),
-    resume: bool = typer.Option(False, "--resume", help="Rerun into the existing --name / hydra.sweep.dir, skipping jobs that hold DONE."),
+    resume: bool = typer.Option(False, "--resume", help="Rerun into the existing --name / hydra.sweep.dir, skipping jobs that hold DONE and whole files."),
     launcher: Optional[str] = typer.Option(None, "--launcher", help="basic | joblib | submitit-local | submitit-slurm | ray (hydra/launcher=...)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Jobs in parallel (joblib n_jobs, SLURM array parallelism, ...)."),
 ) -> None:
     from runner import sweep as sweeps
 
     req = sweeps.Request(overrides=_overrides(overrides), name=name, resume=resume, dry_run=dry_run,
-                         launcher=launcher, jobs=jobs)
+                         launcher=launcher, jobs=jobs, argv=sys.argv[1:])
     if dry_run:
         plan, done = sweeps.dry_run(req)
         for num, job in enumerate(plan.jobs):
@@ -386,18 +391,25 @@ def sweep(
     "Write sweep.csv and sweep_summary.csv for a sweep dir (also done at the end of every sweep).  "
     "[dim]e.g. is-study aggregate multirun/tradeoff[/dim]\n\n"
     "sweep.csv: every finished job's metrics.csv rows, prefixed by job and one column per override key, read "
-    "from each job's .hydra/overrides.yaml. sweep_summary.csv: one row per job (job_status done / failed / "
-    "incomplete, error, summary.json). sweep_probe.csv / sweep_events.csv likewise for probe.csv / events.csv."))
+    "from each job's .hydra/overrides.yaml. sweep_summary.csv: one row per job (status done / failed / "
+    "incomplete / damaged, error, summary.json). sweep_probe.csv / sweep_events.csv likewise for probe.csv / "
+    "events.csv. A job whose files are damaged (cut short, garbage appended) is named with the file and the "
+    "reason, left out of the tables, and rerun by the sweep's command with --resume."))
 def aggregate(directory: Path = typer.Argument(..., help="A sweep dir (multirun/NAME).", show_default=False)) -> None:
-    from runner.aggregate import aggregate as run_aggregate
+    from runner.aggregate import STATUSES, aggregate as run_aggregate
+    from runner.sweep import aggregate_hints, problem_lines
 
     report = run_aggregate(directory)
     err = _console(stderr=True)
-    counts = {s: len(report.by_status(s)) for s in ("done", "failed", "incomplete")}
+    counts = {s: len(report.by_status(s)) for s in STATUSES}
     err.print(f"[bold]aggregate[/bold] {directory}: {len(report.jobs)} jobs ("
-              + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")")
+              + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")", soft_wrap=True)
+    for line in problem_lines(report) + aggregate_hints(report):
+        err.print(line, soft_wrap=True)
     for file, rows in report.written.items():
         typer.echo(f"{report.sweep_dir / file}\t{rows} rows")
+    if report.by_status("damaged"):
+        raise typer.Exit(1)  # the tables are written, without the damaged jobs: a problem was found
 
 
 # ----------------------------------------------------------------------------------------- plot

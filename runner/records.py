@@ -2,23 +2,54 @@
 `DONE` marker written last (a sweep treats a run dir without it as unfinished; a sweep job that
 failed holds `ERROR` instead, written by runner/sweep_job.py).
 
+A write that fails (a full disk, a quota, a vanished directory) raises WriteFailed: one line naming
+the file and saying that its run dir is incomplete. Atomic writes go through a temporary file with
+a name of its own (pid and random suffix) beside the target, so two writers never share one.
+
 Values are formatted deterministically, so the same run gives the same bytes: floats by repr()
 (the shortest string that round-trips), NaN and ±inf as nan / inf / -inf, None as empty.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
 import os
+import secrets
 from collections import Counter
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
+
+from runner.errors import UserError
 
 DONE = "DONE"
+DONE_TEXT = "done\n"  # DONE's whole content: anything else is a damaged marker
 ERROR = "ERROR"
+
+
+class WriteFailed(UserError):
+    """A file could not be written. The message names it and what is now incomplete."""
+
+
+def write_failed(path: Path, exc: OSError, incomplete: str | None = None) -> WriteFailed:
+    what = incomplete if incomplete is not None else f"the run dir {path.parent} is incomplete (no {DONE})"
+    return WriteFailed(f"{exc.strerror or exc} while writing {path}; {what}")
+
+
+def open_for_writing(path: Path, newline: str | None = None):
+    """Every file a run writes is opened here (tests replace it with a writer that fails)."""
+    return open(path, "w", newline=newline, encoding="utf-8")
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        raise write_failed(path, exc) from None
 
 
 def fmt(value: Any) -> str:
@@ -52,30 +83,51 @@ class CsvWriter:
     def __init__(self, path: Path | str, columns: Sequence[str]):
         self.path = Path(path)
         self.columns = list(columns)
-        self._file = open(self.path, "w", newline="", encoding="utf-8")
+        with _writing(self.path):
+            self._file = open_for_writing(self.path, newline="")
         self._csv = csv.writer(self._file, lineterminator="\n")
-        self._csv.writerow(self.columns)
-        self._file.flush()
+        with self._guard():
+            self._csv.writerow(self.columns)
+            self._file.flush()
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """A failed write closes the file (what it could not flush is dropped: the rows already on
+        disk are whole) and raises WriteFailed."""
+        try:
+            yield
+        except OSError as exc:
+            self._abandon()
+            raise write_failed(self.path, exc) from None
+
+    def _abandon(self) -> None:
+        with contextlib.suppress(OSError):
+            self._file.close()
 
     def write(self, row: Mapping[str, Any]) -> None:
-        self._csv.writerow([_fast_fmt(row.get(c)) for c in self.columns])
-        self._file.flush()
+        with self._guard():
+            self._csv.writerow([_fast_fmt(row.get(c)) for c in self.columns])
+            self._file.flush()
 
     def write_rows(self, rows: Sequence[Sequence[Any]]) -> None:
         """Many positional rows (in column order), flushed once."""
-        self._csv.writerows([[_fast_fmt(v) for v in row] for row in rows])
-        self._file.flush()
+        with self._guard():
+            self._csv.writerows([[_fast_fmt(v) for v in row] for row in rows])
+            self._file.flush()
 
     def write_number_rows(self, rows: Sequence[Sequence[int | float]], template: str) -> None:
         """Many positional rows of ints and floats only, flushed once: `template` is one %-format
         per row, e.g. "%d,%.9g\n" for float32 values (9 significant digits give back any float32
         exactly). A number never needs quoting, so the csv module's per-cell work is skipped."""
-        self._file.write("".join([template % tuple(row) for row in rows]))
-        self._file.flush()
+        text = "".join([template % tuple(row) for row in rows])
+        with self._guard():
+            self._file.write(text)
+            self._file.flush()
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            with self._guard():
+                self._file.close()
 
     def __enter__(self) -> "CsvWriter":
         return self
@@ -99,8 +151,10 @@ class NumberCsvWriter(CsvWriter):
         self._template = line.getvalue().replace("\0", "%s") + "\n"
 
     def write(self, row: Mapping[str, Any]) -> None:
-        self._file.write(self._template % tuple([row[c] for c in self._variable]))
-        self._file.flush()
+        line = self._template % tuple([row[c] for c in self._variable])
+        with self._guard():
+            self._file.write(line)
+            self._file.flush()
 
 
 class EventWriter(CsvWriter):
@@ -117,13 +171,38 @@ class EventWriter(CsvWriter):
         self.write({"step": step, "kind": kind, "detail": detail, "action": action})
 
 
-def write_json_atomic(path: Path | str, data: Any) -> None:
-    """Write to a temporary file beside `path`, then rename: a reader never sees half a file.
-    Non-finite floats become null (JSON has no NaN)."""
+def unique_temp(path: Path) -> Path:
+    """A new, empty, hidden file beside `path` that no other writer can be given (created with
+    O_EXCL; the usual permissions, unlike mkstemp's 0600)."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            return tmp
+        except FileExistsError:
+            continue
+
+
+def write_text_atomic(path: Path | str, text: str, incomplete: str | None = None) -> None:
+    """Write to a temporary file of its own beside `path`, then rename: a reader never sees half a
+    file, and two writers never share a temporary file. On failure the temporary file is removed,
+    the old `path` (if any) is left as it was, and WriteFailed says what is incomplete."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(_json_safe(data), indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    tmp = None
+    try:
+        tmp = unique_temp(path)
+        with open_for_writing(tmp) as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+        raise write_failed(path, exc, incomplete) from None
+
+
+def write_json_atomic(path: Path | str, data: Any, incomplete: str | None = None) -> None:
+    """write_text_atomic of `data` as JSON. Non-finite floats become null (JSON has no NaN)."""
+    write_text_atomic(path, json.dumps(_json_safe(data), indent=2, sort_keys=False) + "\n", incomplete)
 
 
 def _json_safe(value: Any) -> Any:
@@ -137,8 +216,14 @@ def _json_safe(value: Any) -> Any:
 
 
 def mark_done(run_dir: Path | str) -> None:
-    (Path(run_dir) / DONE).write_text("done\n", encoding="utf-8")
+    """DONE, written atomically: a full disk leaves no marker rather than an empty one."""
+    write_text_atomic(Path(run_dir) / DONE, DONE_TEXT)
 
 
 def is_done(run_dir: Path | str) -> bool:
-    return (Path(run_dir) / DONE).is_file()
+    """DONE is there and whole (its exact text)."""
+    try:
+        with open(Path(run_dir) / DONE, "rb") as f:
+            return f.read(len(DONE_TEXT) + 1) == DONE_TEXT.encode()
+    except OSError:
+        return False

@@ -5,15 +5,22 @@ Nothing here imports Hydra; what must touch it is in runner/hydra_app/ (`launch.
 the jobs exactly as BasicSweeper does, `launch.sweep_multirun` runs them, `worker.sweep_job` is the
 picklable task function).
 
-- Job dirs are `<sweep dir>/${hydra.job.num}` (conf/config.yaml), so the same overrides map every job
-  to the same dir on a rerun, and `--resume` is a plain rerun into the same sweep dir.
-- Resume and failure isolation happen inside each job (runner/sweep_job.py): a job whose dir holds
-  DONE is skipped, a partial one reruns from scratch, and a failing one writes `<job dir>/ERROR`
-  instead of raising, so it never stops the sweep. The failures are listed at the end.
+- One sweep per directory: the sweep holds `<sweep dir>/.sweep.lock` (runner/dirlock.py) from
+  before it looks at the dir until it has aggregated. A second sweep, or a `--resume`, into a locked
+  dir is refused in one line naming the holder; a lock left by a sweep that died is taken over with
+  a note.
+- Job dirs are `<sweep dir>/<hydra.job.num zero-padded>` (00, 01, …; the width from the job count,
+  kept in sweep.json for `--resume`), so the same overrides map every job to the same dir on a rerun,
+  the dirs sort as the jobs do, and `--resume` is a plain rerun into the same sweep dir.
+- Resume and failure isolation happen inside each job (runner/sweep_job.py): a job whose dir holds a
+  whole result (DONE and valid tables) is skipped, a partial or damaged one reruns from scratch, and
+  a failing one writes `<job dir>/ERROR` instead of raising, so it never stops the sweep. The
+  failures are listed at the end.
 - Progress counts DONE / ERROR markers on disk from a background thread, so it works the same
   whether jobs run in this process (basic) or in other processes or machines (joblib, submitit, ray).
 - `<sweep dir>/sweep.json` records the job list, so `--resume` with different overrides is refused
-  (job num → dir would no longer match).
+  (job num → dir would no longer match), and the whole command line of each run (`command`, for
+  reports).
 """
 
 from __future__ import annotations
@@ -29,8 +36,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from runner.bounded import clip
+from runner.dirlock import DirLock, LockBusy, holder_of
 from runner.errors import UserError
 from runner.hydra_app.overrides import quote_override_value
 from runner.records import DONE, ERROR, write_json_atomic
@@ -38,6 +47,8 @@ from runner.sweep_job import error_line
 
 MANIFEST = "sweep.json"
 DEFAULT_ROOT = "multirun"
+LOCK = ".sweep.lock"
+MIN_JOB_DIR_WIDTH = 2
 
 
 @dataclass(frozen=True)
@@ -50,23 +61,21 @@ class Launcher:
 
 
 LAUNCHERS = {
-    "basic": Launcher("basic", "serial", None, None, None),
-    "joblib": Launcher("joblib", "parallel", "hydra_plugins.hydra_joblib_launcher", "parallel", "hydra.launcher.n_jobs"),
+    "basic": Launcher("basic", "basic", None, None, None),
+    "joblib": Launcher("joblib", "joblib", "hydra_plugins.hydra_joblib_launcher", "parallel", "hydra.launcher.n_jobs"),
     # submitit's local executor starts a whole batch at once: cap the batch instead.
     "submitit-local": Launcher("submitit-local", "submitit-local", "hydra_plugins.hydra_submitit_launcher", "slurm",
                                "hydra.sweeper.max_batch_size"),
     "submitit-slurm": Launcher("submitit-slurm", "submitit-slurm", "hydra_plugins.hydra_submitit_launcher", "slurm",
                                "hydra.launcher.array_parallelism"),
-    "ray": Launcher("ray", "ray-cluster", "hydra_plugins.hydra_ray_launcher", "ray", "++hydra.launcher.ray.init.num_cpus"),
+    "ray": Launcher("ray", "ray", "hydra_plugins.hydra_ray_launcher", "ray", "++hydra.launcher.ray.init.num_cpus"),
 }
-# hydra/launcher=NAME given directly, as our preset or as the plugin's own config name.
+# hydra/launcher=NAME given directly: our presets (named as --launcher names them), or a plugin's own
+# config that no preset of ours shadows.
 _BY_OPTION = {
-    **{spec.preset: spec for spec in LAUNCHERS.values()},
-    "basic": LAUNCHERS["basic"],
-    "joblib": LAUNCHERS["joblib"],
+    **LAUNCHERS,
     "submitit_local": LAUNCHERS["submitit-local"],
     "submitit_slurm": LAUNCHERS["submitit-slurm"],
-    "ray": LAUNCHERS["ray"],
     "ray_aws": LAUNCHERS["ray"],
 }
 
@@ -109,6 +118,17 @@ class Request:
     dry_run: bool = False
     launcher: str | None = None
     jobs: int | None = None
+    argv: list[str] | None = None  # the command line after `is-study`, as typed (the CLI sets it)
+
+    def command(self) -> list[str]:
+        """The whole command line after `is-study`: as typed, else rebuilt from the request."""
+        if self.argv is not None:
+            return list(self.argv)
+        args = ["sweep", *self.overrides]
+        for flag, value in (("--launcher", self.launcher), ("--jobs", self.jobs), ("--name", self.name)):
+            if value is not None:
+                args += [flag, str(value)]
+        return args + (["--resume"] if self.resume else []) + (["--dry-run"] if self.dry_run else [])
 
 
 @dataclass
@@ -117,12 +137,13 @@ class Plan:
     sweep_dir: Path
     overrides: list[str]  # what goes to Hydra's multirun
     launcher: Launcher | None
+    job_dir_width: int = MIN_JOB_DIR_WIDTH
 
 
 def _check_name(name: str) -> None:
     p = Path(name)
     if not name.strip() or p.is_absolute() or ".." in p.parts:
-        raise UserError(f"--name {name!r}: give a plain name (it becomes {DEFAULT_ROOT}/NAME); "
+        raise UserError(f"--name {clip(name)}: give a plain name (it becomes {DEFAULT_ROOT}/NAME); "
                         f"for another place use hydra.sweep.dir=DIR")
 
 
@@ -136,7 +157,7 @@ def build_overrides(req: Request) -> tuple[list[str], Launcher | None]:
     if req.launcher is not None:
         spec = LAUNCHERS.get(req.launcher)
         if spec is None:
-            raise UserError(f"--launcher {req.launcher!r}: valid: {', '.join(LAUNCHERS)}")
+            raise UserError(f"--launcher {clip(req.launcher)}: valid: {', '.join(LAUNCHERS)}")
         if chosen is not None:
             raise UserError(f"give either --launcher or hydra/launcher={chosen}, not both")
         ours.append(f"hydra/launcher={spec.preset}")
@@ -167,6 +188,26 @@ def build_overrides(req: Request) -> tuple[list[str], Launcher | None]:
     return ours + user, spec
 
 
+def _read_manifest(sweep_dir: Path) -> dict[str, Any]:
+    try:
+        data = json.loads((sweep_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def job_dir_width(sweep_dir: Path, n_jobs: int, resume: bool) -> int:
+    """Digits of a job dir's name: enough for the last job, at least 2. A resumed sweep keeps the
+    width it was made with (sweep.json), and one made before dirs were padded keeps plain numbers."""
+    if resume:
+        recorded = _read_manifest(sweep_dir).get("job_dir_width")
+        if isinstance(recorded, int) and recorded > 0:
+            return recorded
+        if (sweep_dir / "0" / ".hydra").is_dir():
+            return 1
+    return max(MIN_JOB_DIR_WIDTH, len(str(max(n_jobs - 1, 0))))
+
+
 def plan(req: Request) -> Plan:
     """Expand the jobs and fix the sweep dir (resolved once, then passed to Hydra as a literal)."""
     from runner.hydra_app import launch
@@ -178,7 +219,10 @@ def plan(req: Request) -> Plan:
     sweep_dir = Path(info["sweep_dir"]).expanduser().resolve()
     final = [o for o in overrides if _key(o) != "hydra.sweep.dir"]
     final.append(f"hydra.sweep.dir={quote_override_value(str(sweep_dir))}")
-    return Plan(info["jobs"], sweep_dir, final, spec)
+    width = job_dir_width(sweep_dir, len(info["jobs"]), req.resume)
+    if _find(final, "hydra.sweep.subdir") is None:
+        final.append(f"hydra.sweep.subdir={quote_override_value('${isstudy_job_dir:${hydra.job.num},%d}' % width)}")
+    return Plan(info["jobs"], sweep_dir, final, spec, width)
 
 
 # ----------------------------------------------------------------------------------------- progress
@@ -263,6 +307,7 @@ class Result:
     skipped: int  # jobs already DONE before this run (--resume)
     wall_s: float
     aborted: str | None = None
+    notes: list[str] = field(default_factory=list)
 
     def jobs(self, status: str) -> list:
         return self.report.by_status(status) if self.report is not None else []
@@ -278,7 +323,7 @@ class Result:
         """Every job of the plan holds DONE. The markers on disk are the truth: a launcher that
         raised while collecting results after every job finished does not make the sweep fail."""
         return (self.report is not None and not self.jobs("failed") and not self.jobs("incomplete")
-                and self.missing == 0)
+                and not self.jobs("damaged") and self.missing == 0)
 
 
 def _has_jobs(sweep_dir: Path) -> bool:
@@ -296,53 +341,102 @@ def _check_target(req: Request, p: Plan) -> None:
     if not manifest.is_file() and not _has_jobs(d):
         raise UserError(f"--resume: no sweep in {d}")
     if manifest.is_file():
-        try:
-            old = json.loads(manifest.read_text(encoding="utf-8")).get("jobs")
-        except ValueError:
-            old = None
+        old = _read_manifest(d).get("jobs")
         if old is not None and old != p.jobs:
             if len(old) != len(p.jobs):
                 why = f"{len(old)} jobs then, {len(p.jobs)} now"
             else:
                 i = next(i for i, (a, b) in enumerate(zip(old, p.jobs)) if a != b)
-                why = f"job {i} was `{' '.join(old[i])}`, now `{' '.join(p.jobs[i])}`"
+                why = f"job {i} was {clip(' '.join(map(str, old[i])))}, now {clip(' '.join(p.jobs[i]))}"
             raise UserError(f"--resume: the overrides differ from the sweep in {d} ({why}); "
                             f"resume with the same overrides")
 
 
-def _write_manifest(req: Request, p: Plan) -> None:
+def command_line(args: list[str]) -> str:
+    """`is-study ARGS`, shell-quoted: what a user pastes to run it again."""
+    return " ".join(shlex.quote(a) for a in ["is-study", *args])
+
+
+def _write_manifest(req: Request, p: Plan, started: str) -> None:
+    """sweep.json: the job list (what --resume checks), the job dirs' width, and the command line of
+    the sweep (`command`, `argv`: the run that made it) and of each run (`runs`, resumes included)."""
     path = p.sweep_dir / MANIFEST
-    data: dict[str, Any] = {}
-    if req.resume and path.is_file():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except ValueError:
-            data = {}
-    now = _dt.datetime.now().isoformat(timespec="seconds")
-    data.setdefault("created", now)
+    data: dict[str, Any] = _read_manifest(p.sweep_dir) if req.resume else {}
+    args = req.command()
+    data.setdefault("created", started)
+    data.setdefault("command", command_line(args))
+    data.setdefault("argv", ["is-study", *args])
     data["overrides"] = list(req.overrides)
     data["jobs"] = p.jobs
-    data.setdefault("runs", []).append({"started": now, "launcher": p.launcher.name if p.launcher else "basic",
-                                        "resume": req.resume})
-    p.sweep_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(path, data)
+    data["job_dir_width"] = p.job_dir_width
+    data.setdefault("runs", []).append({"started": started, "launcher": p.launcher.name if p.launcher else "basic",
+                                        "resume": req.resume, "command": command_line(args)})
+    write_json_atomic(path, data, incomplete=f"the sweep in {p.sweep_dir} did not start")
 
 
-def _count_done(sweep_dir: Path) -> int:
-    return sum(1 for m in sweep_dir.glob(f"*/{DONE}") if not (m.parent / ERROR).exists()) if sweep_dir.is_dir() else 0
+def _done_markers(sweep_dir: Path) -> dict[str, tuple[int, int]]:
+    """{job dir name: (inode, mtime) of its DONE}: a job rerun writes a new DONE (a new file)."""
+    found = {}
+    for marker in sweep_dir.glob(f"*/{DONE}"):
+        try:
+            st = marker.stat()
+        except OSError:
+            continue
+        found[marker.parent.name] = (st.st_ino, st.st_mtime_ns)
+    return found
 
 
-def run(req: Request, progress: bool | None = None) -> Result:
+def busy_message(d: Path, busy: LockBusy, resume: bool) -> str:
+    holder = busy.holder
+    who = holder.describe() if holder else f"a holder that has not written {busy.path.name} yet"
+    gone = holder is not None and holder.gone()
+    if gone:  # flock still held: a process the dead sweep started (a launcher's worker) lives on
+        who += f"; pid {holder.pid} has exited but a process it started still holds the lock"
+    elif not busy.checkable and holder is not None:
+        who += f"; if that sweep is gone, delete {busy.path}"
+    then = ", then --resume it" if resume else ", or choose another --name"
+    return f"{d} is in use by another sweep ({who}): wait for it to finish{then}"
+
+
+def run(req: Request, progress: bool | None = None, say: Callable[[str], None] | None = None) -> Result:
     """Run the sweep; then aggregate whatever is on disk. Raises UserError for bad input (nothing
-    ran); job failures and an aborted launcher are in the Result."""
+    ran) and for a sweep dir another sweep holds; job failures and an aborted launcher are in the
+    Result. `say` prints a note as it happens (default: stderr)."""
     from runner import aggregate as agg
     from runner.hydra_app import launch
 
+    say = say or (lambda text: print(f"is-study: note: {text}", file=sys.stderr, flush=True))
     p = plan(req)
-    _check_target(req, p)
     created = not p.sweep_dir.exists()
-    _write_manifest(req, p)
-    skipped = _count_done(p.sweep_dir)
+    try:
+        p.sweep_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create the sweep dir {p.sweep_dir}: {exc.strerror or exc}") from None
+    lock = DirLock(p.sweep_dir / LOCK, command=command_line(req.command()))
+    try:
+        lock.acquire()
+    except LockBusy as busy:
+        raise UserError(busy_message(p.sweep_dir, busy, req.resume)) from None
+    except OSError as exc:
+        raise UserError(f"cannot lock the sweep dir {p.sweep_dir}: {exc.strerror or exc}") from None
+    notes = [lock.note] if lock.note else []
+    for note in notes:
+        say(note)
+    try:
+        return _run_locked(req, p, created, progress, notes, agg, launch)
+    except BaseException:
+        if created and not _has_jobs(p.sweep_dir):  # nothing ran: leave no half-made sweep dir behind
+            shutil.rmtree(p.sweep_dir, ignore_errors=True)
+        raise
+    finally:
+        lock.release()
+
+
+def _run_locked(req: Request, p: Plan, created: bool, progress: bool | None, notes: list[str], agg, launch) -> Result:
+    _check_target(req, p)
+    started = _dt.datetime.now().isoformat(timespec="seconds")
+    _write_manifest(req, p, started)
+    done_before = _done_markers(p.sweep_dir)
     if progress is None:
         progress = sys.stderr.isatty()
     t0 = time.perf_counter()
@@ -355,15 +449,24 @@ def run(req: Request, progress: bool | None = None) -> Result:
         raise
     except Exception as exc:  # noqa: BLE001
         if not _has_jobs(p.sweep_dir):
-            if created:  # nothing ran: leave no half-made sweep dir behind
-                shutil.rmtree(p.sweep_dir, ignore_errors=True)
             if isinstance(exc, UserError):
                 raise
             raise UserError(f"sweep: {error_line(exc)}") from None
         aborted = error_line(exc)
     wall = time.perf_counter() - t0
     report = agg.aggregate(p.sweep_dir) if _has_jobs(p.sweep_dir) else None
-    return Result(p.sweep_dir, len(p.jobs), report, skipped, wall, aborted)
+    after = _done_markers(p.sweep_dir)
+    kept = {name for name, ident in done_before.items() if after.get(name) == ident}
+    skipped = sum(1 for j in report.by_status("done") if j.dir.name in kept) if report is not None else 0
+    return Result(p.sweep_dir, len(p.jobs), report, skipped, wall, aborted, notes)
+
+
+def running_sweep(sweep_dir: Path) -> str | None:
+    """Who holds the sweep dir's lock, if a live sweep does (without taking it): for aggregate's note."""
+    holder = holder_of(Path(sweep_dir) / LOCK)
+    if holder is None or holder.gone():
+        return None
+    return holder.describe()
 
 
 def dry_run(req: Request) -> tuple[Plan, set[int]]:
@@ -392,32 +495,90 @@ def resume_hint(req: Request, sweep_dir: Path) -> str:
 
 
 def print_result(result: Result, req: Request, console: Any, limit: int = 20) -> None:
-    """The end-of-sweep report, on the given (stderr) rich console. At most `limit` failed and
-    `limit` incomplete jobs are listed one per line; sweep_summary.csv has them all."""
+    """The end-of-sweep report, on the given (stderr) rich console. At most `limit` jobs of each
+    kind (failed, damaged, incomplete) are listed one per line; sweep_summary.csv has them all."""
     from rich.markup import escape
 
     def say(text: str) -> None:
         console.print(text, soft_wrap=True)
 
     done, failed, incomplete = result.jobs("done"), result.jobs("failed"), result.jobs("incomplete")
+    damaged = result.jobs("damaged")
     parts = [f"{len(done)} done" + (f" ({result.skipped} already done before this run)" if result.skipped else "")]
     parts.append(f"[red]{len(failed)} failed[/red]" if failed else "0 failed")
+    if damaged:
+        parts.append(f"[red]{len(damaged)} damaged[/red]")
     if incomplete or result.missing:
         parts.append(f"[yellow]{len(incomplete) + result.missing} incomplete[/yellow]")
     say(f"[bold]sweep[/bold] {escape(str(result.sweep_dir))}: {result.total} jobs, {', '.join(parts)}; "
         f"{result.wall_s:.1f} s")
     if result.report is not None:
         say("  wrote " + ", ".join(f"{name} ({rows} rows)" for name, rows in result.report.written.items()))
-    for kind, jobs, style in (("FAILED", failed, "red"), ("INCOMPLETE", incomplete, "yellow")):
-        for job in jobs[:limit]:
-            where = job.dir / ERROR if kind == "FAILED" else job.dir
-            error = f": {escape(job.error or '')}" if kind == "FAILED" else ""
-            say(f"  [{style}]{kind}[/{style}] job {job.num} [{escape(job.label())}]{error}  [dim]({escape(str(where))})[/dim]")
-        if len(jobs) > limit:
-            say(f"  … and {len(jobs) - limit} more {kind.lower()} jobs (see sweep_summary.csv)")
+    for line in problem_lines(result.report, limit) if result.report is not None else []:
+        say(line)
     if result.aborted and result.ok:
         say(f"  [yellow]note:[/yellow] the launcher raised after every job had finished: {escape(result.aborted)}")
     elif result.aborted:
         say(f"  [red]the launcher stopped the sweep:[/red] {escape(result.aborted)}")
     if not result.ok:
         say(f"  rerun what did not finish: {escape(resume_hint(req, result.sweep_dir))}")
+
+
+def _lock_note(job_dir: Path) -> str:
+    """For an incomplete job: who holds (or held) its lock, unless that process is known to be gone
+    (a lock left by a killed job is taken over by the next run of it)."""
+    from rich.markup import escape
+
+    from runner.sweep_job import JOB_LOCK
+
+    holder = holder_of(job_dir / JOB_LOCK)
+    if holder is None or holder.gone():
+        return ""
+    return escape(f": its lock names {holder.describe()} (still running there? if that process is gone and the "
+                  f"filesystem has no flock, delete {job_dir / JOB_LOCK})")
+
+
+def problem_lines(report: Any, limit: int = 20) -> list[str]:
+    """Rich-markup lines, one per failed, damaged or incomplete job (at most `limit` of each kind):
+    its number, overrides, what is wrong and where. Shared by `sweep` and `aggregate`."""
+    from rich.markup import escape
+
+    lines = []
+    for kind, style in (("failed", "red"), ("damaged", "red"), ("incomplete", "yellow")):
+        jobs = report.by_status(kind)
+        for job in jobs[:limit]:
+            if kind == "failed":
+                where, why = job.dir / ERROR, f": {escape(job.error or '')}"
+            elif kind == "damaged":
+                where, why = job.damage.path, f": {escape(job.damage.reason)}"
+            else:
+                where, why = job.dir, _lock_note(job.dir)
+            lines.append(f"  [{style}]{kind.upper()}[/{style}] job {job.num} {escape(f'[{job.label()}]')}{why}  "
+                         f"[dim]({escape(str(where))})[/dim]")
+        if len(jobs) > limit:
+            lines.append(f"  … and {len(jobs) - limit} more {kind} jobs (see sweep_summary.csv)")
+    return lines
+
+
+def aggregate_hints(report: Any) -> list[str]:
+    """What `is-study aggregate` adds below the problem lines: that a sweep still runs there, and how
+    to rerun the jobs that did not finish (the sweep's own command from sweep.json, with --resume)."""
+    from rich.markup import escape
+
+    lines = []
+    holder = running_sweep(report.sweep_dir)
+    if holder is not None:
+        lines.append(f"  [yellow]note:[/yellow] a sweep is still running here ({escape(holder)}): "
+                     f"the jobs it has not finished count as incomplete")
+    unfinished = [j for j in report.jobs if j.status in ("damaged", "incomplete", "failed")]
+    if unfinished and holder is None:
+        command = _read_manifest(Path(report.sweep_dir)).get("command")
+        if isinstance(command, str) and command.startswith("is-study sweep"):
+            args = shlex.split(command)
+            again = command if "--resume" in args else f"{command} --resume"
+            if "--dry-run" in args:
+                again = again.replace(" --dry-run", "")
+            lines.append(f"  rerun them: {escape(again)}")
+        else:
+            lines.append("  rerun them: the sweep's command with --resume")
+    return lines

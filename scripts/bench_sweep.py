@@ -11,18 +11,23 @@ Two figures, on one sweep of `--n` small train runs ('seed=range(0,N)', `--steps
    processes on a shared machine do not inflate.
 2. joblib speedup with 2 workers = basic wall / joblib wall on the same sweep. Target ≥ 1.6×.
 
-Each is measured two ways:
-  steady  in this process, imports warm (torch, Hydra, the study) and, for joblib, its two worker
-          processes already started by a small warm-up sweep: the per-job cost of a long sweep.
-  cold    `python -m runner sweep ...` as a user runs it, from a fresh interpreter: adds the fixed
-          start-up (Python, torch, Hydra; for joblib also starting 2 workers that import torch)
-          spread over N jobs.
-The targets are judged on `steady`; `cold` is printed beside it. The machine's load average is
-recorded too: on a shared machine other processes inflate every wall time.
+Each is measured three ways:
+  steady   in this process, imports warm (torch, Hydra, the study) and, for joblib, its two worker
+           processes already started by a small warm-up sweep: the per-job cost of a long sweep.
+  cold     `python -m runner sweep ...` as a user runs it, from a fresh interpreter: adds the fixed
+           start-up (Python, torch, Hydra; for joblib also starting 2 workers that import torch)
+           spread over N jobs.
+  nocache  the same with no bytecode cache at all (PYTHONPYCACHEPREFIX set to an empty dir, and
+           PYTHONDONTWRITEBYTECODE=1 so none is written): every process compiles every module it
+           imports, as in a fresh venv whose installer did not compile bytecode (uv's default). The
+           basic launcher compiles torch once, in its one process; joblib in each worker.
+The targets are judged on `steady`; `cold` and `nocache` are printed beside it. The machine's load
+average is recorded too: on a shared machine other processes inflate every wall time.
 
   python scripts/bench_sweep.py                  # 50 jobs of 20 steps; about 2 minutes on 2 cores
   python scripts/bench_sweep.py --tiny           # CI smoke run: 6 jobs of 2 steps, a few seconds
   python scripts/bench_sweep.py --out bench.json # also write the figures as JSON
+  python scripts/bench_sweep.py --nocache        # also the cold start without any bytecode cache
 """
 
 from __future__ import annotations
@@ -105,12 +110,19 @@ def steady(n: int, steps: int, workers: int, root: Path) -> dict:
     return {"basic": basic, "joblib": _figures(wall_j, d_j, n), "speedup": round(wall_b / wall_j, 2)}
 
 
-def cold(n: int, steps: int, workers: int, root: Path) -> dict:
+def cold(n: int, steps: int, workers: int, root: Path, nocache: bool = False) -> dict:
+    env = dict(os.environ)
+    mode = "nocache" if nocache else "cold"
+
     def timed(name: str, extra: list[str]) -> tuple[float, Path]:
-        d = root / f"cold-{name}"
+        d = root / f"{mode}-{name}"
+        if nocache:  # a new empty cache per sweep: nothing compiled is found, nothing is written
+            cache = root / f"{mode}-{name}-pycache"
+            cache.mkdir()
+            env.update(PYTHONPYCACHEPREFIX=str(cache), PYTHONDONTWRITEBYTECODE="1")
         cmd = [sys.executable, "-m", "runner", "sweep", *_overrides(n, steps, d), *extra]
         t0 = time.perf_counter()
-        res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
         wall = time.perf_counter() - t0
         if res.returncode != 0:
             raise SystemExit(f"bench: {' '.join(cmd)} failed:\n{res.stderr}")
@@ -129,6 +141,8 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="joblib workers (default 2)")
     ap.add_argument("--tiny", action="store_true", help="CI smoke run: 6 jobs of 2 steps; targets not judged")
     ap.add_argument("--skip-cold", action="store_true", help="only the in-process (steady) measurement")
+    ap.add_argument("--nocache", action="store_true",
+                    help="also the cold start without any bytecode cache (about a minute more on 2 cores)")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the sweep dirs (printed)")
     args = ap.parse_args()
@@ -144,6 +158,8 @@ def main() -> None:
                    "steady": steady(args.n, args.steps, args.workers, root)}
         if not args.skip_cold:
             figures["cold"] = cold(args.n, args.steps, args.workers, root)
+        if args.nocache:
+            figures["nocache"] = cold(args.n, args.steps, args.workers, root, nocache=True)
         figures["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     finally:
         if args.keep:
@@ -160,14 +176,14 @@ def main() -> None:
     }
     print(f"sweep of {args.n} jobs × {args.steps} steps, {args.workers} joblib workers, {os.cpu_count()} CPUs, "
           f"load average {figures['loadavg_before'][0]} → {figures['loadavg_after'][0]}")
-    for mode in ("steady", "cold"):
+    for mode in ("steady", "cold", "nocache"):
         if mode not in figures:
             continue
         f = figures[mode]
-        print(f"  {mode:6s} basic : wall {f['basic']['wall_s']:7.2f} s, job compute {f['basic']['compute_s']:6.2f} s, "
+        print(f"  {mode:7s} basic : wall {f['basic']['wall_s']:7.2f} s, job compute {f['basic']['compute_s']:6.2f} s, "
               f"overhead {f['basic']['overhead_ms_per_job']:6.1f} ms/job   (target ≤ {TARGET_OVERHEAD_MS:g})"
               + (f"; in CPU time {f['basic']['overhead_cpu_ms_per_job']:.1f} ms/job" if "cpu_s" in f["basic"] else ""))
-        print(f"  {mode:6s} joblib: wall {f['joblib']['wall_s']:7.2f} s, speedup {f['speedup']:.2f}×"
+        print(f"  {mode:7s} joblib: wall {f['joblib']['wall_s']:7.2f} s, speedup {f['speedup']:.2f}×"
               f"{'':22s}(target ≥ {TARGET_SPEEDUP:g}×)")
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")

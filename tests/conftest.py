@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +45,20 @@ def run_cli(*args: str) -> tuple[int, str, str]:
     finally:
         sys.argv = old_argv
     return code, out.getvalue(), err.getvalue()
+
+
+def kill_at_first_done(proc: subprocess.Popen, sweep_dir: Path, timeout: float = 120) -> None:
+    """SIGKILL a running sweep as soon as one of its jobs holds DONE (it must still be running)."""
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and proc.poll() is None and not any(Path(sweep_dir).glob("*/DONE")):
+            time.sleep(0.02)
+        assert proc.poll() is None, "the sweep ended before it could be killed"
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
 
 
 @pytest.fixture

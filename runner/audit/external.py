@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from runner.audit.loading import first_line, install_stubs, load_attr, parse_stubs
+from runner.bounded import load_json
 from runner.errors import UserError
 
 
@@ -27,7 +28,7 @@ def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
     if text is None or not text.strip():
         return {}
     try:
-        value = json.loads(text)
+X
     except json.JSONDecodeError as exc:
         raise UserError(f"{flag} is not valid JSON ({exc.msg} at column {exc.colno})") from None
     if not isinstance(value, dict):

@@ -19,13 +19,24 @@ CONFIG_NAME = "config"
 JOB_NAME = "is-study"
 
 
-def _register_resolvers() -> None:
+def job_dir_name(num: Any, width: Any) -> str:
+    """A sweep job's dir name: its number zero-padded to the sweep's width (00, 01, … 11), so the
+    dirs sort as the jobs do."""
+    return f"{int(num):0{int(width)}d}"
+
+
+def register_resolvers() -> None:
+    """Our resolvers, in every process that composes or resolves our config: this one, and (through
+    runner/hydra_app/worker.py, imported to unpickle the task function) a launcher's workers, where
+    Hydra resolves each job's dir."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("isstudy_uid"):
         # A short random suffix: two runs started in the same second never share a directory.
         # Hydra resolves hydra.run.dir once per run, so one value per run.
         OmegaConf.register_new_resolver("isstudy_uid", lambda: secrets.token_hex(3), use_cache=True)
+    if not OmegaConf.has_resolver("isstudy_job_dir"):
+        OmegaConf.register_new_resolver("isstudy_job_dir", job_dir_name)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -73,9 +84,12 @@ def initialized() -> Iterator[Any]:
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    _register_resolvers()
+    register_resolvers()
     GlobalHydra.instance().clear()
     with translated_errors(), initialize_config_dir(config_dir=str(conf_dir()), job_name=JOB_NAME, version_base=None):
+        from runner.hydra_app.launchers import register_plugin_configs
+
+        register_plugin_configs()  # what our launcher presets extend (see launchers.py)
         yield GlobalHydra.instance().hydra
 
 

@@ -12,6 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from runner import sweep_job as job_logic
+from runner.hydra_app.app import register_resolvers
+
+# A launcher's worker imports this module to unpickle the task function, before Hydra resolves the
+# job's dir there: hydra.sweep.subdir uses our resolver (isstudy_job_dir).
+register_resolvers()
 
 # The pid of the process that launched the sweep (runner.hydra_app.launch); a sweep_job running in any
 # other process runs in a launcher's worker (joblib/loky, submitit, ray).
