@@ -252,6 +252,7 @@ def test_golden(preset, low, high, case_name, loss, grad):
     # the reference restatement agrees with the pinned numbers (it is what derived them)
     ref_loss, ref_grad = ppo_token_mean(preset, CASES[case_name], low, high)
     assert ref_loss == pytest.approx(loss, abs=1e-6)
+    assert torch.allclose(torch.tensor(ref_grad), torch.tensor(grad), atol=1e-6)
 
 
 def test_golden_covers_every_preset():
