@@ -9,6 +9,7 @@ coefficient left attached to lp. The mutant's number is given beside the true on
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -22,20 +23,20 @@ from runner.losses import LossSpec, policy_loss
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
+@functools.lru_cache(maxsize=None)
+def _composed(name: str) -> Correction:
+    """The preset as conf/ defines it, composed once per process (a Correction is frozen)."""
+    return Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={name}"]).correction))
+
+
 def _preset(name: str, low: float | None, high: float | None) -> Correction:
-    cfg = hydra_app.compose([f"correction={name}"])
-    return Correction.from_config(hydra_app.to_container(cfg.correction)).with_band(low, high)
+    return _composed(name).with_band(low, high)
 
 
 def _filtering_presets() -> list[str]:
     """Every preset that rejects units by a band: token, sequence and geometric filters, compared in
     ratio space (ours, OpenRLHF, TRL) and in log space (verl, whose geo-rs also inverts the statistic)."""
-    names = []
-    for entry in registry.presets():
-        cfg = hydra_app.compose([f"correction={entry.name}"]).correction
-        if cfg.filter != "none":
-            names.append(entry.name)
-    return names
+    return [e.name for e in registry.presets() if _composed(e.name).filter != "none"]
 
 
 FILTERING = _filtering_presets()

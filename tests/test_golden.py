@@ -5,6 +5,8 @@ test checks the implementation against the pinned numbers and the reference agai
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -230,9 +232,14 @@ CASES = {
 }
 
 
+@functools.lru_cache(maxsize=None)
+def _composed(name: str) -> Correction:
+    """The preset as conf/ defines it, composed once per process (a Correction is frozen)."""
+    return Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={name}"]).correction))
+
+
 def _preset(name, low, high) -> Correction:
-    cfg = hydra_app.compose([f"correction={name}"])
-    return Correction.from_config(hydra_app.to_container(cfg.correction)).with_band(low, high)
+    return _composed(name).with_band(low, high)
 
 
 def _tensors(case):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -123,12 +124,15 @@ def test_gspo_and_reinforce():
 
 
 # ----------------------------------------------------------------------------- the two backends
-def _all_presets() -> list[Correction]:
+@functools.lru_cache(maxsize=1)
+def _all_presets() -> tuple[Correction, ...]:
+    """Every preset, composed once per process (a Correction is frozen): composing 22 configs cost
+    each backend test more than its arithmetic, and a mutation run repeats these tests per mutant."""
     from runner import registry
     from runner.hydra_app import app as hydra_app
 
-    return [Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={e.name}"]).correction))
-            for e in registry.presets()]
+    return tuple(Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={e.name}"]).correction))
+                 for e in registry.presets())
 
 
 def _batch(kind: str, B: int = 6, T: int = 9):
