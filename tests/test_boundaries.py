@@ -77,6 +77,27 @@ def test_a_statistic_just_outside_the_band_is_rejected(name, band):
     assert res.metrics["token_masked_fraction"] == 1.0 and res.metrics["seq_masked_fraction"] == 1.0
 
 
+@pytest.mark.parametrize("name", FILTERING)
+def test_a_zero_bound_is_a_ratio_of_zero_in_either_space(name):
+    """low = 0 keeps every finite statistic and high = 0 rejects it: in log space the bound is
+    log 0 = −∞, never math.log(0) (a domain error) nor +∞."""
+    kept = apply_correction(_preset(name, 0.0, None), ON_POLICY, ON_POLICY, FULL)
+    assert kept.coef.tolist() == [[1.0] * 3] * 2, name
+    rejected = apply_correction(_preset(name, 0.0, 0.0), ON_POLICY, ON_POLICY, FULL)
+    assert rejected.coef.tolist() == [[0.0] * 3] * 2, name
+
+
+def test_each_framework_compares_in_its_own_space():
+    """lr = 1e-9: ρ = exp(1e-9) rounds to exactly 1.0 in float32, so a ratio-space band [0.5, 1.0]
+    (IcePop as OpenRLHF and TRL write it) keeps the token, while verl, which compares lr itself with
+    log 1.0 = 0, rejects it. The two spaces agree everywhere except within rounding of a band end."""
+    old, roll, one = torch.tensor([[1e-9]]), torch.tensor([[0.0]]), torch.ones(1, 1)
+    assert torch.exp(old - roll).item() == 1.0
+    for name in ("icepop", "openrlhf-0.11/token-mask", "trl/token-mask"):
+        assert apply_correction(_preset(name, 0.5, 1.0), old, roll, one).coef.tolist() == [[1.0]], name
+    assert apply_correction(_preset("verl/icepop", 0.5, 1.0), old, roll, one).coef.tolist() == [[0.0]]
+
+
 def test_the_veto_threshold_is_strict():
     """veto v rejects a sequence with a token ρ_t < v: at ρ_t = 1 exactly, v = 1 keeps it, v = 1.001 does not."""
     tis = _preset("tis", 0.5, 5.0)
@@ -86,6 +107,33 @@ def test_the_veto_threshold_is_strict():
     assert kept.coef.tolist() == [[1.0] * 3] * 2 and kept.metrics["seq_masked_fraction"] == 0.0
     vetoed = apply_correction(replace(tis, veto=1.001), ON_POLICY, ON_POLICY, FULL)
     assert vetoed.coef.tolist() == [[0.0] * 3] * 2 and vetoed.metrics["seq_masked_fraction"] == 1.0
+
+
+def test_the_geometric_weight_no_preset_uses():
+    """weight = geometric: ρ_geo = exp(G_i), G_i the mean masked-in lr, on every token of the
+    sequence (0 at padding); with a log clamp c, exp(clamp(G_i, ±c)). lr = [0.3, −0.1 | pad] gives
+    G = 0.1; lr = [25, 25] gives G = 25, clamped to 20."""
+    old = torch.tensor([[0.3, -0.1, 0.0], [25.0, 25.0, 0.0]])
+    roll = torch.zeros(2, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    geo = Correction(name="geo-weight", weight="geometric", log_clamp=20.0)
+    coef = apply_correction(geo, old, roll, mask).coef
+    assert coef[0].tolist() == pytest.approx([math.exp(0.1), math.exp(0.1), 0.0], rel=1e-6)
+    assert coef[1].tolist() == pytest.approx([math.exp(20), math.exp(20), 0.0], rel=1e-6)
+
+
+def test_an_integer_or_bool_mask_is_taken_as_float():
+    """The engine's mask is float32; a 0/1 integer or bool mask gives the same coefficients, metrics
+    and a float32 result mask."""
+    old = torch.tensor([[-1.0, -1.5, -0.4], [-2.0, -0.1, -1.0]])
+    roll = torch.tensor([[-2.9, -1.2, -0.5], [-0.9, -0.12, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    corr = _preset("seq-mask-tis", 0.5, 5.0)
+    ref = apply_correction(corr, old, roll, mask)
+    for other in (mask.long(), mask.bool()):
+        res = apply_correction(corr, old, roll, other)
+        assert res.mask.dtype == torch.float32 and torch.equal(res.mask, ref.mask)
+        assert torch.equal(res.coef, ref.coef) and res.metrics == ref.metrics
 
 
 # ----------------------------------------------------------------------------------------- the ±20 weight clamp
@@ -211,3 +259,8 @@ def test_a_bypass_coefficient_is_detached_from_lp():
     assert out.loss.item() == pytest.approx(1.5 * math.exp(0.2), rel=1e-6)  # 1.8321
     assert lp.grad.tolist() == [pytest.approx([-math.exp(0.2) / 2] * 2, rel=1e-6)]  # −0.6107
     assert apply_correction(bypass_tis, roll, roll, torch.ones(1, 2), lp=lp).coef.requires_grad is False
+    # the train study's one evaluation per step passes lp on too
+    from runner.corrections import apply_correction_split
+
+    (split,) = apply_correction_split(bypass_tis, roll, roll, torch.ones(1, 2), [slice(0, 1)], lp=lp)
+    assert split.coef.tolist() == [pytest.approx([math.exp(0.2)] * 2, rel=1e-6)]

@@ -230,6 +230,18 @@ def test_split_evaluation_equals_one_call_per_group(kind, numpy_max, monkeypatch
                     f"{corr.name} {kind} {g} {name}: alone {a} split {b}"
 
 
+def test_metrics_off_computes_no_metrics():
+    """metrics=False (the updates a step does not log) returns no metrics at all, from every entry point."""
+    from runner.corrections import apply_correction_split
+
+    assert apply_correction(TIS, OLD, ROLL, MASK, metrics=False).metrics == {}
+    parts = apply_correction_split(TIS, OLD, ROLL, MASK, [slice(0, 1), slice(1, 2)], metrics=False)
+    assert [p.metrics for p in parts] == [{}, {}]
+    lp = OLD.clone().requires_grad_(True)
+    out = policy_loss(LossSpec(), TIS, lp, OLD, ROLL, torch.ones(2, 4), MASK, metrics=False)
+    assert out.metrics == {} and out.tokens is None and out.clipped_tokens is None
+
+
 def test_groups_must_tile_the_batch():
     from runner.corrections import apply_correction_split
 
