@@ -107,6 +107,9 @@ def test_the_veto_threshold_is_strict():
     assert kept.coef.tolist() == [[1.0] * 3] * 2 and kept.metrics["seq_masked_fraction"] == 0.0
     vetoed = apply_correction(replace(tis, veto=1.001), ON_POLICY, ON_POLICY, FULL)
     assert vetoed.coef.tolist() == [[0.0] * 3] * 2 and vetoed.metrics["seq_masked_fraction"] == 1.0
+    # v = 0 vetoes nothing (no ρ_t is below 0), and its threshold log 0 is −∞, not a domain error
+    never = apply_correction(replace(tis, veto=0.0), ON_POLICY - 50.0, ON_POLICY, FULL)
+    assert never.coef.tolist() == [[0.5] * 3] * 2 and never.metrics["seq_masked_fraction"] == 0.0
 
 
 def test_the_geometric_weight_no_preset_uses():
