@@ -239,6 +239,8 @@ def test_paper_style_is_single_column(sweep_dir):
 
     fig = plots.training_figure(load_dataset(sweep_dir), style="paper")
     assert abs(fig.get_figwidth() - 3.3) < 1e-6
+    for ax in _visible_axes(fig):  # the paper style draws what the default one draws
+        assert sorted(ln.get_label() for ln in _series(ax)) == sorted(["tis", BUG])
 
 
 # ----------------------------------------------------------------------------------------- plot command
@@ -250,7 +252,27 @@ def _is_pdf(path: Path) -> bool:
     return path.read_bytes()[:5] == b"%PDF-"
 
 
-def test_plot_command_writes_png_and_pdf(sweep_dir, tmp_path):
+def _saved_figures(monkeypatch) -> dict:
+    """kind → the figure `is-study plot` saved under that name (analysis.plots.save, wrapped), so
+    a command test can check what was drawn, not only that a file was written."""
+    from analysis import plots
+
+    saved, save = {}, plots.save
+
+    def recording_save(fig, out_dir, name, *args, **kwargs):
+        saved[name] = fig
+        return save(fig, out_dir, name, *args, **kwargs)
+
+    monkeypatch.setattr(plots, "save", recording_save)
+    return saved
+
+
+def _series_labels(fig) -> list[list[str]]:
+    return [sorted(ln.get_label() for ln in _series(ax)) for ax in _visible_axes(fig)]
+
+
+def test_plot_command_writes_png_and_pdf(sweep_dir, tmp_path, monkeypatch):
+    saved = _saved_figures(monkeypatch)
     code, out, err = _cli("plot", str(sweep_dir), "--out", str(tmp_path / "figs"))
     assert code == 0, err
     files = [Path(line) for line in out.split()]
@@ -263,15 +285,26 @@ def test_plot_command_writes_png_and_pdf(sweep_dir, tmp_path):
 
     with Image.open(tmp_path / "figs" / "training.png") as im:
         dpi = im.info.get("dpi", (0, 0))[0]
+        pixels = im.size
     assert abs(dpi - 150) < 1
+    training = saved["training"]
+    assert pixels == (round(training.get_figwidth() * 150), round(training.get_figheight() * 150))
+    # what the command drew: 2 presets (each the mean of 2 seeds) in each of 4 panels, staleness 0 and 2
+    assert _series_labels(training) == [sorted(["tis", BUG])] * 4
+    assert [t.get_text() for t in _visible_axes(saved["stability"])[0].get_xticklabels()] == ["0", "2"]
 
 
-def test_plot_command_kinds_and_paper_style(probe_dir, run_dir, tmp_path):
+def test_plot_command_kinds_and_paper_style(probe_dir, run_dir, tmp_path, monkeypatch):
+    saved = _saved_figures(monkeypatch)
     code, out, err = _cli("plot", str(probe_dir), "--kind", "threshold", "--style", "paper", "-o", str(tmp_path))
     assert code == 0, err
     assert sorted(Path(p).name for p in out.split()) == ["threshold.pdf", "threshold.png"]
+    assert sorted(saved) == ["threshold"]
+    assert all(labels == sorted(["tis", "seq-tis", BUG]) for labels in _series_labels(saved["threshold"]))
     code, out, err = _cli("plot", str(run_dir), "-k", "training,masking", "-o", str(tmp_path / "two"))
     assert code == 0 and len(out.split()) == 4
+    assert sorted(saved) == ["masking", "threshold", "training"]
+    assert _series_labels(saved["masking"]) == [[BUG]] * 3  # masked, clamped, ESS: the one run each
 
 
 def test_plot_command_errors_exit_2(run_dir, tmp_path):
@@ -291,18 +324,20 @@ def test_plot_command_errors_exit_2(run_dir, tmp_path):
         assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, (args, err)
 
 
-def test_bare_sweep_csv_plots(sweep_dir, tmp_path):
+def test_bare_sweep_csv_plots(sweep_dir, tmp_path, monkeypatch):
     """A sweep.csv copied away from its job dirs still plots (its key columns name the jobs)."""
     import shutil
 
     bare = tmp_path / "bare"
     bare.mkdir()
     shutil.copy(sweep_dir / "sweep.csv", bare / "sweep.csv")
+    saved = _saved_figures(monkeypatch)
     code, out, err = _cli("plot", str(bare / "sweep.csv"), "-k", "training,stability", "-o", str(tmp_path / "f"))
     assert code == 0, err
     from analysis import load
 
     assert load(bare / "sweep.csv")["job"].nunique() == 8
+    assert _series_labels(saved["training"]) == [sorted(["tis", BUG])] * 4  # the lines of the full sweep dir
 
 
 # ----------------------------------------------------------------------------------------- report

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import REPO
 
@@ -25,6 +28,18 @@ def test_bench_suite_runs_at_tiny_size(tmp_path):
         assert set(row) == {"name", "value", "target", "pass", "detail"}
         assert isinstance(row["pass"], bool) or (row["pass"] is None and row["target"] == "info"), row
         assert math.isfinite(row["value"]) and row["value"] > 0, row
+    # 4 correction rows (2 baselines × metrics on/off), 3 long-sequence rows, 2 CLI rows, 3 train rows
+    assert len(rows) == 12, names
+    # the figures agree with the numbers they are drawn from: peak / inputs, where the inputs are
+    # five float32 [8, 4096] tensors (0.625 MiB), and the time at T = 4096 over the time at T = 1024
+    for row in (r for r in rows if "peak memory" in r["name"]):
+        peak, inputs, processes = re.search(r"median peak \+([\d.]+) MiB .* for ([\d.]+) MiB of inputs, (\d) processes",
+                                            row["detail"]).groups()
+        assert (inputs, processes) == ("0.6", "3"), row
+        assert abs(row["value"] - float(peak) / 0.625) <= 0.05 / 0.625 + 1e-9, row  # peak is shown to 0.1 MiB
+    (scaling,) = [r for r in rows if r["name"].startswith("time scaling T=1024→4096")]
+    short, long_ = map(float, re.fullmatch(r"([\d.]+) ms → ([\d.]+) ms", scaling["detail"]).groups())
+    assert scaling["value"] == pytest.approx(long_ / short, rel=0.02), scaling  # times shown to 0.01 ms
     # the CLI rows also prove that --help and list import no torch
     cli_rows = [r for r in rows if "CLI latency" in r["name"]]
     assert all("torch imported: no" in r["detail"] for r in cli_rows)

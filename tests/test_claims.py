@@ -52,6 +52,8 @@ def test_run_summaries():
     assert stats.spikes_of(calm) == 0
     assert stats.spikes_of(calm[:25] + [6.0] + calm[:4]) == 1  # 6 > 5 × median 1
     assert stats.spikes_of(calm[:10] + [float("nan")] + calm[:5]) == 1  # NaN/inf counts as a spike
+    # the factor is 5 and the comparison strict: exactly 5 × the median is no spike, 5.01 × is
+    assert [stats.spikes_of(calm[:25] + [x] + calm[:4]) for x in (4.5, 5.0, 5.01)] == [0, 0, 1]
     assert stats.drawdown_of([0.1, 0.5, 0.3, 0.6, 0.55]) == pytest.approx(0.2)
     assert stats.final_of(list(range(8))) == pytest.approx(6.5)  # the last quarter: 6, 7
 

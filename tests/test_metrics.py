@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -123,12 +124,15 @@ def test_gspo_and_reinforce():
 
 
 # ----------------------------------------------------------------------------- the two backends
-def _all_presets() -> list[Correction]:
+@functools.lru_cache(maxsize=1)
+def _all_presets() -> tuple[Correction, ...]:
+    """Every preset, composed once per process (a Correction is frozen): composing 22 configs cost
+    each backend test more than its arithmetic, and a mutation run repeats these tests per mutant."""
     from runner import registry
     from runner.hydra_app import app as hydra_app
 
-    return [Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={e.name}"]).correction))
-            for e in registry.presets()]
+    return tuple(Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={e.name}"]).correction))
+                 for e in registry.presets())
 
 
 def _batch(kind: str, B: int = 6, T: int = 9):
@@ -224,6 +228,18 @@ def test_split_evaluation_equals_one_call_per_group(kind, numpy_max, monkeypatch
                 a, b = alone.metrics[name], part.metrics[name]
                 assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-5, abs=1e-6), \
                     f"{corr.name} {kind} {g} {name}: alone {a} split {b}"
+
+
+def test_metrics_off_computes_no_metrics():
+    """metrics=False (the updates a step does not log) returns no metrics at all, from every entry point."""
+    from runner.corrections import apply_correction_split
+
+    assert apply_correction(TIS, OLD, ROLL, MASK, metrics=False).metrics == {}
+    parts = apply_correction_split(TIS, OLD, ROLL, MASK, [slice(0, 1), slice(1, 2)], metrics=False)
+    assert [p.metrics for p in parts] == [{}, {}]
+    lp = OLD.clone().requires_grad_(True)
+    out = policy_loss(LossSpec(), TIS, lp, OLD, ROLL, torch.ones(2, 4), MASK, metrics=False)
+    assert out.metrics == {} and out.tokens is None and out.clipped_tokens is None
 
 
 def test_groups_must_tile_the_batch():

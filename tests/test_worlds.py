@@ -139,3 +139,22 @@ def test_closed_form_score_matches_autograd(name):
 
     batch = type("Batch", (), {"prompts": prompts, "tokens": ro.tokens})
     torch.testing.assert_close(closed, score_sums(NoClosedForm(), params, batch, weights), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_CONFIGS))
+def test_outliers_are_injected_on_generated_tokens_only(name):
+    """outlier_rate = 1 shifts every generated token's reported log-prob by Δ and nothing else: the
+    outliers are exactly the masked-in positions, padding still reports 0, and the sampled tokens
+    are those of the same seed without outliers (the fault draws after the sampling)."""
+    world, _, params, _ = build(name)
+    assert world.eos_token is not None
+    prompts = world.sample_prompts(64, torch.Generator().manual_seed(5))
+    clean = Engine(world, Mismatch()).sample(params, prompts, torch.Generator().manual_seed(6))
+    faulty = Engine(world, Mismatch(outlier_rate=1.0, outlier_shift=-7.0)).sample(
+        params, prompts, torch.Generator().manual_seed(6))
+    padding = faulty.mask == 0
+    assert padding.any() and (~padding).any()  # EOS made some padding, and not only padding
+    assert torch.equal(faulty.tokens, clean.tokens) and torch.equal(faulty.mask, clean.mask)
+    assert torch.equal(faulty.outliers, faulty.mask > 0)
+    assert torch.equal(faulty.roll[padding], torch.zeros(int(padding.sum())))
+    assert torch.equal(faulty.roll[~padding], clean.roll[~padding] - 7.0)

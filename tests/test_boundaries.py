@@ -1,0 +1,269 @@
+"""The edges that the golden cases never reach, each pinned by a number derived by hand below:
+closed band ends (in ratio and in log space), the ±20 bounds on the PPO log-ratio and on the
+weight's log-ratio, an asymmetric clip range, and the detached coefficient of a bypass correction.
+
+Each test was written against a planted bug that the rest of the suite let through (issue 20):
+`<=` turned into `<` at a band end, the PPO bound 20 → 10, eps_low and eps_high swapped, the
+coefficient left attached to lp. The mutant's number is given beside the true one where it helps.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+import torch
+
+from runner import registry
+from runner.corrections import Correction, apply_correction
+from runner.hydra_app import app as hydra_app
+from runner.losses import LossSpec, policy_loss
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(name: str) -> Correction:
+    """The preset as conf/ defines it, composed once per process (a Correction is frozen)."""
+    return Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={name}"]).correction))
+
+
+def _preset(name: str, low: float | None, high: float | None) -> Correction:
+    return _composed(name).with_band(low, high)
+
+
+def _filtering_presets() -> list[str]:
+    """Every preset that rejects units by a band: token, sequence and geometric filters, compared in
+    ratio space (ours, OpenRLHF, TRL) and in log space (verl, whose geo-rs also inverts the statistic)."""
+    return [e.name for e in registry.presets() if _composed(e.name).filter != "none"]
+
+
+FILTERING = _filtering_presets()
+
+
+def test_the_band_edges_cover_every_level_and_both_spaces():
+    corrs = [_preset(name, 0.5, 2.0) for name in FILTERING]
+    assert {c.filter for c in corrs} == {"token", "sequence", "geometric"}
+    assert {c.band_space for c in corrs} == {"ratio", "log"}
+    assert any(c.filter_inverted for c in corrs)
+
+
+# ρ = 1 exactly on every token (old = roll), so every statistic sits exactly at 1 (log 0).
+ON_POLICY = torch.tensor([[-0.7, -1.3, -2.0], [-0.2, -3.0, -0.9]])
+FULL = torch.ones(2, 3)
+
+
+@pytest.mark.parametrize("band", [(0.5, 1.0), (1.0, 2.0), (None, 1.0), (1.0, None)],
+                         ids=["high-edge", "low-edge", "high-only", "low-only"])
+@pytest.mark.parametrize("name", FILTERING)
+def test_a_statistic_exactly_on_a_band_edge_is_kept(name, band):
+    """Bands are closed: ρ = 1 in [0.5, 1.0] or [1.0, 2.0] keeps every unit with coefficient 1.0
+    (a `<` in place of `<=` rejects them all); verl's log-space band compares log ρ = 0 with log 1 = 0."""
+    res = apply_correction(_preset(name, *band), ON_POLICY, ON_POLICY, FULL)
+    assert res.keep.all(), name
+    assert res.coef.tolist() == [[1.0] * 3] * 2, name
+    assert torch.equal(res.mask, FULL)
+    assert res.metrics["token_masked_fraction"] == 0.0 and res.metrics["seq_masked_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("band", [(0.5, 0.999), (1.001, 2.0)], ids=["below-low", "above-high"])
+@pytest.mark.parametrize("name", FILTERING)
+def test_a_statistic_just_outside_the_band_is_rejected(name, band):
+    """The counterpart of the edge test: a band that stops 0.001 short of ρ = 1 rejects every unit."""
+    res = apply_correction(_preset(name, *band), ON_POLICY, ON_POLICY, FULL)
+    assert not res.keep.any(), name
+    assert res.coef.tolist() == [[0.0] * 3] * 2, name
+    assert res.metrics["token_masked_fraction"] == 1.0 and res.metrics["seq_masked_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("name", FILTERING)
+def test_a_zero_bound_is_a_ratio_of_zero_in_either_space(name):
+    """low = 0 keeps every finite statistic and high = 0 rejects it: in log space the bound is
+    log 0 = −∞, never math.log(0) (a domain error) nor +∞."""
+    kept = apply_correction(_preset(name, 0.0, None), ON_POLICY, ON_POLICY, FULL)
+    assert kept.coef.tolist() == [[1.0] * 3] * 2, name
+    rejected = apply_correction(_preset(name, 0.0, 0.0), ON_POLICY, ON_POLICY, FULL)
+    assert rejected.coef.tolist() == [[0.0] * 3] * 2, name
+
+
+def test_each_framework_compares_in_its_own_space():
+    """lr = 1e-9: ρ = exp(1e-9) rounds to exactly 1.0 in float32, so a ratio-space band [0.5, 1.0]
+    (IcePop as OpenRLHF and TRL write it) keeps the token, while verl, which compares lr itself with
+    log 1.0 = 0, rejects it. The two spaces agree everywhere except within rounding of a band end."""
+    old, roll, one = torch.tensor([[1e-9]]), torch.tensor([[0.0]]), torch.ones(1, 1)
+    assert torch.exp(old - roll).item() == 1.0
+    for name in ("icepop", "openrlhf-0.11/token-mask", "trl/token-mask"):
+        assert apply_correction(_preset(name, 0.5, 1.0), old, roll, one).coef.tolist() == [[1.0]], name
+    assert apply_correction(_preset("verl/icepop", 0.5, 1.0), old, roll, one).coef.tolist() == [[0.0]]
+
+
+def test_the_veto_threshold_is_strict():
+    """veto v rejects a sequence with a token ρ_t < v: at ρ_t = 1 exactly, v = 1 keeps it, v = 1.001 does not."""
+    tis = _preset("tis", 0.5, 5.0)
+    from dataclasses import replace
+
+    kept = apply_correction(replace(tis, veto=1.0), ON_POLICY, ON_POLICY, FULL)
+    assert kept.coef.tolist() == [[1.0] * 3] * 2 and kept.metrics["seq_masked_fraction"] == 0.0
+    vetoed = apply_correction(replace(tis, veto=1.001), ON_POLICY, ON_POLICY, FULL)
+    assert vetoed.coef.tolist() == [[0.0] * 3] * 2 and vetoed.metrics["seq_masked_fraction"] == 1.0
+    # v = 0 vetoes nothing (no ρ_t is below 0), and its threshold log 0 is −∞, not a domain error
+    never = apply_correction(replace(tis, veto=0.0), ON_POLICY - 50.0, ON_POLICY, FULL)
+    assert never.coef.tolist() == [[0.5] * 3] * 2 and never.metrics["seq_masked_fraction"] == 0.0
+
+
+def test_the_geometric_weight_no_preset_uses():
+    """weight = geometric: ρ_geo = exp(G_i), G_i the mean masked-in lr, on every token of the
+    sequence (0 at padding); with a log clamp c, exp(clamp(G_i, ±c)). lr = [0.3, −0.1 | pad] gives
+    G = 0.1; lr = [25, 25] gives G = 25, clamped to 20."""
+    old = torch.tensor([[0.3, -0.1, 0.0], [25.0, 25.0, 0.0]])
+    roll = torch.zeros(2, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    geo = Correction(name="geo-weight", weight="geometric", log_clamp=20.0)
+    coef = apply_correction(geo, old, roll, mask).coef
+    assert coef[0].tolist() == pytest.approx([math.exp(0.1), math.exp(0.1), 0.0], rel=1e-6)
+    assert coef[1].tolist() == pytest.approx([math.exp(20), math.exp(20), 0.0], rel=1e-6)
+
+
+def test_an_integer_or_bool_mask_is_taken_as_float():
+    """The engine's mask is float32; a 0/1 integer or bool mask gives the same coefficients, metrics
+    and a float32 result mask."""
+    old = torch.tensor([[-1.0, -1.5, -0.4], [-2.0, -0.1, -1.0]])
+    roll = torch.tensor([[-2.9, -1.2, -0.5], [-0.9, -0.12, 5.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    corr = _preset("seq-mask-tis", 0.5, 5.0)
+    ref = apply_correction(corr, old, roll, mask)
+    for other in (mask.long(), mask.bool()):
+        res = apply_correction(corr, old, roll, other)
+        assert res.mask.dtype == torch.float32 and torch.equal(res.mask, ref.mask)
+        assert torch.equal(res.coef, ref.coef) and res.metrics == ref.metrics
+
+
+# ----------------------------------------------------------------------------------------- the ±20 weight clamp
+LOG_CLAMPED = ["seq-tis", "seq-mis", "verl/token-tis", "verl/seq-tis", "verl/icepop", "verl/seq-mis"]
+
+
+def test_the_spec_names_the_log_clamped_presets():
+    """The spec gives `log clamp 20` (or exp(clamp(·, ±20))) for exactly these presets."""
+    clamped = {e.name for e in registry.presets() if _preset(e.name, None, None).log_clamp is not None}
+    assert clamped == set(LOG_CLAMPED)
+
+
+@pytest.mark.parametrize("name", LOG_CLAMPED)
+def test_the_weight_log_ratio_is_clamped_at_20_nats(name):
+    """One-token sequences with lr = −25 and +25, no band: the weight is e^∓20 = 2.0611536e-9 and
+    4.8516520e8 (the unclamped e^∓25 would be 1.3887944e-11 and 7.2004899e10). Token and sequence
+    weights agree here, as L_i = lr for a one-token sequence."""
+    old = torch.tensor([[-30.0], [-5.0]])
+    roll = torch.tensor([[-5.0], [-30.0]])
+    res = apply_correction(_preset(name, None, None), old, roll, torch.ones(2, 1))
+    assert res.coef[0, 0].item() == pytest.approx(2.0611536e-9, rel=1e-6)
+    assert res.coef[1, 0].item() == pytest.approx(4.8516520e8, rel=1e-6)
+
+
+def test_verl_geo_rs_clamps_each_token_before_the_mean():
+    """verl/geo-rs: statistic −mean_t clamp(lr_t, ±20). With lr = [−25, 0] it is −(−20 + 0)/2 = 10,
+    so a band [e^9.9, e^10.1] keeps the sequence (unclamped, the statistic 12.5 would be rejected)."""
+    old = torch.tensor([[-30.0, -1.0]])
+    roll = torch.tensor([[-5.0, -1.0]])
+    corr = _preset("verl/geo-rs", math.exp(9.9), math.exp(10.1))
+    assert apply_correction(corr, old, roll, torch.ones(1, 2)).coef.tolist() == [[1.0, 1.0]]
+    narrow = _preset("verl/geo-rs", math.exp(12.4), math.exp(12.6))
+    assert apply_correction(narrow, old, roll, torch.ones(1, 2)).coef.tolist() == [[0.0, 0.0]]
+
+
+# ----------------------------------------------------------------------------------------- the PPO log-ratio bound
+E15, E20 = math.exp(15), math.exp(20)  # 3,269,017.37 and 485,165,195.4
+
+
+def _ppo_one_token(log_ratio: float, loss: str = "ppo"):
+    """lp − old = log_ratio on one token with A = −1, no correction, token-mean: (loss, d loss / d lp)."""
+    lp = torch.tensor([[log_ratio]], requires_grad=True)
+    zero = torch.zeros(1, 1)
+    out = policy_loss(LossSpec(name=loss), Correction(), lp, zero, zero, -torch.ones(1, 1), torch.ones(1, 1))
+    out.loss.backward()
+    return out.loss.item(), lp.grad.item()
+
+
+@pytest.mark.parametrize("loss", ["ppo", "gspo"])
+def test_the_ppo_ratio_is_bounded_at_20_nats(loss):
+    """A = −1 makes the unclipped branch r·A the minimum, so the loss is r and d loss / d lp = r.
+    At lp − old = 15 (inside the bound): loss = gradient = e^15 ≈ 3,269,017 (a bound of 10 gives
+    e^10 and a gradient of 0). At 25: r = e^20 and the gradient is exactly 0 (the clamp is flat).
+    GSPO's sequence ratio of a one-token sequence is the same ratio, under the same bound."""
+    value, grad = _ppo_one_token(15.0, loss)
+    assert value == pytest.approx(E15, rel=1e-6) and grad == pytest.approx(E15, rel=1e-6)
+    value, grad = _ppo_one_token(25.0, loss)
+    assert value == pytest.approx(E20, rel=1e-6) and grad == 0.0
+
+
+def test_the_non_finite_path_has_the_same_bound():
+    """A NaN in the padding sends PPO down its plain-autograd path (the released code's NaN
+    pattern): the loss is NaN there, but the masked-in token's gradient is still e^15 at 15, 0 at 25."""
+    for log_ratio, expected in ((15.0, E15), (25.0, 0.0)):
+        lp = torch.tensor([[log_ratio, 0.0]], requires_grad=True)
+        old = torch.tensor([[0.0, math.nan]])
+        out = policy_loss(LossSpec(), Correction(padding="multiply"), lp, old, old, -torch.ones(1, 2),
+                          torch.tensor([[1.0, 0.0]]))
+        out.loss.backward()
+        assert math.isnan(out.loss.item())
+        assert lp.grad[0, 0].item() == pytest.approx(expected, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------- asymmetric clipping
+ASYMMETRIC = LossSpec(eps_low=0.1, eps_high=0.3)  # DAPO-style clip-higher: the range is [0.9, 1.3]
+
+
+def test_asymmetric_clip_uses_eps_low_below_and_eps_high_above():
+    """lp − old = [0.4, −0.3] with A = [+1, −1]: r = [1.4918, 0.7408] are clipped to 1.3 and 0.9,
+    so the per-token losses are [−1.3, +0.9], the loss −0.2, both tokens clipped (fraction 1.0) and
+    the gradient 0. With eps_low and eps_high swapped ([0.7, 1.1]): −1.1 and +0.7408, loss
+    −0.17959 (issue 20 rounds it to −0.1795) and clip fraction 0.5."""
+    lp = torch.tensor([[0.4, -0.3]], requires_grad=True)
+    zero = torch.zeros(1, 2)
+    out = policy_loss(ASYMMETRIC, Correction(), lp, zero, zero, torch.tensor([[1.0, -1.0]]), torch.ones(1, 2))
+    out.loss.backward()
+    assert out.per_token.tolist() == [pytest.approx([-1.3, 0.9], abs=1e-6)]
+    assert out.loss.item() == pytest.approx(-0.2, abs=1e-6)
+    assert out.metrics["ppo_clip_fraction"] == 1.0
+    assert lp.grad.tolist() == [[0.0, 0.0]]
+
+
+def test_asymmetric_clip_in_gspo_and_on_the_non_finite_path():
+    """The same two ratios through the plain clipped surrogate: as GSPO's sequence ratios (two
+    one-token sequences, seq-mean-token-mean) and as PPO's path for non-finite inputs (a NaN at
+    padding): per-token losses −1.3 and +0.9 in both."""
+    adv = torch.tensor([[1.0], [-1.0]])
+    zero = torch.zeros(2, 1)
+    lp = torch.tensor([[0.4], [-0.3]])
+    gspo = policy_loss(LossSpec(name="gspo", eps_low=0.1, eps_high=0.3), Correction(), lp, zero, zero, adv,
+                       torch.ones(2, 1))
+    assert gspo.loss.item() == pytest.approx(-0.2, abs=1e-6)
+    assert gspo.metrics["ppo_clip_fraction"] == 1.0
+    old = torch.tensor([[0.0, math.nan], [0.0, math.nan]])
+    nan_padded = policy_loss(ASYMMETRIC, Correction(padding="multiply"), torch.tensor([[0.4, 0.0], [-0.3, 0.0]]),
+                             old, old, torch.tensor([[1.0, 1.0], [-1.0, -1.0]]), torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
+    assert nan_padded.per_token[:, 0].tolist() == pytest.approx([-1.3, 0.9], abs=1e-6)
+    assert nan_padded.metrics["ppo_clip_fraction"] == 1.0
+
+
+# ----------------------------------------------------------------------------------------- bypass mode
+def test_a_bypass_coefficient_is_detached_from_lp():
+    """REINFORCE with bypass TIS: lr = lp − roll = 0.2 on both tokens, so ρ = e^0.2 inside [0.5, 5].
+    Loss −ρ·A·mean(lp) = 1.5·e^0.2 = 1.8321; d loss / d lp_t = −ρ·A/2 = −0.6107 on each token. Were ρ
+    attached, the product rule would add −ρ·lp_t/2, giving [0, +0.6107]."""
+    lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
+    roll = torch.tensor([[-1.2, -2.2]])
+    bypass_tis = Correction(name="bypass-tis", ratio="bypass", weight="token", weight_op="clamp", low=0.5, high=5.0)
+    out = policy_loss(LossSpec(name="reinforce"), bypass_tis, lp, roll, roll, torch.ones(1, 2), torch.ones(1, 2))
+    out.loss.backward()
+    assert out.correction.coef.requires_grad is False
+    assert out.correction.coef.tolist() == [pytest.approx([math.exp(0.2)] * 2, rel=1e-6)]
+    assert out.loss.item() == pytest.approx(1.5 * math.exp(0.2), rel=1e-6)  # 1.8321
+    assert lp.grad.tolist() == [pytest.approx([-math.exp(0.2) / 2] * 2, rel=1e-6)]  # −0.6107
+    assert apply_correction(bypass_tis, roll, roll, torch.ones(1, 2), lp=lp).coef.requires_grad is False
+    # the train study's one evaluation per step passes lp on too
+    from runner.corrections import apply_correction_split
+
+    (split,) = apply_correction_split(bypass_tis, roll, roll, torch.ones(1, 2), [slice(0, 1)], lp=lp)
+    assert split.coef.tolist() == [pytest.approx([math.exp(0.2)] * 2, rel=1e-6)]
