@@ -347,7 +347,8 @@ def _identical_note(pairs: Counter, panels: int) -> str:
     return "markers: a line on top of another: " + ", ".join(shown) + more
 
 
-def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str = "", config: str | None = None):
+def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str = "", config: str | None = None,
+           legend_below: bool = False):
     """The title, one legend outside the axes, and the figure's height grown to hold them.
 
     Default style: the kind, the config it came from and the notes. Paper style: the notes only (the
@@ -374,16 +375,16 @@ def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str
             fig.suptitle(wrapped, fontsize=6.5, x=0.01, ha="left", color="0.2")
             grow += (wrapped.count("\n") + 1) * LINE_HEIGHT[style] + 0.08
     else:
-        chars = max(int((width - LEGEND_WIDTH) * 12.5), 40)
+        chars = max(int((width - (0 if legend_below else LEGEND_WIDTH)) * 12.5), 40)
         wrapped = textwrap.fill(config + (f" · {note}" if note else ""), width=chars, break_long_words=True,
                                 break_on_hyphens=False)
         fig.suptitle(f"{title}\n{wrapped}", fontsize="medium", x=0.01, ha="left")
         grow += (wrapped.count("\n") + 2) * LINE_HEIGHT[style] + 0.15
     if handles:
-        if paper:
-            ncol = _legend_columns(labels, width)
+        if paper or legend_below:
+            ncol = _legend_columns(labels, width, 0.048 if paper else 0.075)
             fig.legend(handles, labels, loc="outside lower center", ncol=ncol, handlelength=2.4, columnspacing=1.0)
-            grow += math.ceil(len(labels) / ncol) * LINE_HEIGHT[style] + 0.12
+            grow += math.ceil(len(labels) / ncol) * LINE_HEIGHT[style] + 0.12 + (0 if paper else 0.1)
         else:
             fig.legend(handles, labels, loc="outside right upper", handlelength=3.0)
             need = len(labels) * LINE_HEIGHT[style] + 0.3
@@ -392,9 +393,9 @@ def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str
     fig.set_size_inches(width, fig.get_figheight() + grow)
 
 
-def _legend_columns(labels: Sequence[str], width: float) -> int:
-    """As many columns as the longest label allows at 6.5 pt (≈0.05 in a character plus the handle)."""
-    longest = max(len(str(lab)) for lab in labels) * 0.048 + 0.45
+def _legend_columns(labels: Sequence[str], width: float, per_char: float = 0.048) -> int:
+    """As many columns as the longest label allows (`per_char` inches a character, plus the handle)."""
+    longest = max(len(str(lab)) for lab in labels) * per_char + 0.45
     return max(1, min(len(labels), int((width - 0.1) // longest)))
 
 
@@ -986,7 +987,7 @@ def _presets(ds: Dataset, style: str):
     n = len(names)
     row_in = 0.13 if paper else 0.2
     panel_h = max(n * row_in + 0.25, 1.2)
-    width = st.PAPER_DOUBLE_WIDTH if paper else 3.2 * len(metrics) + 2.6
+    width = st.PAPER_DOUBLE_WIDTH if paper else 3.2 * len(metrics) + 2.4
     fig = Figure(figsize=(width, panel_h * len(fs)), layout="constrained")
     axes = fig.subplots(len(fs), len(metrics), squeeze=False, sharey=True)
     y = np.arange(n)[::-1]
@@ -1057,7 +1058,7 @@ def _presets(ds: Dataset, style: str):
     handles = [h for h, _ in extra]
     labels = [lab for _, lab in extra]
     note = _notes(_nonfinite_note(pr), fs.note)
-    finish(fig, TITLES["presets"], ds, handles, labels, paper, note)
+    finish(fig, TITLES["presets"], ds, handles, labels, paper, note, legend_below=True)
     return fig
 
 
@@ -1123,6 +1124,7 @@ def _mismatch(ds: Dataset, style: str):
     handles, labels = [], []
     rng = np.random.default_rng(0)
     beyond_total = outliers_total = 0
+    tails = []
     pt_min = 1.0
     for gi, (label, value, g) in enumerate(groups):
         color = colors[value]
@@ -1133,13 +1135,9 @@ def _mismatch(ds: Dataset, style: str):
         counts, _ = np.histogram(lr[~(below | above)], bins=edges)
         ax_h.stairs(np.where(counts > 0, counts, np.nan), edges, color=color, linewidth=1.2, gid="series",
                     label=label, baseline=None)
-        # The tails: everything beyond ±R drawn at the edge as one triangle per side, at its count.
-        # Groups with the same count would hide each other: each sits a few points further out.
-        for side, n_side, marker in ((-1, int(below.sum()), "<"), (1, int(above.sum()), ">")):
-            if n_side:
-                shift = offset_copy(ax_h.transData, fig=grid.fig, x=side * (2 + 4.5 * gi), units="points")
-                ax_h.plot([side * R * 1.08], [n_side], linestyle="none", marker=marker, markersize=5, color=color,
-                          clip_on=False, gid="tails", zorder=5, transform=shift)
+        # The tails: an overflow bin at each end, from the last bin to the axis's edge, at the count of
+        # the tokens beyond it (dotted, so it does not read as one more bin of the same width).
+        tails.append((color, int(below.sum()), int(above.sum())))
         p_t, p_r = np.exp(g["old"].to_numpy(dtype=float)), np.exp(g["roll"].to_numpy(dtype=float))
         pt_min = min(pt_min, float(np.min(p_t)) if len(p_t) else 1.0)
         idx = np.arange(len(g))
@@ -1174,9 +1172,14 @@ def _mismatch(ds: Dataset, style: str):
 
         ax_h.xaxis.set_major_locator(FixedLocator([*(-decades[::-1]), 0.0, *decades]))
         ax_h.minorticks_off()
-    ax_h.set_xlim(-R * 1.08, R * 1.08)
+    edge = R * (2.5 if symlog else 1.25) if beyond_total else R
+    for color, n_below, n_above in tails:
+        for n_side, span in ((n_below, [-edge, -R]), (n_above, [R, edge])):
+            if n_side:
+                ax_h.stairs([n_side], span, color=color, linewidth=2.0, linestyle=":", gid="tails", baseline=None)
+    ax_h.set_xlim(-edge, edge)
     if beyond_total:
-        text = f"◂ ▸ off-scale, beyond ±{R:.2g} nats:\n{beyond_total:,} token(s)"
+        text = f"dotted end bins: beyond ±{R:.2g} nats,\n{beyond_total:,} token(s)"
         if outliers_total:
             text += f", {outliers_total:,} of them\ninjected outliers (|lr| > {OUTLIER_NATS:g} nats)"
         ax_h.text(0.03, 0.97, text, transform=ax_h.transAxes, va="top", ha="left", fontsize="x-small",
