@@ -135,8 +135,6 @@ class Grid:
 
     def __init__(self, n_facets: int, n_metrics: int, style: str, row_height: float | None = None,
                  sharey: bool = True, sharex: bool = True):
-        from matplotlib.figure import Figure
-
         self.style = style
         self.paper = style == "paper"
         self.sharey = sharey and n_facets > 1
@@ -155,10 +153,10 @@ class Grid:
             panel_w, panel_h = (st.DEFAULT_PANEL if n_facets > 1 else (4.2, 3.0))
             width = panel_w * self.ncols + LEGEND_WIDTH
             row = row_height or panel_h
-            if self.nrows > 4:  # many rows: a little less height each, so the figure stays on a screen
-                row = min(row, 2.0)
+            if self.nrows > 3:  # many rows: less height each (down to 1.5 in), so the figure stays on a screen
+                row = max(1.5, min(row, 11.0 / self.nrows))
             height = self.nrows * row
-        self.fig = Figure(figsize=(width, height), layout="constrained")
+        self.fig = _new_figure((width, height), style)
         self.axes = self.fig.subplots(self.nrows, self.ncols, squeeze=False)
         used = {self.pos(f, m) for f in range(n_facets) for m in range(n_metrics)}
         for r in range(self.nrows):
@@ -214,7 +212,7 @@ class Grid:
                 elif m != self.n_metrics - 1:  # tick labels on the last metric row of every block
                     ax.tick_params(labelbottom=False)
                 if c == 0 or side_by_side:
-                    ax.set_ylabel(ylabels[m])
+                    ax.set_ylabel(_fit(ylabels[m], ax, self.fig, vertical=True))
                 elif self.sharey:  # the same scale as the first column's: its numbers say it once
                     ax.tick_params(labelleft=False)
                 if fs and fs[f].label and m == 0:
@@ -225,16 +223,28 @@ class Grid:
         return self.fig
 
 
-def _fit(text: str, ax, fig) -> str:
-    """Wrap a panel title to its panel's width (about 0.55 em a character)."""
-    width = fig.get_figwidth() * ax.get_position().width
-    size = 8 if fig.get_figwidth() <= st.PAPER_DOUBLE_WIDTH + 0.1 and _is_paper(fig) else 10
-    chars = max(int(width * 72 / (size * 0.55)), 12)
+def _fit(text: str, ax, fig, vertical: bool = False) -> str:
+    """Wrap a panel title to its panel's width, or a y label to its height (about 0.55 em a
+    character; a label with maths is left alone, its length says little about its width)."""
+    if "$" in text:
+        return text
+    span = fig.get_figheight() * ax.get_position().height if vertical else fig.get_figwidth() * ax.get_position().width
+    size = 8 if _is_paper(fig) else 10
+    chars = max(int(span * 72 / (size * 0.55)), 12)
     return textwrap.fill(text, chars, break_long_words=False, break_on_hyphens=False)
 
 
+def _new_figure(size: tuple[float, float], style: str):
+    """A constrained-layout Figure that remembers its style (the finishing steps depend on it)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, layout="constrained")
+    fig._is_study_style = style
+    return fig
+
+
 def _is_paper(fig) -> bool:
-    return round(fig.get_figwidth(), 2) in st.PAPER_WIDTHS
+    return getattr(fig, "_is_study_style", "default") == "paper"
 
 
 # ----------------------------------------------------------------------------------------- finishing
@@ -765,9 +775,9 @@ def _stability(ds: Dataset, style: str):
             ax.xaxis.set_major_locator(FixedLocator(list(range(len(ks)))))
             ax.set_xticklabels([fmt_value(k) for k in ks])
             ax.set_xlim(-0.6, len(ks) - 0.4)
-    for m in range(2):  # fractions: [0, 1], the points at 0 drawn over the axis
-        axes = grid.metric_axes(m)
-        floor_at_zero(axes, top_if_zero=1.05)
+    for m, nothing in enumerate(("no NaN/inf update in any run", "no run collapsed")):
+        axes = grid.metric_axes(m)  # fractions: [0, 1], the points at 0 drawn over the axis
+        floor_at_zero(axes, top_if_zero=1.05, zero_note=nothing)
         for ax in axes:
             ax.set_ylim(0, 1.05)
     low, high = seed_counts(per, fs, by=("staleness",))
@@ -972,7 +982,6 @@ def _band_text(low, high) -> str:
 def _presets(ds: Dataset, style: str):
     """One band per preset (the default probe): a row per preset, bias with its CI, variance and
     relative MSE side by side; degenerate arms hollow and named; a facet per other swept key."""
-    from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
 
     paper = style == "paper"
@@ -988,7 +997,7 @@ def _presets(ds: Dataset, style: str):
     row_in = 0.13 if paper else 0.2
     panel_h = max(n * row_in + 0.25, 1.2)
     width = st.PAPER_DOUBLE_WIDTH if paper else 3.2 * len(metrics) + 2.4
-    fig = Figure(figsize=(width, panel_h * len(fs)), layout="constrained")
+    fig = _new_figure((width, panel_h * len(fs)), style)
     axes = fig.subplots(len(fs), len(metrics), squeeze=False, sharey=True)
     y = np.arange(n)[::-1]
     n_degenerate = 0
@@ -1093,7 +1102,6 @@ def _token_groups(ds: Dataset, tokens) -> tuple[str | None, list]:
 
 def _mismatch(ds: Dataset, style: str):
     from matplotlib.lines import Line2D
-    from matplotlib.transforms import offset_copy
 
     tok = ds.tokens
     old = tok["old"].to_numpy(dtype=float)
@@ -1232,9 +1240,14 @@ def _masking(ds: Dataset, style: str):
     per = frame.groupby(["job", "step"], sort=False).agg(
         correction=("correction", "first"), undefined=("_undefined", "all"), **extra_cols,
         **{m: (m, "mean") for m in metrics}).reset_index()
+    # Size follows content: a fraction that is 0 in every run is said once, not drawn as flat panels.
+    flat = [m for m in metrics[:2] if per[m].fillna(0).eq(0).all()]
+    metrics = tuple(m for m in metrics if m not in flat)
+    ylabels = tuple(lab for m, lab in zip(("token_masked_fraction", "clamped_fraction", "ess"), ylabels)
+                    if m in metrics)
     fs = facets(ds, df, limit=Grid.capacity(style, len(metrics)))
     names = _ordered(per["correction"].unique())
-    grid = Grid(len(fs), 3, style, row_height=(1.2 if style == "paper" else None))
+    grid = Grid(len(fs), len(metrics), style, row_height=(1.2 if style == "paper" else None))
     bands = _bands(per, fs, "step", metrics)
     undefined = per[per["undefined"].astype(bool)]
     flagged = _ordered(undefined["correction"].unique())
@@ -1250,11 +1263,11 @@ def _masking(ds: Dataset, style: str):
                 _mean_and_band(ax, stats, metric, kw, alpha=0.15)
             steps = np.sort(und_f.loc[und_f["correction"] == name, "step"].unique())
             if len(steps):
-                _event_marks(grid.ax(f, 2), steps, flagged.index(name), kw["color"])
-    for m in range(3):
+                _event_marks(grid.ax(f, len(metrics) - 1), steps, flagged.index(name), kw["color"])
+    for m, metric in enumerate(metrics):
         axes = grid.metric_axes(m)
-        floor_at_zero(axes, top_if_zero=1.0, ceiling=1.03, zero_note="0 at every step")
-        if m == 2 and flagged:
+        floor_at_zero(axes, top_if_zero=1.0, ceiling=1.03)
+        if metric == "ess" and flagged:
             _room_for_marks(axes, len(flagged), low=0.0)
             for ax in axes:
                 lo, hi = ax.get_ylim()
@@ -1263,7 +1276,10 @@ def _masking(ds: Dataset, style: str):
     grid.label(_step_label(style), list(ylabels), fs)
     extra = [_event_handle("ESS undefined: NaN/inf weights (marks under the data)")] if flagged else []
     handles, labels = _legend_for(names, extra=extra)
-    return grid.finish(TITLES["masking"], ds, handles, labels, _notes(_seed_note(per, fs), fs.note))
+    words = {"token_masked_fraction": "masked", "clamped_fraction": "clamped"}
+    gone = (f"no token {' or '.join(words[m] for m in flat)} in any run (panel{'s' if len(flat) > 1 else ''} "
+            f"left out)") if flat else ""
+    return grid.finish(TITLES["masking"], ds, handles, labels, _notes(_seed_note(per, fs), gone, fs.note))
 
 
 # ----------------------------------------------------------------------------------------- render

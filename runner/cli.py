@@ -325,14 +325,15 @@ def aggregate(directory: Path = typer.Argument(..., help="A sweep dir (multirun/
     "Draw figures for a run, sweep or probe dir: PNG (150 dpi) and PDF.  "
     "[dim]e.g. is-study plot multirun/ladder --kind stability --style paper[/dim]\n\n"
     "Kinds: training (objective and reward vs step), grad-norm (log scale, spikes marked), stability (NaN/inf and "
-    "collapse rate vs staleness; a sweep), threshold (probe bias / variance / MSE vs the upper threshold), mismatch "
-    "(tokens.csv: log-ratios, p_rollout vs p_train, |Δp| by p), masking (masked / clamped fraction and ESS vs "
-    "step). By default every kind the data allows; files are KIND.png and KIND.pdf in --out."))
+    "collapse rate vs staleness; a sweep), presets (probe bias / variance / relative MSE per preset, one band each: "
+    "the default probe), threshold (the same vs the upper threshold, several bands), mismatch (tokens.csv: "
+    "log-ratios, p_rollout vs p_train, |Δp| by p), masking (masked / clamped fraction and ESS vs step). By default "
+    "every kind the data allows; files are KIND.png and KIND.pdf in --out."))
 def plot(
     path: Path = typer.Argument(..., help="A run dir, a sweep dir (or its sweep.csv), or a probe dir.", show_default=False),
     kind: Optional[List[str]] = typer.Option(None, "--kind", "-k", help="Figure kind(s), repeated or comma-separated; default: all that apply."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: PATH/figures)."),
-    style: str = typer.Option("default", "--style", help="default | paper (one column, 3.3 in wide, fonts for LaTeX)."),
+    style: str = typer.Option("default", "--style", help="default | paper (3.3 or 7 in wide, at most 3 rows, fonts for LaTeX)."),
 ) -> None:
     from analysis import load_dataset, plots, style as styles
 

@@ -2,7 +2,7 @@
 
 `problems(fig)` draws the figure (Agg, constrained layout solved) and lists, in words:
 - text outside the figure (clipped titles, labels, legend entries);
-- panel titles that overlap each other or the figure's title;
+- panel titles that overlap each other or the figure's title, axis labels that overlap each other;
 - x tick labels of one panel that touch each other, and y tick labels likewise;
 - tick labels below 0 on a panel whose data cannot be negative (`nonnegative` axes);
 - more than `max_rows` rows of panels, or a width other than `widths` (inches).
@@ -77,6 +77,14 @@ def problems(fig, widths: Sequence[float] | None = None, max_rows: int | None = 
         b = _bbox(t, renderer)
         if b is not None and (b.x0 < -1 or b.y0 < -1 or b.x1 > W + 1 or b.y1 > H + 1):
             out.append(f"{name} is clipped by the figure's edge")
+    labels = [(f"panel {i} {w} label", a.label) for i, ax in enumerate(visible_axes(fig))
+              for w, a in (("x", ax.xaxis), ("y", ax.yaxis))]
+    label_boxes = [(n, _bbox(t, renderer)) for n, t in labels]
+    label_boxes = [(n, b) for n, b in label_boxes if b is not None]
+    for i, (na, a) in enumerate(label_boxes):
+        for nb, b in label_boxes[i + 1:]:
+            if _overlap(a, b):
+                out.append(f"the {na} and the {nb} overlap")
     titles = [(f"panel {i}", ax.title) for i, ax in enumerate(visible_axes(fig))]
     if fig._suptitle is not None:
         titles.append(("figure title", fig._suptitle))

@@ -212,9 +212,10 @@ def test_masking_figure(run_dir):
     from analysis import load_dataset, plots
 
     fig = plots.masking_figure(load_dataset(run_dir))
-    _check_common(fig, 3, "is-study run")
+    _check_common(fig, 2, "is-study run")  # the as-shipped preset never clamps: no clamped panel
     labels = [ax.get_ylabel() for ax in _visible_axes(fig)]
-    assert "masked" in labels[0] and "clamped" in labels[1] and "ESS" in labels[2]
+    assert "masked" in labels[0] and "ESS" in labels[1]
+    assert "no token clamped in any run (panel left out)" in fig._suptitle.get_text().replace("\n", " ")
     assert all(len(_series(ax)) == 1 for ax in _visible_axes(fig))
 
 
