@@ -212,25 +212,24 @@ class Grid:
                 elif m != self.n_metrics - 1:  # tick labels on the last metric row of every block
                     ax.tick_params(labelbottom=False)
                 if c == 0 or side_by_side:
-                    ax.set_ylabel(_fit(ylabels[m], ax, self.fig, vertical=True))
+                    ax.set_ylabel(_fit(ylabels[m], self.fig.get_figheight() / self.nrows - 0.2, self.paper))
                 elif self.sharey:  # the same scale as the first column's: its numbers say it once
                     ax.tick_params(labelleft=False)
                 if fs and fs[f].label and m == 0:
-                    ax.set_title(_fit(fs[f].title(self.style), ax, self.fig), fontsize="medium")
+                    panel_w = (self.fig.get_figwidth() - (0 if self.paper else LEGEND_WIDTH)) / self.ncols
+                    ax.set_title(_fit(fs[f].title(self.style), panel_w - 0.3, self.paper), fontsize="medium")
 
     def finish(self, title: str, ds: Dataset, handles, labels, note: str = ""):
         finish(self.fig, title, ds, handles, labels, self.paper, note)
         return self.fig
 
 
-def _fit(text: str, ax, fig, vertical: bool = False) -> str:
-    """Wrap a panel title to its panel's width, or a y label to its height (about 0.55 em a
+def _fit(text: str, inches: float, paper: bool) -> str:
+    """Wrap a panel title to its panel's width, or a y label to its height (about half an em a
     character; a label with maths is left alone, its length says little about its width)."""
     if "$" in text:
         return text
-    span = fig.get_figheight() * ax.get_position().height if vertical else fig.get_figwidth() * ax.get_position().width
-    size = 8 if _is_paper(fig) else 10
-    chars = max(int(span * 72 / (size * 0.55)), 12)
+    chars = max(int(inches * 72 / ((8 if paper else 10) * 0.5)), 12)
     return textwrap.fill(text, chars, break_long_words=False, break_on_hyphens=False)
 
 
