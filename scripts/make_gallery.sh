@@ -100,7 +100,8 @@ FIGS = [
     ("grad-norm", "Gradient-norm traces",
      "‖∇L‖ before clipping on a log scale: median over seeds, shaded min–max, open circles where an update's norm "
      "jumps above 5× its trailing median, ticks along the top edge where it is NaN/inf (here: every update of the "
-     "as-shipped preset), triangles along the bottom edge where it is exactly 0 (every token rejected)."),
+     "as-shipped preset); an update whose gradient is exactly 0 (every token rejected; none here) would get a "
+     "triangle on the bottom edge instead of a silent gap."),
     ("stability", "Stability against staleness",
      "Per correction and staleness k: the fraction of updates with a NaN/inf loss or gradient, and the fraction of "
      "seeds that collapsed by the relative rules of `train.collapse.*` (J 30% below its running peak for 20 steps, "

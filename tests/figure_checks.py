@@ -37,6 +37,12 @@ def _overlap(a, b, slack: float = 0.5) -> bool:
     return (a.x0 < b.x1 - slack and b.x0 < a.x1 - slack and a.y0 < b.y1 - slack and b.y0 < a.y1 - slack)
 
 
+def _overlapping(named_texts, renderer) -> list[tuple[str, str]]:
+    """The pairs of (name, text) whose drawn boxes overlap."""
+    boxes = [(n, b) for n, b in ((n, _bbox(t, renderer)) for n, t in named_texts) if b is not None]
+    return [(na, nb) for i, (na, a) in enumerate(boxes) for nb, b in boxes[i + 1:] if _overlap(a, b)]
+
+
 def visible_axes(fig) -> list:
     return [ax for ax in fig.axes if ax.get_visible()]
 
@@ -79,21 +85,11 @@ def problems(fig, widths: Sequence[float] | None = None, max_rows: int | None = 
             out.append(f"{name} is clipped by the figure's edge")
     labels = [(f"panel {i} {w} label", a.label) for i, ax in enumerate(visible_axes(fig))
               for w, a in (("x", ax.xaxis), ("y", ax.yaxis))]
-    label_boxes = [(n, _bbox(t, renderer)) for n, t in labels]
-    label_boxes = [(n, b) for n, b in label_boxes if b is not None]
-    for i, (na, a) in enumerate(label_boxes):
-        for nb, b in label_boxes[i + 1:]:
-            if _overlap(a, b):
-                out.append(f"the {na} and the {nb} overlap")
+    out += [f"the {a} and the {b} overlap" for a, b in _overlapping(labels, renderer)]
     titles = [(f"panel {i}", ax.title) for i, ax in enumerate(visible_axes(fig))]
     if fig._suptitle is not None:
         titles.append(("figure title", fig._suptitle))
-    boxes = [(n, _bbox(t, renderer)) for n, t in titles]
-    boxes = [(n, b) for n, b in boxes if b is not None]
-    for i, (na, a) in enumerate(boxes):
-        for nb, b in boxes[i + 1:]:
-            if _overlap(a, b):
-                out.append(f"the titles of {na} and {nb} overlap")
+    out += [f"the titles of {a} and {b} overlap" for a, b in _overlapping(titles, renderer)]
     for i, ax in enumerate(visible_axes(fig)):
         for axis, labels in (("x", ticklabels(ax, "x")), ("y", ticklabels(ax, "y"))):
             boxes = [b for b in (_bbox(t, renderer) for t in labels) if b is not None]
