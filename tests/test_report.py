@@ -81,8 +81,9 @@ def test_tables_sort_numbers_as_numbers_and_count_seeds(sweep):
 
 
 def test_the_command_is_the_recorded_one(sweep, tmp_path):
-    """sweep.json's recorded command line (with --jobs, --name, --launcher) is shown as typed;
-    without it, the overrides and the launcher are put back together."""
+    """sweep.json's recorded command line (with --jobs, --name, --launcher) is shown as typed, and so
+    is the one `is-study sweep` records itself; without one, the overrides and the launcher are put
+    back together."""
     import shutil
 
     copy = tmp_path / "s"
@@ -92,6 +93,12 @@ def test_the_command_is_the_recorded_one(sweep, tmp_path):
     (copy / "sweep.json").write_text(json.dumps({**manifest, "command": typed}))
     text = _report(copy)
     assert f"```bash\n{typed}\n```" in text and "(source: sweep.json (the command as typed))" in text
+    recorded = manifest.get("command")
+    if recorded:  # the sweep records its own command (is-study sweep writes `command`)
+        assert recorded in _report(sweep)
+    # A manifest written before the command was recorded: rebuilt from the overrides and the launcher.
+    manifest = {k: v for k, v in manifest.items() if k not in ("command", "argv")}
+    manifest["runs"] = [{k: v for k, v in run.items() if k not in ("command", "argv")} for run in manifest["runs"]]
     manifest["runs"][0]["launcher"] = "joblib"
     (copy / "sweep.json").write_text(json.dumps(manifest))
     text = _report(copy)
