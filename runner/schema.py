@@ -52,7 +52,7 @@ PROBE_FIGURES = ("bias_norm", "bias_norm_ci", "bias_norm_lo", "bias_norm_hi", "b
 PROBE_WORLD = ("seed", "task", "loss", "reduction", "baseline", "staleness", "precision", "logit_noise", "temperature",
                "top_p", "outlier_rate", "outlier_shift", "vocab_size", "seq_len", "prompt_len", "eos_token",
                "group_size", "batch_size", "repeats", "pretrain_steps", "drift_lr", "ci", "ci_level", "objective",
-               "exact_grad_norm", "engine_kl")
+               "exact_grad_norm", "engine_kl", "policy", "reference", "reference_noise")
 PROBE_COLUMNS = ("preset", "faithful", "low", "high", *PROBE_FIGURES, *PROBE_WORLD)
 PROBE_INTEGER = ("bias_significant", "n_finite", "degenerate")
 

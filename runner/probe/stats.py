@@ -30,8 +30,10 @@ import torch
 
 
 def summarise(est: torch.Tensor, grad: torch.Tensor, ci: str, level: float, n_boot: int,
-              generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """est [R, K, D] (any float dtype), grad [D] → dict of [K] float64 tensors."""
+              generator: torch.Generator, grad_noise: float = 0.0) -> dict[str, torch.Tensor]:
+    """est [R, K, D] (any float dtype), grad [D] → dict of [K] float64 tensors. `grad_noise`: the
+    estimated norm of grad's own error when grad is a Monte Carlo reference (0 when exact); it widens
+    every bias CI radius, so a bias is called significant only beyond both uncertainties."""
     est = est.to(torch.float64)
     grad = grad.to(torch.float64).reshape(-1)
     R, K, D = est.shape
@@ -49,7 +51,7 @@ def summarise(est: torch.Tensor, grad: torch.Tensor, ci: str, level: float, n_bo
     g_norm = grad.norm()
     cosine = (mean @ grad) / (mean.norm(dim=-1) * g_norm).clamp(min=torch.finfo(torch.float64).tiny)
     grad_norm = torch.where(finite, x.norm(dim=-1), 0.0).sum(0) / n.clamp(min=1)
-    radius = _radius(dev, f, n, ci, level, n_boot, generator)
+    radius = _radius(dev, f, n, ci, level, n_boot, generator) + grad_noise
     ok = n >= 2
     nan = torch.full((K,), math.nan, dtype=torch.float64)
 

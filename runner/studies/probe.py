@@ -113,7 +113,7 @@ def run(cfg: Any, run_dir: Path) -> dict:
             progress.close()
         t_probe = time.perf_counter()
         stats = summarise(raw["grad"], world.grad, probe.ci, probe.ci_level, probe.n_boot,
-                          torch.Generator().manual_seed(setup.seed))
+                          torch.Generator().manual_seed(setup.seed), grad_noise=world.reference_noise)
     stats["mean_ess"] = raw["ess"].double().nanmean(0)
     stats["mean_masked_fraction"] = raw["masked"].double().mean(0)
     stats["mean_seq_masked_fraction"] = raw["seq_masked"].double().mean(0)
@@ -134,6 +134,7 @@ def run(cfg: Any, run_dir: Path) -> dict:
         "drift_lr": probe.drift_lr if probe.drift_lr is not None else setup.train.lr,
         "ci": probe.ci, "ci_level": probe.ci_level, "objective": world.objective,
         "exact_grad_norm": float(world.grad.norm()), "engine_kl": float(raw["engine_kl"].mean()),
+        "policy": policy.name, "reference": world.reference, "reference_noise": world.reference_noise,
     }
     rows = []
     for k, arm in enumerate(arms):
@@ -202,7 +203,9 @@ def _print_summary(summary: dict, rows: list[dict]) -> None:
     console.print(f"[bold]probe[/bold] staleness={w['staleness']} precision={w['precision']} "
                   f"seq_len={w['seq_len']} vocab={w['vocab_size']} seed={w['seed']}: {w['repeats']} batches × "
                   f"{w['batch_size']} rollouts; J={w['objective']:.4f} ‖∇J‖={w['exact_grad_norm']:.4g} "
-                  f"engine KL={w['engine_kl']:.3g}/token; CI {w['ci']} {w['ci_level']:g}")
+                  + ("" if w["reference"] == "exact" else
+                     f"(Monte Carlo reference, its own error ≈{w['reference_noise']:.2g}, added to every CI) ")
+                  + f"engine KL={w['engine_kl']:.3g}/token; CI {w['ci']} {w['ci_level']:g}")
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("preset", "band", "bias ± ci", "MSE/‖∇J‖²", "masked", "clamped", "NaN/inf", ""):
         table.add_column(col, no_wrap=True, justify="left" if col in ("preset", "band", "") else "right")
