@@ -28,6 +28,7 @@ from analysis.claims import stats, verdicts
 from analysis.claims import tis_tames_mismatch as tis
 from analysis.claims.registry import CLAIMS
 from analysis.claims.stats import FAILS, HOLDS, UNSURE
+from runner.errors import UserError
 from tests.conftest import REPO
 
 EXPERIMENTS = list(CLAIMS)
@@ -59,41 +60,76 @@ def test_run_summaries():
 
 
 # ----------------------------------------------------------------------------------------- 1. TIS tames mismatch
-def _tis_runs(spikes_ppo, spikes_tis, j_ppo, j_tis, seeds=4, world="σ=0"):
+def _tis_runs(collapse_ppo, collapse_tis, drop_ppo, drop_tis, seeds=4, setting="bf16", j=0.9):
+    """Runs of plain PPO and TIS: the first `collapse_*` seeds collapse (at step 40 + 10·seed)."""
     rows = []
     for s in range(seeds):
-        jitter = 0.001 * (s - seeds / 2)
-        rows.append({"world": world, "correction": "none", "seed": s, "spikes": spikes_ppo + (s % 2),
-                     "j_final": j_ppo + jitter, "drawdown": 0.0})
-        rows.append({"world": world, "correction": "tis", "seed": s, "spikes": spikes_tis,
-                     "j_final": j_tis + jitter, "drawdown": 0.0})
+        jitter = 0.002 * s
+        for corr, n_c, drop in (("none", collapse_ppo, drop_ppo), ("tis", collapse_tis, drop_tis)):
+            fell = s < n_c
+            rows.append({"setting": setting, "correction": corr, "seed": s, "collapsed": float(fell),
+                         "collapse_step": 40.0 + 10 * s if fell else math.nan, "collapse_kind": "drop" if fell else "",
+                         "peak": j, "drop": drop + jitter, "final": j * (1 - drop - jitter)})
     return pd.DataFrame(rows)
 
 
 def test_tis_rule():
-    assert tis.tis_verdict(_tis_runs(6, 0, 0.80, 0.95)).verdict == HOLDS
-    assert tis.tis_verdict(_tis_runs(0, 0, 0.99, 0.99)).verdict == FAILS
-    # spikes removed but the objective is unchanged: TIS must reduce both
-    assert tis.tis_verdict(_tis_runs(6, 0, 0.99, 0.99)).verdict == FAILS
-    # existential over worlds: one world where it holds is enough
-    both = pd.concat([_tis_runs(0, 0, 0.99, 0.99), _tis_runs(6, 0, 0.80, 0.95, world="σ=1")])
+    v = tis.tis_verdict(_tis_runs(4, 0, 0.5, 0.0))
+    assert v.verdict == HOLDS and v.parts["bf16"]["stability"] == HOLDS and v.parts["bf16"]["objective"] == HOLDS
+    assert v.parts["bf16"]["steps_ppo"] == [40.0, 50.0, 60.0, 70.0]  # time to collapse, per seed
+    assert "PPO 4/4 collapsed at steps 40, 50, 60, 70 (drop)" in v.statement and "TIS 0/4 collapsed" in v.statement
+    assert v.key == "bf16: collapsed 4/4→0/4, drop 50%→0.3%"
+    # nothing to tame: PPO never collapses and loses nothing
+    v = tis.tis_verdict(_tis_runs(0, 0, 0.0, 0.0))
+    assert v.verdict == FAILS and v.parts["bf16"]["stability"] == FAILS
+    # TIS collapses as often as PPO: not tamed, whatever the objective
+    assert tis.tis_verdict(_tis_runs(3, 3, 0.5, 0.0)).parts["bf16"]["stability"] == FAILS
+    # PPO collapses in half of the seeds and TIS in a quarter: fewer, but not by half of the seeds
+    assert tis.tis_verdict(_tis_runs(2, 1, 0.5, 0.0)).parts["bf16"]["stability"] == UNSURE
+    # collapses prevented but the objective is no better (drop and final J unchanged): TIS must fix both
+    v = tis.tis_verdict(_tis_runs(4, 0, 0.2, 0.2))
+    assert v.parts["bf16"]["objective"] == FAILS and v.verdict == FAILS
+    # existential over the settings: one precision where it holds is enough
+    both = pd.concat([_tis_runs(0, 0, 0.0, 0.0), _tis_runs(4, 0, 0.5, 0.0, setting="fp8")])
     v = tis.tis_verdict(both)
-    assert v.verdict == HOLDS and v.parts["σ=0"]["verdict"] == FAILS and v.parts["σ=1"]["verdict"] == HOLDS
-    noisy = _tis_runs(0, 0, 0.9, 0.9)
-    noisy.loc[noisy["correction"] == "tis", "j_final"] += [0.05, -0.04, 0.06, -0.03]
-    assert tis.tis_verdict(noisy).verdict == UNSURE
+    assert v.verdict == HOLDS and v.parts["bf16"]["verdict"] == FAILS and v.parts["fp8"]["verdict"] == HOLDS
+    with pytest.raises(UserError, match="exactly one correction"):
+        tis.tis_verdict(_tis_runs(1, 0, 0.1, 0.0).assign(correction="none"))
+
+
+def test_band_report_names_a_degenerate_arm():
+    """Every banded arm is reported with the fraction of tokens it rejected and the measured mismatch; one
+    that rejects ≥ 97% is named degenerate, with the settings where it is."""
+    from analysis.claims.frames import band_text
+
+    runs = pd.DataFrame([
+        {"correction": c, "precision": prec, "low": lo, "high": hi, "rejected": rej, "clamped": cl, "kl_k3": kl}
+        for c, lo, hi in (("geo-mask", 0.999, 1.001), ("tis", math.nan, 2.0), ("none", math.nan, math.nan))
+        for prec, kl in (("fp16", 1e-6), ("bf16", 3e-4))
+        for rej, cl in [((0.4 if prec == "fp16" else 0.99) if c == "geo-mask" else 0.0,
+                         0.01 if c == "tis" else 0.0)]])
+    text, degenerate = band_text(runs, ["precision"])
+    assert degenerate == ["geo-mask (bf16)"]
+    assert "geo-mask [0.999, 1.001] rejects 40%–99% of tokens at kl_k3 1.0e-6–3.0e-4/token: DEGENERATE where it rejects ≥ 97% (bf16)" in text
+    assert "tis [—, 2] rejects 0%, clamps 1% of tokens" in text and "none" not in text
 
 
 # ----------------------------------------------------------------------------------------- 2. bias–variance by level
-def _probe(token_bias, seq_var, mid_bias=None, mid_var=None, Ts=(2, 4, 8, 16, 32), ci=0.01):
+def _probe(token_bias, seq_var, mid_bias=None, mid_var=None, Ts=(2, 4, 8, 16, 32), ci=0.01, mid_dead=False,
+           reference="exact"):
     rows = []
     for i, T in enumerate(Ts):
         arms = {"token-is": (token_bias[i], 1.0), "seq-is": (0.01, seq_var[i])}
         if mid_bias is not None:
             arms["seq-tis"] = (mid_bias[i], mid_var[i])
         for preset, (bias, var) in arms.items():
+            dead = mid_dead and preset == "seq-tis"
+            # a mean estimate of the right direction that is (1 − bias) long: a bias of size alone
             rows.append({"preset": preset, "seq_len": T, "bias_norm": bias, "bias_norm_lo": max(bias - ci, 0),
-                         "bias_norm_hi": bias + ci, "variance": var, "exact_grad_norm": 1.0})
+                         "bias_norm_hi": bias + ci, "variance": var, "exact_grad_norm": 1.0, "cosine": 1.0,
+                         "norm_ratio": 1.0 - bias, "degenerate": int(dead),
+                         "mean_masked_fraction": 0.99 if dead else 0.0, "engine_kl": 0.01, "reference": reference,
+                         "reference_noise": 0.0 if reference == "exact" else 0.05, "reference_rollouts": 4096})
     return pd.DataFrame(rows)
 
 
@@ -113,6 +149,21 @@ def test_level_rule():
     # overlapping CIs on the token bias: (a) inconclusive
     flat = _probe([0.1, 0.1, 0.1, 0.1, 0.11], exp_var, ci=0.05)
     assert level.level_verdict(flat).parts["a"] == UNSURE
+    # the extra bias of a middle arm is named by kind: here the right direction, too short
+    assert "shrunken: cos 1, size 0.1" in level.level_verdict(bad).statement
+    assert "seq-tis cos 1→1, size 0.1→0.1" in level.level_verdict(bad).statement  # the split at both ends of T
+
+
+def test_level_rule_leaves_out_degenerate_arms_and_names_the_reference():
+    exp_var = [math.exp(0.3 * T) for T in (2, 4, 8, 16, 32)]
+    # an arm whose band rejects everything: tiny variance, bias ≈ ‖∇J‖; (c) is not judged on it
+    dead = _probe([0.05, 0.1, 0.2, 0.3, 0.4], exp_var, mid_bias=[0.99] * 5, mid_var=[1e-6] * 5, mid_dead=True)
+    v = level.level_verdict(dead)
+    assert v.parts["c"] == UNSURE and "no live arm to judge" in v.statement
+    assert v.parts["degenerate"] == ["seq-tis at 5/5 T (T=2…32; rejects up to 99%)"]
+    assert "reference: the exact ∇J" in v.statement
+    mc = level.level_verdict(_probe([0.05, 0.1, 0.2, 0.3, 0.4], exp_var, reference="monte-carlo"))
+    assert "a Monte Carlo ∇J_MC (4096 on-policy rollouts" in mc.statement and "exact" not in mc.statement
 
 
 # ----------------------------------------------------------------------------------------- 3. low-probability tokens
@@ -155,34 +206,58 @@ def test_precision_rule():
     assert v.verdict == FAILS and (v.parts["a"], v.parts["b"]) == (FAILS, FAILS)
     v = precision.precision_verdict(_traj(0.007, 0.01, 0.001, 0.02))  # only 1.4× closer: not "far more closely"
     assert v.verdict == FAILS and v.parts["a"] == FAILS and v.parts["b"] == HOLDS
+    # Monte Carlo J (objective_se logged) with an SE of 0.02: both gaps sit within the noise floor
+    # (1.128 × 0.02 for two estimates), so (a) is not resolved; spreads of 0.2 vs 0.02 are (3 corrections:
+    # range floor 1.693 × 0.02 = 0.034, and 2× that is 0.068 < 0.2)
+    v = precision.precision_verdict(_traj(0.001, 0.01, 0.02, 0.2).assign(objective_se=0.02))
+    assert v.parts["a"] == UNSURE and v.parts["b"] == HOLDS
+    assert v.parts["noise_floor"]["a"] == pytest.approx(0.02256) and "noise floor" in v.statement
 
 
 # ----------------------------------------------------------------------------------------- 5. staleness
-def _stale(tis_breaks_at=None, mask_breaks_at=None, ess_drop=0.2, seeds=3):
+def _stale(vcpo=True, precursors=True, m2po=True, clip_collapses=False, icepop=True, explode=20.0, seeds=3,
+           ks=(2, 16)):
+    """Runs of the staleness experiment: seq-tis, tis, none, icepop, geo-mask at each k under PPO's clip, and
+    none without the trust region; which arms collapse (and how) is set by the flags."""
+    kmax = max(ks)
     rows = []
-    for corr, k_break in (("tis", tis_breaks_at), ("seq-mis", mask_breaks_at), ("geo-mask", mask_breaks_at)):
-        for k in (0, 1, 2, 4, 8, 16):
+    arms = [(c, "clip") for c in ("seq-tis", "tis", "none", "icepop", "geo-mask")] + [("none", "none")]
+    for corr, trust in arms:
+        for k in ks:
             for s in range(seeds):
-                broken = k_break is not None and k >= k_break
-                rows.append({"correction": corr, "staleness": k, "seed": s, "collapsed": float(broken),
-                             "nonfinite": 0, "ess": 1.0 - ess_drop * (k > 0) - 0.01 * k,
-                             "final_objective": 0.2 if broken else 0.99})
+                fell = ((corr == "seq-tis" and k == 2 and vcpo) or (corr == "icepop" and k == kmax and icepop)
+                        or (corr == "none" and trust == "none" and k == kmax and m2po)
+                        or (corr == "none" and trust == "clip" and k == kmax and clip_collapses))
+                step = 30.0 + 5 * s if fell else math.nan
+                rows.append({"correction": corr, "trust": trust, "staleness": k, "seed": s,
+                             "collapsed": float(fell), "collapse_step": step, "collapse_kind": "drop" if fell else "",
+                             "initial": 0.1, "peak": 0.8 if trust == "clip" else 0.7, "peak_step": 20.0,
+                             "final": 0.2 if fell else 0.8, "steps": 99, "ess_early": 0.9,
+                             "ess_before": (0.5 if precursors else 0.9) if fell else math.nan,
+                             "spike_before": float(precursors) if fell else math.nan,
+                             "explode": explode if corr == "geo-mask" else 1.5})
     return pd.DataFrame(rows)
 
 
 def test_staleness_rule():
-    v = staleness.staleness_verdict(_stale(tis_breaks_at=4))
-    assert v.verdict == HOLDS and v.parts["kstar"]["tis"] == 4 and math.isinf(v.parts["kstar"]["seq-mis"])
-    v = staleness.staleness_verdict(_stale())  # nothing breaks: token TIS does not break first
-    assert v.verdict == FAILS and v.parts["b"] == "n/a"
-    assert staleness.staleness_verdict(_stale(tis_breaks_at=8, mask_breaks_at=4)).verdict == FAILS
-    # ESS flat until the break: (b) contradicts "ESS falls ahead of collapse"
-    v = staleness.staleness_verdict(_stale(tis_breaks_at=4, ess_drop=0.0))
-    assert v.parts["a"] == HOLDS and v.parts["b"] == FAILS and v.verdict == FAILS
-    # one tis seed of three breaks: below the rate, but not nothing either
-    some = _stale()
-    some.loc[(some["correction"] == "tis") & (some["staleness"] == 16) & (some["seed"] == 0), "nonfinite"] = 3
-    assert staleness.staleness_verdict(some).parts["a"] == UNSURE
+    v = staleness.staleness_verdict(_stale())
+    assert v.verdict == HOLDS and (v.parts["V"], v.parts["M"], v.parts["A"]) == (HOLDS, HOLDS, HOLDS)
+    assert "seq-tis 3/3 collapsed at steps 30, 35, 40 (drop) in 100 steps" in v.statement  # time to collapse
+    assert v.parts["kmax"] == 16
+    # nothing collapses and the grad norm stays put: every part is ruled out
+    calm = staleness.staleness_verdict(_stale(vcpo=False, m2po=False, icepop=False, explode=1.2))
+    assert calm.verdict == FAILS and (calm.parts["V"], calm.parts["M"], calm.parts["A"]) == (FAILS, FAILS, FAILS)
+    # seq-tis collapses at k = 2, but with no spike and no ESS fall ahead of it: not VCPO's collapse
+    assert staleness.staleness_verdict(_stale(precursors=False)).parts["V"] == FAILS
+    # the clipped run collapses as often as the untrusted one: the trust region is not what saves it
+    assert staleness.staleness_verdict(_stale(clip_collapses=True)).parts["M"] == FAILS
+    # no untrusted arm in the data: M is untestable and left out of the verdict
+    v = staleness.staleness_verdict(_stale().query("trust == 'clip'"))
+    assert v.parts["M"] == "n/a" and v.verdict == HOLDS
+    # geo-mask's grad norm grows 5×, below the 10× of an explosion, in every seed: A2 does not hold
+    assert staleness.staleness_verdict(_stale(explode=5.0)).parts["areal"]["A2"] == FAILS
+    with pytest.raises(UserError, match="k = 2"):
+        staleness.staleness_verdict(_stale(ks=(4, 16)))
 
 
 # ----------------------------------------------------------------------------------------- 6. the seed bug
