@@ -114,9 +114,9 @@ def level_verdict(probe) -> Verdict:
     t0, t1 = Ts[0], Ts[-1]
     parts: dict[str, Any] = {"T": Ts}
 
-    def rel(p, T, col="bias_norm"):
+    def rel(p, T, col="bias_norm"):  # NaN where the reference gradient is 0: nothing to be biased against
         r = by[(p, T)]
-        return getattr(r, col) / r.exact_grad_norm
+        return getattr(r, col) / r.exact_grad_norm if r.exact_grad_norm > 0 else math.nan
 
     # (a)
     lo1, hi0 = rel(TOKEN_IS, t1, "bias_norm_lo"), rel(TOKEN_IS, t0, "bias_norm_hi")
@@ -126,10 +126,15 @@ def level_verdict(probe) -> Verdict:
     text_a = (f"(a) token-IS relative bias {sig(rel(TOKEN_IS, t0))} [{sig(lo0)}, {sig(hi0)}] at T={t0} → "
               f"{sig(rel(TOKEN_IS, t1))} [{sig(lo1)}, {sig(hi1)}] at T={t1}: {va}")
     # (b)
-    q = np.array([by[(SEQ_IS, T)].variance / max(by[(TOKEN_IS, T)].variance, EPS) for T in Ts])
-    growth = float(q[-1] / max(q[0], EPS))
-    r2_exp, r2_pow = _r2(Ts, np.log(q)), _r2(np.log(Ts), np.log(q))
-    if growth < GROWTH_MIN:
+    q = np.array([by[(SEQ_IS, T)].variance / by[(TOKEN_IS, T)].variance if by[(TOKEN_IS, T)].variance > EPS
+                  else math.nan for T in Ts])
+    growth = float(q[-1] / q[0]) if q[0] > 0 else math.nan
+    ok = np.isfinite(q) & (q > 0)
+    r2_exp = _r2(np.asarray(Ts)[ok], np.log(q[ok])) if ok.all() else math.nan
+    r2_pow = _r2(np.log(np.asarray(Ts)[ok]), np.log(q[ok])) if ok.all() else math.nan
+    if not math.isfinite(growth):
+        vb = UNSURE  # a zero variance (no signal at some T): no ratio to grow
+    elif growth < GROWTH_MIN:
         vb = FAILS
     elif math.isfinite(r2_exp) and math.isfinite(r2_pow) and r2_exp >= r2_pow:
         vb = HOLDS
@@ -184,6 +189,9 @@ def level_verdict(probe) -> Verdict:
     world = (f"{reference_text(pr)}; the engine's measured mismatch {_range(kl.min(), kl.max())} nats per token "
              f"(probe.csv engine_kl), T × KL {_range(t0 * kl[t0], t1 * kl[t1])}"
              if kl is not None and kl.notna().all() else reference_text(pr))
+    flat = [T for T in Ts if not by[(TOKEN_IS, T)].exact_grad_norm > 0]
+    if flat:
+        world += f"; ‖∇J‖ = 0 at T={_span(flat)} (no reward signal there: nothing to estimate)"
     verdict = all_of([va, vb, vc])
     key = (f"token-IS rel. bias {sig(rel(TOKEN_IS, t0), 2)}→{sig(rel(TOKEN_IS, t1), 2)} (a {va}); var ratio "
            f"{sig(growth, 2)}× (b {vb}); (c) {vc}" + (f", {len(degenerate)} degenerate" if degenerate else ""))

@@ -45,16 +45,29 @@ def world_of(ds: Dataset) -> str:
     return names.pop()
 
 
-def objective_series(g):
+def objective_series(g, summary: dict | None = None):
     """One job's evaluated J, one value per evaluated step in step order (the objective column repeats J on
-    every update of its step and is empty between evaluations), with its Monte Carlo SE where logged."""
+    every update of its step and is empty between evaluations), with its Monte Carlo SE where logged. With the
+    job's summary.json, J after the last step (final_objective, evaluated at the end of every run) is added at
+    step = steps_run when metrics.csv has no evaluation there (a run whose length is not a multiple of
+    train.objective_every), with the mean SE of the others."""
+    import math
+
     import pandas as pd
 
     cols = ["objective"] + (["objective_se"] if "objective_se" in g.columns else [])
     ev = g.dropna(subset=["objective"]).groupby("step", sort=True)[cols].first()
     if "objective_se" not in ev.columns:
         ev["objective_se"] = float("nan")
-    return ev.astype(float) if len(ev) else pd.DataFrame(columns=["objective", "objective_se"], dtype=float)
+    ev = ev.astype(float) if len(ev) else pd.DataFrame(columns=["objective", "objective_se"], dtype=float)
+    if summary:
+        try:
+            last, final = int(summary.get("steps_run")), float(summary.get("final_objective"))
+        except (TypeError, ValueError):
+            return ev
+        if math.isfinite(final) and (not len(ev) or last > ev.index.max()) and not summary.get("nonfinite_params"):
+            ev.loc[last] = [final, float(ev["objective_se"].mean()) if len(ev) else float("nan")]
+    return ev
 
 
 def run_frame(ds: Dataset, **keys: str):
@@ -92,7 +105,7 @@ def run_frame(ds: Dataset, **keys: str):
     rows = []
     for job, g in df.groupby("job", sort=True):
         s = summ.get(job, {})
-        ev = objective_series(g)
+        ev = objective_series(g, s)
         peak = float(ev["objective"].max()) if len(ev) else math.nan
         peak_step = float(ev["objective"].idxmax()) if len(ev) and ev["objective"].notna().any() else math.nan
         final = final_of(ev["objective"])
