@@ -5,7 +5,9 @@
 # writes figures/WORLD/verdicts.json and figures/VERDICTS.md: one table, claim × world → holds / does not hold /
 # inconclusive with the key numbers, then every verdict in full (the rules are in analysis/claims/).
 #
-#   bash scripts/figures.sh          default size: 540 s measured on the shared 2-core machine (load 2.5)
+#   bash scripts/figures.sh          default size: 909 s measured on the 2-core machine while two other jobs shared
+#                                    it (load average 4–5; 869 CPU-seconds, so ≈ 450–500 s on 2 idle cores, an
+#                                    estimate): bigram 146 s, mlp 326 s, transformer 406 s (its SFT warm starts cached)
 #   bash scripts/figures.sh --full   paper size (figures/full/WORLD/): more seeds, steps, lengths, repeats
 #
 # Environment: FIGURES_WORLDS (space-separated worlds, default "bigram mlp transformer"), FIGURES_ONLY (space-
@@ -22,7 +24,7 @@ SIZE=default
 for arg in "$@"; do
   case "$arg" in
     --full) SIZE=full ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "figures.sh: unknown argument: $arg (usage: bash scripts/figures.sh [--full])" >&2; exit 2 ;;
   esac
 done

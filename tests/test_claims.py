@@ -315,7 +315,7 @@ def test_experiment_headers(world):
 # Each experiment narrowed on the command line to a few seconds: few steps, small batches, and in the
 # transformer world a tiny model whose warm start trains in a second (into a tmp cache, shared by the module).
 TINY_RUN = ["rollout.batch_size=2", "rollout.group_size=4", "log.timing=false"]
-TINY_TRANSFORMER = ["policy.n_layer=1", "policy.d_model=16", "policy.n_head=2", "policy.sft.steps=30",
+TINY_TRANSFORMER = ["policy.n_layer=1", "policy.d_model=16", "policy.n_head=2", "policy.sft.steps=150",
                     "policy.sft.eval_samples=32", "policy.sft.warmup=5", "task.values=4", "rollout.seq_len=4",
                     "train.objective_samples=32", "train.objective_every=2", "device=cpu"]
 TINY = {
@@ -332,7 +332,8 @@ TINY_WORLD = {
     "mlp": {"bias-variance-by-level": ["rollout.seq_len=16,32"], "*": ["rollout.seq_len=16", "task.k=1"]},
     "transformer": {"bias-variance-by-level": ["rollout.seq_len=3,4", "probe.reference_rollouts=64"],
                     "tis-tames-mismatch": ["seed=0"], "precision-vs-algorithm": ["seed=0"],
-                    "seed-bug-end-to-end": ["seed=0"]},
+                    # 1% outliers may miss a tiny batch of 32 tokens: 20% puts the bug in it
+                    "seed-bug-end-to-end": ["seed=0", "mismatch.outlier_rate=0.2"]},
 }
 
 
@@ -377,6 +378,13 @@ PINNED: dict = {
     ("mlp", "precision-vs-algorithm"): pin("does not hold", (rf"fp16 0 vs bf16 {NUM}", 0.0)),
     ("mlp", "staleness-breaks-tis"): pin("does not hold", (rf"peak J {NUM}", 0.381), (rf"PPO clip 0/1 collapsed in 4 steps, final {NUM}", 0.335)),
     ("mlp", "seed-bug-end-to-end"): pin("inconclusive", (rf"skip updates \({NUM}%", 18.8), (rf"paired Δ {NUM}", -0.0518)),
+    # the transformer's J is Monte Carlo (32 rollouts: J in steps of 1/32)
+    ("transformer", "tis-tames-mismatch"): pin("does not hold", (rf"bf16: PPO 0/1 collapsed, peak-to-final drop 0%, final J {NUM}", 0.4688)),
+    ("transformer", "bias-variance-by-level"): pin("does not hold", (rf"at T=4 \({NUM}×", 0.988), (rf"token-IS relative bias {NUM}", 0.883)),
+    ("transformer", "mismatch-low-prob-tokens"): pin("holds", (rf"bf16: .*?, {NUM}× \[holds\]", 19), (rf"fp16: .*?, {NUM}× \[holds\]", 26)),
+    ("transformer", "precision-vs-algorithm"): pin("inconclusive", (rf"fp32 0, fp16 {NUM}", 0.0156)),
+    ("transformer", "staleness-breaks-tis"): pin("does not hold", (rf"peak J {NUM}", 0.469)),
+    ("transformer", "seed-bug-end-to-end"): pin("holds", (rf"skip updates \({NUM}%", 81.2), (rf"paired Δ {NUM}", 0.0625)),
 }
 
 

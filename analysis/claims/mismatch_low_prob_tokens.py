@@ -115,7 +115,8 @@ def lowprob_figure(tok, verdict: Verdict, style: str, world: str = ""):
         ax_s.scatter(smp["p_train"], smp["abs_dlogp"].clip(lower=floor), s=3, alpha=0.3, color=color, linewidths=0,
                      rasterized=True)
         handles.append(Line2D([], [], color=color, marker="o", markersize=4))
-        labels.append(f"{prec} engine vs fp32 trainer ({len(g):,} tokens)")
+        # said once: three "vs fp32 trainer" labels overflowed the figure's width
+        labels.append(f"{prec} engine ({len(g):,} tokens" + ("; the trainer is fp32)" if not labels else ")"))
     nb = int(bins["bin"].max()) + 1 if len(bins) else QUANTILES
     names = {0: "lowest", nb - 1: "highest"}
     ax_b.set_xticks(range(nb), [f"{b + 1}\n{names.get(b, '')}".rstrip() for b in range(nb)])

@@ -134,6 +134,15 @@ def precision_verdict(traj, baseline: str = "none", reference: str = "fp32", low
 PRECISION_COLORS = {"bf16": st.group_color(0), "fp16": st.group_color(1), "fp8": st.group_color(2), "fp32": "#555555"}
 
 
+def _by_step(ax, series, per: int, color) -> None:
+    """One point per training step (J is constant over a step's updates), with markers where J was evaluated
+    only a few times (a Monte Carlo J every 10 steps): otherwise a lone evaluation is an invisible line."""
+    by_step = series.groupby(series.index // per).first()
+    few = by_step.dropna().nunique() <= 25
+    ax.plot(by_step.index, by_step.where(by_step > 0), color=color, linewidth=1.1,
+            marker="o" if few else None, markersize=4)
+
+
 def precision_figure(traj, verdict: Verdict, style: str, world: str = "", baseline: str = "none"):
     from matplotlib.lines import Line2D
 
@@ -151,11 +160,18 @@ def precision_figure(traj, verdict: Verdict, style: str, world: str = "", baseli
         if prec != "fp32":
             if (prec, baseline) in piv.columns and ("fp32", baseline) in piv.columns:
                 gap = (piv[(prec, baseline)] - piv[("fp32", baseline)]).abs().groupby(level="t").mean()
-                ax_g.plot(gap.index / per, gap.where(gap > 0), color=color, linewidth=1.1)
+                _by_step(ax_g, gap, per, color)
             spread = (piv[cols].max(axis=1) - piv[cols].min(axis=1)).groupby(level="t").mean()
-            ax_s.plot(spread.index / per, spread.where(spread > 0), color=color, linewidth=1.1)
+            _by_step(ax_s, spread, per, color)
         handles.append(Line2D([], [], color=color, marker="o", markersize=4))
         labels.append(f"{prec} engine" + (" (no mismatch: the reference)" if prec == "fp32" else ""))
+    # A Monte Carlo J: differences below the expected range of estimates of one J are noise, not precision.
+    n_corr = traj["correction"].nunique()
+    for ax, floor in ((ax_g, noise_floor(traj, 2)), (ax_s, noise_floor(traj, n_corr))):
+        if math.isfinite(floor) and floor > 0:
+            ax.axhline(floor, color="0.4", linestyle="--", linewidth=0.9)
+            ax.text(0.02, floor, " Monte Carlo noise floor", transform=ax.get_yaxis_transform(), va="bottom",
+                    fontsize="x-small", color="0.35")
     for ax in (ax_g, ax_s):
         ax.set_yscale("log")
         ax.set_xlabel("training step")
