@@ -41,6 +41,9 @@ except AttributeError:  # pragma: no cover
     _Loader = yaml.SafeLoader
 
 JOB_COLUMNS = ("job", "job_num", "run_dir")  # how sweep.csv may name the job of a row
+# A bare sweep.csv records these keys only as the studies' own columns (runner/aggregate.py keeps the
+# table's column over the key): a run's constants, read back as the keys they are.
+BARE_KEYS = {"correction": "correction", "seed": "seed", "staleness": "mismatch.staleness"}
 DATA_FILES = ("metrics.csv", "probe.csv")
 MAX_TOKEN_ROWS = 400_000  # per dataset: enough for every histogram, bounded memory
 
@@ -209,7 +212,10 @@ class Dataset:
         if not self.jobs and self.sweep_csv is not None:  # a bare sweep.csv: its non-metric columns
             df = _read_csv(self.sweep_csv, nrows=0)
             skip = set(ALL_METRICS_COLUMNS) | set(JOB_COLUMNS)
-            return [] if df is None else [c for c in df.columns if c not in skip]
+            if df is None:
+                return []
+            keys = [c for c in df.columns if c not in skip]
+            return keys + [k for c, k in BARE_KEYS.items() if c in df.columns and k not in keys]
         seen: dict[str, None] = {}
         for job in self.jobs:
             for k in job.values:
@@ -352,6 +358,9 @@ class Dataset:
         if df is None:
             return None
         if not self.jobs:  # a bare sweep.csv: a job is a combination of its key columns
+            for c, k in BARE_KEYS.items():
+                if c in df.columns and k not in df.columns:
+                    df[k] = df[c]
             job_col = next((c for c in JOB_COLUMNS if c in df.columns), None)
             by = [job_col] if job_col else self.keys
             ids = df.groupby(by, sort=False, dropna=False).ngroup() if by else 0
