@@ -408,10 +408,15 @@ def _legend_columns(labels: Sequence[str], width: float, per_char: float = 0.048
     return max(1, min(len(labels), int((width - 0.1) // longest)))
 
 
-def _mean_and_band(ax, stats, metric: str, kw: dict, alpha: float) -> None:
-    """The mean over seeds as a line, and ± 1 s.d. shaded where there is more than one seed."""
+def _mean_and_band(ax, stats, metric: str, kw: dict, alpha: float, steps=None) -> None:
+    """The mean over seeds as a line, and ± 1 s.d. shaded where there is more than one seed.
+    `steps`: draw only these (the steps where a metric was measured at all), so that a metric taken
+    every N steps is one connected line, not N − 1 gaps between isolated, invisible points."""
+    if steps is not None:
+        stats = stats[stats["step"].isin(steps)]
     mean, sd = stats[f"{metric}_mean"], stats[f"{metric}_std"]
-    ax.plot(stats["step"], mean, **kw)
+    sparse = steps is not None and 1 < len(stats) <= 60
+    ax.plot(stats["step"], mean, **kw, **({"marker": "o", "markersize": 2.5} if sparse else {}))
     if stats[f"{metric}_count"].max() > 1:
         ax.fill_between(stats["step"], mean - sd, mean + sd, color=kw["color"], alpha=alpha, linewidth=0, gid="band")
 
@@ -619,6 +624,10 @@ def _training(ds: Dataset, style: str):
     flagged = _ordered(per.loc[per["bad"].astype(bool), "correction"].unique())
     bands = _bands(per, fs, "step", metrics)
     bad = per[per["bad"].astype(bool)]
+    # J is evaluated every train.objective_every steps (empty cells between): its line joins those steps
+    evaluated = {"objective": set(per.loc[per["objective"].notna(), "step"]), "reward": None}
+    if len(evaluated["objective"]) == per["step"].nunique():
+        evaluated["objective"] = None
     for f, facet in enumerate(fs):
         bad_f = bad[bad["job"].isin(facet.jobs)]
         for name in names:
@@ -629,7 +638,7 @@ def _training(ds: Dataset, style: str):
             bad_steps = np.sort(bad_f.loc[bad_f["correction"] == name, "step"].unique())
             for m, metric in enumerate(metrics):
                 ax = grid.ax(f, m)
-                _mean_and_band(ax, stats, metric, kw, alpha=0.18)
+                _mean_and_band(ax, stats, metric, kw, alpha=0.18, steps=evaluated[metric])
                 if len(bad_steps):
                     _event_marks(ax, bad_steps, flagged.index(name), kw["color"])
     for m in range(2):
@@ -1173,7 +1182,7 @@ def _mismatch(ds: Dataset, style: str):
         # Decade ticks from 10·c outwards (ticks inside the linear region collide around 0), every
         # other decade when the panel is narrow.
         decades = 10.0 ** np.arange(math.ceil(math.log10(c)) + 1, math.floor(math.log10(R)) + 1)
-        if paper and len(decades) > 2:
+        if len(decades) > (2 if paper else 3):  # "−10⁻³" is ~0.45 in wide: a 4 in panel holds ~8 labels
             decades = decades[::-1][::2][::-1]
         from matplotlib.ticker import FixedLocator
 
@@ -1192,6 +1201,9 @@ def _mismatch(ds: Dataset, style: str):
         ax_h.text(0.03, 0.97, text, transform=ax_h.transAxes, va="top", ha="left", fontsize="x-small",
                   color="0.3", zorder=6, gid="note",
                   bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5))
+        lo, hi = ax_h.get_ylim()  # headroom on the log axis: the note sits above the histogram, not on it
+        if lo > 0 and hi > lo:
+            ax_h.set_ylim(lo, hi * (hi / lo) ** (0.12 * (text.count("\n") + 1)))
     lo = max(min(pt_min, 1.0) * 0.5, floor)
     ax_s.set_xscale("log")
     ax_s.set_yscale("log")
