@@ -21,6 +21,17 @@ Kinds (`is-study plot --kind`):
     masking     masked and clamped token fractions and the ESS against step (ESS of NaN/inf weights is
                 a gap with a mark, not 0)
 
+The field's figures (analysis/field_figures.py, drawn from the same data):
+
+    mismatch-over-training  kl_k3, χ² per token, max|Δp| and the policy's entropy against step, one line
+                per engine precision (Qi et al. 2025, Fig. 3)
+    survival    the fraction of seeds not yet collapsed against step, one line per correction, one
+                panel per mismatch setting; below, ESS and grad norm in the steps before each
+                collapse, aligned on its collapse step
+    bias-split  a probe sweep over the response length T: the direction (cosine of E ĝ to ∇J), the
+                size (‖E ĝ‖ / ‖∇J‖) and the relative bias of each preset's gradient against T
+    length-heatmap  a train sweep over T × correction: final J and the collapse rate per cell
+
 A sweep's other swept keys (everything but the correction and the seed) become small multiples,
 one panel per combination. Data lines carry gid="series"; markers and shaded areas carry other gids.
 
@@ -47,7 +58,8 @@ from analysis import style as st
 from analysis.load import DEGENERATE_RULE, Dataset, describe, fmt_value, per_job, probe_frame
 from runner.errors import UserError
 
-KINDS = ("training", "grad-norm", "stability", "presets", "threshold", "mismatch", "masking")
+KINDS = ("training", "grad-norm", "stability", "presets", "threshold", "mismatch", "masking",
+         "mismatch-over-training", "survival", "bias-split", "length-heatmap")
 TITLES = {
     "training": "Training curves",
     "grad-norm": "Gradient-norm traces",
@@ -56,6 +68,10 @@ TITLES = {
     "threshold": "Threshold trade-off (probe)",
     "mismatch": "Training–inference mismatch",
     "masking": "Masking over time",
+    "mismatch-over-training": "Training–inference mismatch over training",
+    "survival": "Survival: seeds not yet collapsed",
+    "bias-split": "Bias split into direction and size, against the response length (probe)",
+    "length-heatmap": "Response length × correction",
 }
 SPIKE_FACTOR = 5.0  # a spike: grad norm above this many times the median of the trailing window
 SPIKE_WINDOW = 20
@@ -103,9 +119,11 @@ class Facets(list):
         return f"first {len(self)} of {self.total} panels" if self.total > len(self) else ""
 
 
-def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int = MAX_FACETS) -> Facets:
-    """One facet per combination of the swept keys other than correction, seed and `exclude`."""
-    skip = set(SEED_KEYS) | set(CORRECTION_KEYS) | set(exclude)
+def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int = MAX_FACETS,
+           by_correction: bool = False) -> Facets:
+    """One facet per combination of the swept keys other than seed and `exclude`, and other than the
+    correction unless `by_correction` (a figure whose lines are something else, e.g. precision)."""
+    skip = set(SEED_KEYS) | set(exclude) | (set() if by_correction else set(CORRECTION_KEYS))
     keys = [k for k in ds.swept if k not in skip and k in frame.columns]
     out = Facets()
     if not keys:
@@ -548,6 +566,9 @@ def availability(ds: Dataset) -> dict[str, str | None]:
             "one band per preset: see --kind presets")
     out["mismatch"] = None if ds.tokens is not None else (
         "no tokens.csv here (per-token trainer and rollout log-probs, written by the train study)")
+    from analysis import field_figures  # imports this module: loaded only when asked
+
+    out.update(field_figures.availability(ds, out))
     return out
 
 
@@ -1303,6 +1324,20 @@ FIGURES: dict[str, Callable] = {
     "mismatch": mismatch_figure,
     "masking": masking_figure,
 }
+
+
+def _field_figure(kind: str) -> Callable:
+    """The figure function of a kind in analysis/field_figures.py, imported when first drawn (that
+    module builds on this one)."""
+    def draw(ds: Dataset, style: str = "default"):
+        from analysis import field_figures
+
+        return field_figures.FIGURES[kind](ds, style)
+    draw.__name__ = kind.replace("-", "_") + "_figure"
+    return draw
+
+
+FIGURES.update({k: _field_figure(k) for k in ("mismatch-over-training", "survival", "bias-split", "length-heatmap")})
 
 
 def figure(kind: str, ds: Dataset, style: str = "default"):

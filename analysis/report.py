@@ -29,7 +29,8 @@ from runner.errors import UserError
 
 CASE_SUFFIXES = (".yaml", ".yml", ".json")
 MAX_TABLE_ROWS = 120
-REPORT_FIGURES = ("training", "stability", "presets", "threshold", "mismatch", "grad-norm", "masking")
+REPORT_FIGURES = ("training", "stability", "survival", "length-heatmap", "presets", "threshold", "bias-split", "mismatch",
+                  "mismatch-over-training", "grad-norm", "masking")
 
 
 # ----------------------------------------------------------------------------------------- entry
