@@ -362,3 +362,61 @@ def test_plot_offers_the_new_kinds_where_the_data_allows(field, lengths_probe, t
     for args, msg in cases:
         code, _, err = run_cli("plot", *args)
         assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, (args, err)
+
+
+# ----------------------------------------------------------------------------------------- report table
+def _markdown_table(text: str, header_start: str) -> pd.DataFrame:
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return pd.DataFrame(rows[2:], columns=rows[0])
+
+
+def test_report_peak_to_final_drop_table(field):
+    """precision × staleness × correction (× T, swept too) → mean peak − final J over seeds, the seed
+    count, the worst seed, and the runs that ended with NaN parameters counted apart."""
+    code, out, err = run_cli("report", str(field), "--out", "-")
+    assert code == 0, err
+    section = out.split("## Peak-to-final drop of J", 1)[1].split("\n## ", 1)[0]
+    table = _markdown_table(section, "| precision")
+    assert list(table.columns[:4]) == ["precision", "staleness", "correction", "rollout.seq_len"]
+    assert len(table) == 8 and set(table["precision"]) == {"bf16"} and (table["seeds"] == "2").all()
+    summ = _summaries(field)
+    summ["drop"] = summ["peak_objective"] - summ["final_objective"].astype(float)
+    for _, row in table.iterrows():
+        cell = summ[(summ["correction"] == row["correction"]) & (summ["staleness"] == int(row["staleness"]))
+                    & (summ["T"] == int(row["rollout.seq_len"]))]
+        ok = cell[~cell["nonfinite_params"]]
+        assert row["NaN parameters"] == f"{int(cell['nonfinite_params'].sum())}/{len(cell)}"
+        if len(ok) == 0:
+            assert row["peak − final"] == "nan" and row["worst seed"] == "—"
+            continue
+        mean = float(ok["drop"].mean())
+        assert row["peak − final"].startswith(f"{mean:.3f}")
+        worst = ok.loc[ok["drop"].idxmax()]
+        assert row["worst seed"] == f"seed {worst['seed']}: {worst['drop']:.3f}"
+    best = summ[~summ["nonfinite_params"]].groupby(["correction", "staleness", "T"])["drop"].mean().max()
+    assert f"Largest mean drop: **{best:.3f}**" in section
+    assert "ended with NaN parameters has no final J: it is left out of the drop" in section
+
+
+def test_report_drop_table_names_the_monte_carlo_noise(transformer):
+    code, out, err = run_cli("report", str(transformer), "--out", "-")
+    assert code == 0, err
+    section = out.split("## Peak-to-final drop of J", 1)[1].split("\n## ", 1)[0]
+    table = _markdown_table(section, "| precision")
+    assert list(table["precision"]) == ["fp16", "bf16"]  # by mantissa bits
+    m = pd.read_csv(transformer / "sweep.csv")
+    se = m.dropna(subset=["objective_se"]).groupby("precision")["objective_se"].mean()
+    assert list(table["J s.e."]) == [f"{se['fp16']:.2g}", f"{se['bf16']:.2g}"]
+    assert "a drop within ~2 s.e. is noise" in section
+
+
+def test_no_drop_table_for_a_single_run(field):
+    code, out, err = run_cli("report", str(field / "00"), "--out", "-")
+    assert code == 0, err
+    assert "Peak-to-final drop" not in out
