@@ -1,16 +1,32 @@
 #!/usr/bin/env bash
-# bash scripts/make_gallery.sh        (about 2 minutes on 2 idle cores)
+# bash scripts/make_gallery.sh [--transformer]   (about 4 minutes on 2 idle cores; +4 with --transformer)
 #
 # Regenerates docs/gallery/*.png and docs/gallery.md from real data: a small sweep (the shipped
 # staleness-ladder experiment with the as-shipped OpenRLHF seq-mask-tis added: 5 corrections × 4
 # staleness values × 2 seeds = 40 jobs of 60 steps, 1% of rollout log-probs 1000 nats off), the
 # default probe (all 22 presets at their own bands) and a threshold probe (4 presets × 9 upper
-# thresholds at staleness 16). Every figure kind in both styles, PNG only (quantised to 256
-# colours to keep the repository small), plus the reports' verdicts. The claims' figures are
-# figures/*.png, written by scripts/figures.sh; this page links them.
+# thresholds at staleness 16); for the field's figures, a collapse sweep (4 corrections × response
+# length 8, 16, 32 × 4 seeds, staleness 8, 1 in 20,000 rollout log-probs 1000 nats off with NaN/inf
+# updates applied), an mlp sweep over the engine's precision (bf16, fp16, fp8 × 2 seeds, 100 steps,
+# no staleness) and the shipped bias-variance-by-level probe (T = 2 … 64). Every figure kind in both
+# styles, PNG only (quantised to 256 colours to keep the repository small), plus the reports'
+# verdicts. The claims' figures are figures/*.png, written by scripts/figures.sh; this page links them.
+#
+# --transformer also (re)draws the transformer world's figures (docs/gallery/transformer-*.png) from
+# a default-size sweep, `is-study sweep policy=transformer mismatch.precision=bf16,fp16
+# mismatch.staleness=0 log.tokens_every=20` (2 runs of 200 steps, ~4 minutes on 2 cores with the
+# SFT warm start cached; a finished sweep in $GALLERY_WORK/transformer is reused). Without it those
+# figures and their paragraph are kept as they are.
 #
 #   GALLERY_WORK=/tmp/g bash scripts/make_gallery.sh   # keep the runs (default: a temp dir, removed)
 set -euo pipefail
+TRANSFORMER=0
+for arg in "$@"; do
+  case "$arg" in
+    --transformer) TRANSFORMER=1 ;;
+    *) echo "usage: bash scripts/make_gallery.sh [--transformer]" >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
 PY=${PYTHON:-python}
@@ -30,6 +46,12 @@ PROBE_ARGS=(study=probe "probe.presets=[tis,icepop,seq-tis,seq-mask-tis]"
             "probe.bands=[[null,1.1],[null,1.25],[null,1.5],[null,2],[null,3],[null,5],[null,10],[null,30],[null,100]]"
             mismatch.staleness=16 rollout.seq_len=24 probe.batch_size=1024 probe.repeats=200)
 DEFAULT_PROBE_ARGS=(study=probe)
+FIELD_ARGS=("correction=tis,seq-mask-tis,seq-tis,openrlhf-bc71bb1/seq-mask-tis" "rollout.seq_len=8,16,32"
+            mismatch.staleness=8 mismatch.outlier_rate=0.00005 train.on_nonfinite=apply "seed=range(0,4)"
+            train.steps=60 log.tokens_every=0)
+PRECISION_ARGS=(policy=mlp "mismatch.precision=bf16,fp16,fp8" mismatch.staleness=0 "seed=range(0,2)" train.steps=100)
+LENGTH_PROBE_ARGS=(experiment=bias-variance-by-level)
+TRANSFORMER_ARGS=(policy=transformer "mismatch.precision=bf16,fp16" mismatch.staleness=0 log.tokens_every=20)
 
 echo "== sweep (40 jobs)" >&2
 rm -rf "$WORK/sweep"
@@ -38,6 +60,17 @@ echo "== probes" >&2
 rm -rf "$WORK/probe" "$WORK/probe-default"
 $IS run "${PROBE_ARGS[@]}" log.quiet=true "hydra.run.dir=$WORK/probe" >/dev/null
 $IS run "${DEFAULT_PROBE_ARGS[@]}" log.quiet=true "hydra.run.dir=$WORK/probe-default" >/dev/null
+echo "== the field's figures: collapse sweep (48 jobs), mlp precision sweep (6 jobs), probe over T (6 jobs)" >&2
+rm -rf "$WORK/field" "$WORK/precision" "$WORK/lengths"
+$IS sweep "${FIELD_ARGS[@]}" log.quiet=true "hydra.sweep.dir=$WORK/field" >/dev/null
+$IS sweep "${PRECISION_ARGS[@]}" log.quiet=true "hydra.sweep.dir=$WORK/precision" >/dev/null
+$IS sweep "${LENGTH_PROBE_ARGS[@]}" log.quiet=true "hydra.sweep.dir=$WORK/lengths" >/dev/null
+if [ "$TRANSFORMER" = 1 ]; then
+  echo "== transformer world (2 runs of 200 steps)" >&2
+  RESUME=()
+  [ -f "$WORK/transformer/sweep.json" ] && RESUME=(--resume)
+  $IS sweep "${TRANSFORMER_ARGS[@]}" "hydra.sweep.dir=$WORK/transformer" "${RESUME[@]}" >/dev/null
+fi
 
 echo "== figures" >&2
 rm -rf "$WORK/fig" "$WORK/fig-paper"
@@ -47,28 +80,48 @@ for style in default paper; do
   $IS plot "$WORK/sweep" -k training,grad-norm,stability,masking,mismatch --style "$style" -o "$dir" >/dev/null
   $IS plot "$WORK/probe" -k threshold --style "$style" -o "$dir" >/dev/null
   $IS plot "$WORK/probe-default" -k presets --style "$style" -o "$dir" >/dev/null
+  $IS plot "$WORK/field" -k survival,length-heatmap --style "$style" -o "$dir" >/dev/null
+  $IS plot "$WORK/precision" -k mismatch-over-training --style "$style" -o "$dir" >/dev/null
+  $IS plot "$WORK/lengths" -k bias-split --style "$style" -o "$dir" >/dev/null
+  if [ "$TRANSFORMER" = 1 ]; then
+    $IS plot "$WORK/transformer" -k mismatch,mismatch-over-training,training --style "$style" -o "$dir/transformer" >/dev/null
+  fi
 done
 $IS report "$WORK/sweep" --out "$WORK/report.md" >/dev/null
+$IS report "$WORK/field" --out "$WORK/field-report.md" >/dev/null
 $IS report "$WORK/probe-default" --out "$WORK/probe-report.md" >/dev/null
 $IS report openrlhf-seq-mask-tis correction=openrlhf-bc71bb1/seq-mask-tis --out "$WORK/card.md" >/dev/null
 $IS report openrlhf-seq-mask-tis --out "$WORK/cards.md" >/dev/null
 
-rm -f "$OUT"/*.png
+# The transformer world's figures are kept unless --transformer redrew them.
+find "$OUT" -maxdepth 1 -name '*.png' ! -name 'transformer-*' -delete
 for f in "$WORK"/fig/*.png; do cp "$f" "$OUT/"; done
 for f in "$WORK"/fig-paper/*.png; do cp "$f" "$OUT/$(basename "$f" .png)-paper.png"; done
+if [ "$TRANSFORMER" = 1 ]; then
+  rm -f "$OUT"/transformer-*.png
+  for f in "$WORK"/fig/transformer/*.png; do cp "$f" "$OUT/transformer-$(basename "$f")"; done
+  for f in "$WORK"/fig-paper/transformer/*.png; do cp "$f" "$OUT/transformer-$(basename "$f" .png)-paper.png"; done
+fi
 
 FIGURES_SECONDS=$(sed -n 's/.*default size: \([0-9]*\) s measured on an idle 2-core machine.*/\1/p' scripts/figures.sh)
 
-$PY - "$OUT" "$WORK" "${SWEEP_ARGS[*]}" "${PROBE_ARGS[*]}" "$FIGURES_SECONDS" <<'EOF'
+$PY - "$OUT" "$WORK" "${SWEEP_ARGS[*]}" "${PROBE_ARGS[*]}" "$FIGURES_SECONDS" "${FIELD_ARGS[*]}" \
+    "${PRECISION_ARGS[*]}" "${LENGTH_PROBE_ARGS[*]}" "${TRANSFORMER_ARGS[*]}" "$TRANSFORMER" <<'EOF'
 """Quantise the PNGs and write docs/gallery.md."""
+import json
 import re
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 from PIL import Image
 
-out, work, sweep_args, probe_args, figures_seconds = Path(sys.argv[1]), Path(sys.argv[2]), *sys.argv[3:]
+out, work = Path(sys.argv[1]), Path(sys.argv[2])
+sweep_args, probe_args, figures_seconds, field_args, precision_args, length_args, transformer_args, redrawn = sys.argv[3:]
 for png in sorted(out.glob("*.png")):
+    if png.name.startswith("transformer-") and redrawn != "1":
+        continue  # kept as they were (already quantised)
     with Image.open(png) as im:
         dpi = im.info.get("dpi", (150, 150))
         q = im.convert("RGB").quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
