@@ -41,9 +41,9 @@ except AttributeError:  # pragma: no cover
     _Loader = yaml.SafeLoader
 
 JOB_COLUMNS = ("job", "job_num", "run_dir")  # how sweep.csv may name the job of a row
-# A bare sweep.csv records these keys only as the studies' own columns (runner/aggregate.py keeps the
-# table's column over the key): a run's constants, read back as the keys they are.
-BARE_KEYS = {"correction": "correction", "seed": "seed", "staleness": "mismatch.staleness"}
+# sweep.csv keeps one column where a swept key and a metrics column hold the same value (runner/aggregate.py
+# SAME_AS): a bare sweep.csv gets the key back under its config name, so its figures facet as the job dirs'
+CONFIG_NAME_OF = {"staleness": "mismatch.staleness"}
 DATA_FILES = ("metrics.csv", "probe.csv")
 MAX_TOKEN_ROWS = 400_000  # per dataset: enough for every histogram, bounded memory
 
@@ -214,8 +214,8 @@ class Dataset:
             skip = set(ALL_METRICS_COLUMNS) | set(JOB_COLUMNS)
             if df is None:
                 return []
-            keys = [c for c in df.columns if c not in skip]
-            return keys + [k for c, k in BARE_KEYS.items() if c in df.columns and k not in keys]
+            return [c for c in df.columns if c not in skip] + [key for col, key in CONFIG_NAME_OF.items()
+                                                               if col in df.columns and key not in df.columns]
         seen: dict[str, None] = {}
         for job in self.jobs:
             for k in job.values:
@@ -358,9 +358,9 @@ class Dataset:
         if df is None:
             return None
         if not self.jobs:  # a bare sweep.csv: a job is a combination of its key columns
-            for c, k in BARE_KEYS.items():
-                if c in df.columns and k not in df.columns:
-                    df[k] = df[c]
+            for col, key in CONFIG_NAME_OF.items():
+                if col in df.columns and key not in df.columns:
+                    df[key] = df[col]
             job_col = next((c for c in JOB_COLUMNS if c in df.columns), None)
             by = [job_col] if job_col else self.keys
             ids = df.groupby(by, sort=False, dropna=False).ngroup() if by else 0

@@ -305,7 +305,9 @@ def test_plot_command_kinds_and_paper_style(probe_dir, run_dir, tmp_path, monkey
     code, out, err = _cli("plot", str(run_dir), "-k", "training,masking", "-o", str(tmp_path / "two"))
     assert code == 0 and len(out.split()) == 4
     assert sorted(saved) == ["masking", "threshold", "training"]
-    assert _series_labels(saved["masking"]) == [[BUG]] * 2  # masked, ESS (it never clamps): the one run each
+    # masked and ESS, the one run each: its clamped fraction is 0 in every run (the unclamped seed bug),
+    # which the figure says in its title instead of drawing a flat row
+    assert _series_labels(saved["masking"]) == [[BUG]] * 2
 
 
 def test_plot_command_errors_exit_2(run_dir, tmp_path):

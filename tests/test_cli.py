@@ -156,3 +156,10 @@ def test_unknown_key_suggests_the_nearest(cli, tmp_path, override, suggestion):
 def test_unknown_key_of_the_probe_study_is_suggested_too(cli):
     code, _, err = cli("show", "study=probe", "probe.repeat=3")
     _one_line_error(code, err, "unknown key 'probe.repeat'; did you mean probe.repeats?")
+
+
+def test_an_unknown_probe_key_under_study_probe_is_not_sent_to_study_probe(cli):
+    code, _, err = cli("run", "study=probe", "probe.nope_key=3")
+    assert code == 2 and err.strip() == "is-study: error: config: unknown key 'probe.nope_key'"
+    code, _, err = cli("run", "probe.repeats=3")
+    assert code == 2 and "probe.* keys belong to study=probe" in err

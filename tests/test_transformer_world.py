@@ -294,7 +294,7 @@ def test_a_write_that_fails_leaves_no_file(tmp_path):
 
 # ------------------------------------------------------------------------------------------- shape
 def test_default_world_from_the_config():
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
 
     cfg = hydra_app.to_container(hydra_app.compose(["policy=transformer"]))
     assert cfg["task"]["name"] == "sort" and cfg["rollout"]["seq_len"] == 32

@@ -98,7 +98,7 @@ def _unknown_key_message(exc: BaseException) -> str | None:
     if near:
         return f"{message}; did you mean {' or '.join(near[:2])}?"
     section = key.split(".", 1)[0]
-    if section not in keys and section in _STUDY_SECTIONS:
+    if section in _STUDY_SECTIONS and not any(k == section or k.startswith(section + ".") for k in keys):
         return f"{message}: {section}.* keys belong to study={_STUDY_SECTIONS[section]}"
     return message
 
