@@ -450,6 +450,10 @@ def _survival(ds: Dataset, style: str):
         extra.append((Line2D([], [], linestyle="none", marker="|", color="0.25", markersize=7),
                       "run ended early without collapse (censored)"))
     handles, labels = _legend_for(names, extra=extra)
+    # The count beside each name: a curve at 1 can hide under another, its label cannot.
+    counts = per.groupby("correction")["event"].agg(["count", "size"])
+    labels = [f"{lab}: {counts.loc[lab, 'count']}/{counts.loc[lab, 'size']} collapsed" if lab in names else lab
+              for lab in labels]
     what = ("lead–lag: per correction, the median over its collapsed seeds; "
             f"{len(collapsed)} collapse{'s' if len(collapsed) != 1 else ''} ("
             + ", ".join(f"{w} {n}" for w, n in sorted(reasons.items())) + ")") if lead else (

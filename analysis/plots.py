@@ -636,8 +636,13 @@ def _training(ds: Dataset, style: str):
                      if "nonfinite_loss" in df.columns else False)
              .groupby(["job", "step"], sort=False)
              .agg(objective=("objective", "first"), reward=("reward", "mean"), bad=("_bad", "max"),
-                  correction=("correction", "first"), **({"seed": ("seed", "first")} if "seed" in df.columns else {}))
+                  correction=("correction", "first"), **({"seed": ("seed", "first")} if "seed" in df.columns else {}),
+                  **({"se": ("objective_se", "first")} if "objective_se" in df.columns else {}))
              .reset_index())
+    # A Monte Carlo J (the transformer world) wobbles by its standard error: say how much, so that a
+    # reader does not take a 0.04 dip for a drop; bars of ±2 s.e. where a line is one run.
+    se = per["se"].astype(float) if "se" in per.columns else None
+    monte_carlo = se is not None and bool((se > 0).any())
     metrics = ("objective", "reward")
     fs = facets(ds, df, limit=Grid.capacity(style, len(metrics)))
     names = _ordered(per["correction"].unique())
@@ -649,6 +654,7 @@ def _training(ds: Dataset, style: str):
     evaluated = {"objective": set(per.loc[per["objective"].notna(), "step"]), "reward": None}
     if len(evaluated["objective"]) == per["step"].nunique():
         evaluated["objective"] = None
+    drew_bars = False
     for f, facet in enumerate(fs):
         bad_f = bad[bad["job"].isin(facet.jobs)]
         for name in names:
@@ -660,6 +666,11 @@ def _training(ds: Dataset, style: str):
             for m, metric in enumerate(metrics):
                 ax = grid.ax(f, m)
                 _mean_and_band(ax, stats, metric, kw, alpha=0.18, steps=evaluated[metric])
+                if metric == "objective" and monte_carlo and stats["objective_count"].max() == 1:
+                    runs = per[per["job"].isin(facet.jobs) & (per["correction"] == name) & per["se"].notna()]
+                    ax.errorbar(runs["step"], runs["objective"], yerr=2 * runs["se"].astype(float), fmt="none",
+                                ecolor=kw["color"], elinewidth=0.6, capsize=0, alpha=0.6)
+                    drew_bars = True
                 if len(bad_steps):
                     _event_marks(ax, bad_steps, flagged.index(name), kw["color"])
     for m in range(2):
@@ -671,7 +682,11 @@ def _training(ds: Dataset, style: str):
                                     _label(style, "batch mean reward", "reward")], fs)
     extra = [_event_handle("NaN/inf update (marks under the data)")] if flagged else []
     handles, labels = _legend_for(names, extra=extra)
-    return grid.finish(TITLES["training"], ds, handles, labels, _notes(_seed_note(per, fs), fs.note))
+    mc_note = ""
+    if monte_carlo:
+        mc_note = (f"J: a Monte Carlo estimate, s.e. ≈ {float(se[se > 0].mean()):.2g} per evaluation"
+                   + (" (bars: ±2 s.e.)" if drew_bars else ""))
+    return grid.finish(TITLES["training"], ds, handles, labels, _notes(_seed_note(per, fs), mc_note, fs.note))
 
 
 # ----------------------------------------------------------------------------------------- grad norm
@@ -825,6 +840,8 @@ def never_learned_note(per) -> str:
     if "learned" not in per.columns:
         return ""
     flat = per[per["learned"] == 0]
+    if "collapsed" in per.columns:  # a run that collapsed before it learned (NaN at step 0) is a collapse
+        flat = flat[flat["collapsed"] != 1]
     if flat.empty:
         return ""
     counts = per.groupby("correction")["learned"].count()

@@ -360,9 +360,12 @@ def drop_table(ds: Dataset) -> str | None:
     for key, g in sorted(per.groupby([*DROP_CELL, *others], sort=False, dropna=False), key=order):
         row = {k: fmt_value(v) for k, v in zip((*DROP_CELL, *others), key)}
         row["seeds"] = int(g[seeds].nunique())
-        row["peak J"] = _mean_sd(g["best_objective"])
-        row["final J"] = _mean_sd(g["final"])
         finite = g[np.isfinite(g["drop"])]
+        # Peak and final over the same runs, so that the drop is their difference; a cell where every run
+        # ended with NaN parameters still shows how high J got before.
+        row["peak J"] = (_mean_sd(finite["best_objective"]) if len(finite)
+                         else _mean_sd(g["best_objective"]) + " (before NaN)")
+        row["final J"] = _mean_sd(g["final"])
         row["peak − final"] = _mean_sd(finite["drop"])
         if len(finite):
             w = finite.loc[finite["drop"].idxmax()]
@@ -384,13 +387,16 @@ def drop_table(ds: Dataset) -> str | None:
     lead = ""
     if worst_mean is not None and worst_mean[0] <= 0:
         lead = "J ended at its peak in every run that has a final J (peak − final = 0).\n\n"
+    elif worst_mean is not None and worst_mean[0] < 0.0005:  # "largest drop 0.000" reads as a typo
+        lead = (f"J ended within 0.0005 of its peak in every run that has a final J (largest mean drop "
+                f"{worst_mean[0]:.1e}).\n\n")
     elif worst_mean is not None:
         mean, row, n = worst_mean
         cell = ", ".join(f"{k}={row[k]}" for k in (*DROP_CELL, *others))
         lead = (f"Largest mean drop: **{mean:.3f}** at {cell} ({row['peak − final']} over {n} seed"
                 f"{'s' if n != 1 else ''}; worst {row['worst seed']}).\n\n")
     legend = ("\n\npeak − final: J at the run's best evaluation minus J at its last (summary.json's peak_objective − "
-              "final_objective), mean ± s.d. over the seeds; worst seed: the largest drop. ")
+              "final_objective), mean ± s.d. over the seeds (peak J too: over the runs that have a final J); worst seed: the largest drop. ")
     if bool(per["nan_params"].any()):
         legend += ("A run that ended with NaN parameters has no final J: it is left out of the drop and counted under "
                    "NaN parameters. ")

@@ -231,6 +231,10 @@ def test_survival_figure(field):
         assert marked == nan_grads
         seen_nan |= bool(nan_grads)
     assert seen_nan  # some run's parameters went NaN within its window: the update that did it is marked
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    for name in ("tis", BUG):  # each correction's collapses over all its runs, in its legend label
+        runs_of = summ[summ["correction"] == name]
+        assert f"{name}: {int(runs_of['collapsed'].sum())}/{len(runs_of)} collapsed" in legend
     reasons = collapsed["collapse_reason"].map(collapse_kind).value_counts()
     assert f"{len(collapsed)} collapses (" in _title(fig)
     for word, n in reasons.items():
@@ -420,3 +424,14 @@ def test_no_drop_table_for_a_single_run(field):
     code, out, err = run_cli("report", str(field / "00"), "--out", "-")
     assert code == 0, err
     assert "Peak-to-final drop" not in out
+
+
+def test_a_run_that_collapsed_before_it_learned_is_a_collapse_not_a_flat_run():
+    """The survival figure counts a run whose parameters went NaN at step 0 as a collapse; the
+    never-learned note (whose runs did "not collapse") must not name it too."""
+    from analysis.plots import never_learned_note
+
+    per = pd.DataFrame({"correction": ["tis", "tis", BUG, BUG], "learned": [1, 0, 0, 0], "collapsed": [0, 0, 1, 0]})
+    assert never_learned_note(per) == ("never learned (J never rose above its start; not a collapse): "
+                                       f"tis (1 of 2 runs), {BUG} (1 of 2 runs)")
+    assert never_learned_note(per.assign(collapsed=[0, 1, 1, 1])) == ""
