@@ -1265,7 +1265,7 @@ def _mismatch(ds: Dataset, style: str):
     ax_b.set_xlabel(_label(style, r"token probability $p_{\mathrm{train}}$ (log bins)", r"$p_{\mathrm{train}}$ (log bins)"))
     ax_b.set_ylabel(_label(style, r"$|p_{\mathrm{train}} - p_{\mathrm{rollout}}|$ (probability)", r"$|\Delta p|$"))
     handles += [Line2D([], [], color="0.3", linestyle=":"), Line2D([], [], color="0.4", linestyle="--")]
-    labels += ["|Δp| per bin: median (solid), 90th pct. (dotted)", "p_rollout = p_train"]
+    labels += ["|Δp| per bin: median (solid), 90th pct. (dotted)", r"$p_{\mathrm{rollout}} = p_{\mathrm{train}}$"]
     note = f"{len(tok):,} tokens" + (f", by {key}" if key else "")
     return grid.finish(TITLES["mismatch"], ds, handles, labels, note)
 

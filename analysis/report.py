@@ -396,7 +396,8 @@ def drop_table(ds: Dataset) -> str | None:
         lead = (f"Largest mean drop: **{mean:.3f}** at {cell} ({row['peak − final']} over {n} seed"
                 f"{'s' if n != 1 else ''}; worst {row['worst seed']}).\n\n")
     legend = ("\n\npeak − final: J at the run's best evaluation minus J at its last (summary.json's peak_objective − "
-              "final_objective), mean ± s.d. over the seeds (peak J too: over the runs that have a final J); worst seed: the largest drop. ")
+              "final_objective), mean ± s.d. over the seeds (peak J too: over the runs that have a final J); "
+              "worst seed: the largest drop. ")
     if bool(per["nan_params"].any()):
         legend += ("A run that ended with NaN parameters has no final J: it is left out of the drop and counted under "
                    "NaN parameters. ")

@@ -390,6 +390,9 @@ lines = [
     "is-study report multirun/NAME          # Markdown: verdict, command, config diff, table, figures",
     "```",
     "",
+    "The field's figures (mismatch over training, survival, the length heatmap, the bias split), the transformer "
+    "world's and the report's peak-to-final table come from runs of their own: each section gives its command.",
+    "",
 ]
 for name, title, text in FIGS:
     lines += [f"## {title}", "", text, "", f"![{title}](gallery/{name}.png)", "",
