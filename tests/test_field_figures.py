@@ -153,6 +153,24 @@ def test_mismatch_over_training_in_the_transformer_world(transformer, tmp_path):
     assert (tmp_path / "mismatch-over-training.pdf").read_bytes()[:5] == b"%PDF-"
 
 
+def test_a_monte_carlo_objective_is_drawn_with_its_standard_error(transformer):
+    """The transformer's J is a Monte Carlo estimate: each evaluation of a one-seed line gets a bar of
+    ±2 s.e. (objective_se of that step), and the title gives the mean s.e., so that a dip within the
+    noise is not read as a drop."""
+    from analysis import load_dataset, plots
+
+    ds = load_dataset(transformer)
+    fig = plots.figure("training", ds)
+    m = ds.metrics.dropna(subset=["objective_se"]).groupby(["precision", "step"]).first().reset_index()
+    se = m["objective_se"].mean()
+    assert f"J: a Monte Carlo estimate, s.e. ≈ {se:.2g} per evaluation (bars: ±2 s.e.)" in _title(fig)
+    objective_axes = [ax for ax in visible_axes(fig) if "objective" in ax.get_ylabel() or ax.containers]
+    bars = [c for ax in objective_axes for c in ax.containers]
+    assert len(bars) == 2  # one line per precision panel
+    halves = sorted(float(abs(seg[1][1] - seg[0][1]) / 2) for c in bars for seg in c.lines[2][0].get_segments())
+    assert halves == pytest.approx(sorted(2 * m["objective_se"]), rel=1e-6)
+
+
 def test_a_long_run_is_smoothed_and_says_so():
     from analysis.field_figures import smoothing_window
 
