@@ -585,11 +585,12 @@ def describe(ds: Dataset) -> str:
 
 # ----------------------------------------------------------------------------------------- per job
 def per_job(ds: Dataset):
-    """One row per train job: correction, staleness, the key columns, and
+    """One row per train job: correction, staleness, precision, the key columns, and
     updates, nonfinite (fraction of updates with a NaN/inf loss or gradient), nonfinite_events
     (NaN/inf loss events + NaN/inf gradient events, as events.csv counts them), first_bad (step),
     skipped, final_objective, best_objective, final_reward, collapsed (1/0; NaN without
-    summary.json), done. Values come from summary.json where the job has one, else from the metrics."""
+    summary.json), nonfinite_params (1 when the run ended with NaN/inf parameters), done. Values come
+    from summary.json where the job has one, else from the metrics."""
     import numpy as np
 
     df = ds.metrics
@@ -601,8 +602,9 @@ def per_job(ds: Dataset):
     frame = df.assign(_bad=events > 0, _events=events,
                       _skipped=df["skipped"].fillna(0) if "skipped" in df.columns else 0)
     seed = {"seed": ("seed", "first")} if "seed" in frame.columns else {}
+    precision = {"precision": ("precision", "first")} if "precision" in frame.columns else {}
     per = (frame.groupby("job", sort=True)
-                .agg(correction=("correction", "first"), staleness=("staleness", "first"), **seed,
+                .agg(correction=("correction", "first"), staleness=("staleness", "first"), **precision, **seed,
                      updates=("step", "size"), nonfinite=("_bad", "mean"), nonfinite_events=("_events", "sum"),
                      skipped=("_skipped", "sum"), last_objective=("objective", "last"),
                      max_objective=("objective", "max"), last_reward=("reward", "last"))
@@ -624,6 +626,10 @@ def per_job(ds: Dataset):
     per["initial_objective"] = [summ.get(j, {}).get("initial_objective", np.nan) for j in per["job"]]
     for key in ("peak_step", "collapse_step", "collapse_reason"):
         per[key] = [summ.get(j, {}).get(key) for j in per["job"]]
+    # NaN/inf parameters end a run: its J is undefined from then on (summary.json's final_objective
+    # is null, and final_objective above falls back to the last finite J, from before the NaN).
+    per["nonfinite_params"] = [float(summ[j]["nonfinite_params"]) if "nonfinite_params" in summ.get(j, {})
+                               else np.nan for j in per["job"]]
     per["done"] = [done.get(j, True) for j in per["job"]]
     per = per.drop(columns=["last_objective", "max_objective", "last_reward"])
     firsts = df.drop_duplicates("job").set_index("job")

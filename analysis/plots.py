@@ -21,6 +21,17 @@ Kinds (`is-study plot --kind`):
     masking     masked and clamped token fractions and the ESS against step (ESS of NaN/inf weights is
                 a gap with a mark, not 0)
 
+The field's figures (analysis/field_figures.py, drawn from the same data):
+
+    mismatch-over-training  kl_k3, χ² per token, max|Δp| and the policy's entropy against step, one line
+                per engine precision (Qi et al. 2025, Fig. 3)
+    survival    the fraction of seeds not yet collapsed against step, one line per correction, one
+                panel per mismatch setting; below, ESS and grad norm in the steps before each
+                collapse, aligned on its collapse step
+    bias-split  a probe sweep over the response length T: the direction (cosine of E ĝ to ∇J), the
+                size (‖E ĝ‖ / ‖∇J‖) and the relative bias of each preset's gradient against T
+    length-heatmap  a train sweep over T × correction: final J and the collapse rate per cell
+
 A sweep's other swept keys (everything but the correction and the seed) become small multiples,
 one panel per combination. Data lines carry gid="series"; markers and shaded areas carry other gids.
 
@@ -47,7 +58,8 @@ from analysis import style as st
 from analysis.load import DEGENERATE_RULE, Dataset, describe, fmt_value, per_job, probe_frame
 from runner.errors import UserError
 
-KINDS = ("training", "grad-norm", "stability", "presets", "threshold", "mismatch", "masking")
+KINDS = ("training", "grad-norm", "stability", "presets", "threshold", "mismatch", "masking",
+         "mismatch-over-training", "survival", "bias-split", "length-heatmap")
 TITLES = {
     "training": "Training curves",
     "grad-norm": "Gradient-norm traces",
@@ -56,6 +68,10 @@ TITLES = {
     "threshold": "Threshold trade-off (probe)",
     "mismatch": "Training–inference mismatch",
     "masking": "Masking over time",
+    "mismatch-over-training": "Training–inference mismatch over training",
+    "survival": "Survival: seeds not yet collapsed",
+    "bias-split": "Bias split into direction and size, against the response length (probe)",
+    "length-heatmap": "Response length × correction",
 }
 SPIKE_FACTOR = 5.0  # a spike: grad norm above this many times the median of the trailing window
 SPIKE_WINDOW = 20
@@ -103,9 +119,11 @@ class Facets(list):
         return f"first {len(self)} of {self.total} panels" if self.total > len(self) else ""
 
 
-def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int = MAX_FACETS) -> Facets:
-    """One facet per combination of the swept keys other than correction, seed and `exclude`."""
-    skip = set(SEED_KEYS) | set(CORRECTION_KEYS) | set(exclude)
+def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int = MAX_FACETS,
+           by_correction: bool = False) -> Facets:
+    """One facet per combination of the swept keys other than seed and `exclude`, and other than the
+    correction unless `by_correction` (a figure whose lines are something else, e.g. precision)."""
+    skip = set(SEED_KEYS) | set(exclude) | (set() if by_correction else set(CORRECTION_KEYS))
     keys = [k for k in ds.swept if k not in skip and k in frame.columns]
     out = Facets()
     if not keys:
@@ -408,10 +426,15 @@ def _legend_columns(labels: Sequence[str], width: float, per_char: float = 0.048
     return max(1, min(len(labels), int((width - 0.1) // longest)))
 
 
-def _mean_and_band(ax, stats, metric: str, kw: dict, alpha: float) -> None:
-    """The mean over seeds as a line, and ± 1 s.d. shaded where there is more than one seed."""
+def _mean_and_band(ax, stats, metric: str, kw: dict, alpha: float, steps=None) -> None:
+    """The mean over seeds as a line, and ± 1 s.d. shaded where there is more than one seed.
+    `steps`: draw only these (the steps where a metric was measured at all), so that a metric taken
+    every N steps is one connected line, not N − 1 gaps between isolated, invisible points."""
+    if steps is not None:
+        stats = stats[stats["step"].isin(steps)]
     mean, sd = stats[f"{metric}_mean"], stats[f"{metric}_std"]
-    ax.plot(stats["step"], mean, **kw)
+    sparse = steps is not None and 1 < len(stats) <= 60
+    ax.plot(stats["step"], mean, **kw, **({"marker": "o", "markersize": 2.5} if sparse else {}))
     if stats[f"{metric}_count"].max() > 1:
         ax.fill_between(stats["step"], mean - sd, mean + sd, color=kw["color"], alpha=alpha, linewidth=0, gid="band")
 
@@ -543,6 +566,9 @@ def availability(ds: Dataset) -> dict[str, str | None]:
             "one band per preset: see --kind presets")
     out["mismatch"] = None if ds.tokens is not None else (
         "no tokens.csv here (per-token trainer and rollout log-probs, written by the train study)")
+    from analysis import field_figures  # imports this module: loaded only when asked
+
+    out.update(field_figures.availability(ds, out))
     return out
 
 
@@ -610,8 +636,13 @@ def _training(ds: Dataset, style: str):
                      if "nonfinite_loss" in df.columns else False)
              .groupby(["job", "step"], sort=False)
              .agg(objective=("objective", "first"), reward=("reward", "mean"), bad=("_bad", "max"),
-                  correction=("correction", "first"), **({"seed": ("seed", "first")} if "seed" in df.columns else {}))
+                  correction=("correction", "first"), **({"seed": ("seed", "first")} if "seed" in df.columns else {}),
+                  **({"se": ("objective_se", "first")} if "objective_se" in df.columns else {}))
              .reset_index())
+    # A Monte Carlo J (the transformer world) wobbles by its standard error: say how much, so that a
+    # reader does not take a 0.04 dip for a drop; bars of ±2 s.e. where a line is one run.
+    se = per["se"].astype(float) if "se" in per.columns else None
+    monte_carlo = se is not None and bool((se > 0).any())
     metrics = ("objective", "reward")
     fs = facets(ds, df, limit=Grid.capacity(style, len(metrics)))
     names = _ordered(per["correction"].unique())
@@ -619,6 +650,11 @@ def _training(ds: Dataset, style: str):
     flagged = _ordered(per.loc[per["bad"].astype(bool), "correction"].unique())
     bands = _bands(per, fs, "step", metrics)
     bad = per[per["bad"].astype(bool)]
+    # J is evaluated every train.objective_every steps (empty cells between): its line joins those steps
+    evaluated = {"objective": set(per.loc[per["objective"].notna(), "step"]), "reward": None}
+    if len(evaluated["objective"]) == per["step"].nunique():
+        evaluated["objective"] = None
+    drew_bars = False
     for f, facet in enumerate(fs):
         bad_f = bad[bad["job"].isin(facet.jobs)]
         for name in names:
@@ -629,7 +665,12 @@ def _training(ds: Dataset, style: str):
             bad_steps = np.sort(bad_f.loc[bad_f["correction"] == name, "step"].unique())
             for m, metric in enumerate(metrics):
                 ax = grid.ax(f, m)
-                _mean_and_band(ax, stats, metric, kw, alpha=0.18)
+                _mean_and_band(ax, stats, metric, kw, alpha=0.18, steps=evaluated[metric])
+                if metric == "objective" and monte_carlo and stats["objective_count"].max() == 1:
+                    runs = per[per["job"].isin(facet.jobs) & (per["correction"] == name) & per["se"].notna()]
+                    ax.errorbar(runs["step"], runs["objective"], yerr=2 * runs["se"].astype(float), fmt="none",
+                                ecolor=kw["color"], elinewidth=0.6, capsize=0, alpha=0.6)
+                    drew_bars = True
                 if len(bad_steps):
                     _event_marks(ax, bad_steps, flagged.index(name), kw["color"])
     for m in range(2):
@@ -641,7 +682,11 @@ def _training(ds: Dataset, style: str):
                                     _label(style, "batch mean reward", "reward")], fs)
     extra = [_event_handle("NaN/inf update (marks under the data)")] if flagged else []
     handles, labels = _legend_for(names, extra=extra)
-    return grid.finish(TITLES["training"], ds, handles, labels, _notes(_seed_note(per, fs), fs.note))
+    mc_note = ""
+    if monte_carlo:
+        mc_note = (f"J: a Monte Carlo estimate, s.e. ≈ {float(se[se > 0].mean()):.2g} per evaluation"
+                   + (" (bars: ±2 s.e.)" if drew_bars else ""))
+    return grid.finish(TITLES["training"], ds, handles, labels, _notes(_seed_note(per, fs), mc_note, fs.note))
 
 
 # ----------------------------------------------------------------------------------------- grad norm
@@ -795,6 +840,8 @@ def never_learned_note(per) -> str:
     if "learned" not in per.columns:
         return ""
     flat = per[per["learned"] == 0]
+    if "collapsed" in per.columns:  # a run that collapsed before it learned (NaN at step 0) is a collapse
+        flat = flat[flat["collapsed"] != 1]
     if flat.empty:
         return ""
     counts = per.groupby("correction")["learned"].count()
@@ -1173,7 +1220,7 @@ def _mismatch(ds: Dataset, style: str):
         # Decade ticks from 10·c outwards (ticks inside the linear region collide around 0), every
         # other decade when the panel is narrow.
         decades = 10.0 ** np.arange(math.ceil(math.log10(c)) + 1, math.floor(math.log10(R)) + 1)
-        if paper and len(decades) > 2:
+        if len(decades) > (2 if paper else 3):  # "−10⁻³" is ~0.45 in wide: a 4 in panel holds ~8 labels
             decades = decades[::-1][::2][::-1]
         from matplotlib.ticker import FixedLocator
 
@@ -1192,6 +1239,9 @@ def _mismatch(ds: Dataset, style: str):
         ax_h.text(0.03, 0.97, text, transform=ax_h.transAxes, va="top", ha="left", fontsize="x-small",
                   color="0.3", zorder=6, gid="note",
                   bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5))
+        lo, hi = ax_h.get_ylim()  # headroom on the log axis: the note sits above the histogram, not on it
+        if lo > 0 and hi > lo:
+            ax_h.set_ylim(lo, hi * (hi / lo) ** (0.12 * (text.count("\n") + 1)))
     lo = max(min(pt_min, 1.0) * 0.5, floor)
     ax_s.set_xscale("log")
     ax_s.set_yscale("log")
@@ -1215,7 +1265,7 @@ def _mismatch(ds: Dataset, style: str):
     ax_b.set_xlabel(_label(style, r"token probability $p_{\mathrm{train}}$ (log bins)", r"$p_{\mathrm{train}}$ (log bins)"))
     ax_b.set_ylabel(_label(style, r"$|p_{\mathrm{train}} - p_{\mathrm{rollout}}|$ (probability)", r"$|\Delta p|$"))
     handles += [Line2D([], [], color="0.3", linestyle=":"), Line2D([], [], color="0.4", linestyle="--")]
-    labels += ["|Δp| per bin: median (solid), 90th pct. (dotted)", "p_rollout = p_train"]
+    labels += ["|Δp| per bin: median (solid), 90th pct. (dotted)", r"$p_{\mathrm{rollout}} = p_{\mathrm{train}}$"]
     note = f"{len(tok):,} tokens" + (f", by {key}" if key else "")
     return grid.finish(TITLES["mismatch"], ds, handles, labels, note)
 
@@ -1291,6 +1341,20 @@ FIGURES: dict[str, Callable] = {
     "mismatch": mismatch_figure,
     "masking": masking_figure,
 }
+
+
+def _field_figure(kind: str) -> Callable:
+    """The figure function of a kind in analysis/field_figures.py, imported when first drawn (that
+    module builds on this one)."""
+    def draw(ds: Dataset, style: str = "default"):
+        from analysis import field_figures
+
+        return field_figures.FIGURES[kind](ds, style)
+    draw.__name__ = kind.replace("-", "_") + "_figure"
+    return draw
+
+
+FIGURES.update({k: _field_figure(k) for k in ("mismatch-over-training", "survival", "bias-split", "length-heatmap")})
 
 
 def figure(kind: str, ds: Dataset, style: str = "default"):

@@ -3,7 +3,9 @@
 For a run dir, a sweep dir or a probe dir: the verdict per correction, the command that produced
 the data (from `.hydra/overrides.yaml`, or the sweep's `multirun.yaml`), the config's differences
 from the defaults (`runner.hydra_app.app.compose([])` against the run's `.hydra/config.yaml`), a results
-table, and the key figures embedded by relative path (drawn into PATH/figures/ when missing).
+table, for a train sweep over precision, staleness or correction the peak-to-final drop of J per
+cell (mean over seeds, seed count, worst seed), and the key figures embedded by relative path (drawn
+into PATH/figures/ when missing).
 OVERRIDES filter the jobs of a sweep (`correction=tis mismatch.staleness=0,8`).
 
 For a case file (`is-study report case.yaml correction=...`): the repro card. The inputs, the
@@ -29,7 +31,8 @@ from runner.errors import UserError
 
 CASE_SUFFIXES = (".yaml", ".yml", ".json")
 MAX_TABLE_ROWS = 120
-REPORT_FIGURES = ("training", "stability", "presets", "threshold", "mismatch", "grad-norm", "masking")
+REPORT_FIGURES = ("training", "stability", "survival", "length-heatmap", "presets", "threshold", "bias-split", "mismatch",
+                  "mismatch-over-training", "grad-norm", "masking")
 
 
 # ----------------------------------------------------------------------------------------- entry
@@ -157,6 +160,11 @@ def dataset_report(ds: Dataset, filters: Sequence[str] = (), dest: Path | None =
 
     parts.append("## Results\n")
     parts.append((_probe_table(ds) if is_probe else _train_table(ds)) + "\n")
+
+    drops = None if is_probe else drop_table(ds)
+    if drops:
+        parts.append("## Peak-to-final drop of J\n")
+        parts.append(drops + "\n")
 
     figs = _figures(ds, filters, dest)
     if figs:
@@ -313,6 +321,101 @@ def _train_table(ds: Dataset) -> str:
               " where there are several. NaN/inf events count NaN/inf losses and gradients (events.csv). learned: "
               "runs whose J rose above its start (a flat run neither learned nor collapsed).")
     return _table(rows) + note + legend
+
+
+DROP_CELL = ("precision", "staleness", "correction")
+# Keys whose value is already one of DROP_CELL's columns (per_job reads them from metrics.csv).
+DROP_SAME = ("seed", "correction", "mismatch", "mismatch.precision", "mismatch.staleness")
+
+
+def drop_table(ds: Dataset) -> str | None:
+    """precision × staleness × correction (and any other swept key) → the peak-to-final drop of J,
+    peak_objective − final_objective per run (summary.json), its mean ± s.d. over seeds, the seed
+    count and the worst seed. None unless a train sweep varies at least one of the three."""
+    import numpy as np
+
+    from analysis.style import PRECISION_ORDER, preset_rank
+
+    per = per_job(ds)
+    if per is None or ds.kind != "sweep" or not set(DROP_CELL) <= set(per.columns):
+        return None
+    if not any(per[k].nunique() > 1 for k in DROP_CELL):
+        return None
+    others = [k for k in ds.swept if k not in DROP_SAME and k in per.columns]
+    # A run that ended with NaN parameters has no final J: its drop is undefined, and counted apart.
+    nan_params = per["nonfinite_params"].fillna(0) == 1 if "nonfinite_params" in per.columns else False
+    per = per.assign(final=per["final_objective"].astype(float).where(~nan_params), nan_params=nan_params)
+    per = per.assign(drop=per["best_objective"].astype(float) - per["final"])
+    se = _objective_se(ds)
+    if se is not None:
+        per["se"] = per["job"].map(se)
+
+    def order(kv):
+        key = kv[0]
+        p = str(key[0])
+        return (PRECISION_ORDER.index(p) if p in PRECISION_ORDER else len(PRECISION_ORDER), p, sort_key(key[1]),
+                preset_rank(str(key[2])), [sort_key(x) for x in key[3:]])
+    rows, worst_mean = [], None
+    seeds = "seed" if "seed" in per.columns else "job"
+    for key, g in sorted(per.groupby([*DROP_CELL, *others], sort=False, dropna=False), key=order):
+        row = {k: fmt_value(v) for k, v in zip((*DROP_CELL, *others), key)}
+        row["seeds"] = int(g[seeds].nunique())
+        finite = g[np.isfinite(g["drop"])]
+        # Peak and final over the same runs, so that the drop is their difference; a cell where every run
+        # ended with NaN parameters still shows how high J got before.
+        row["peak J"] = (_mean_sd(finite["best_objective"]) if len(finite)
+                         else _mean_sd(g["best_objective"]) + " (before NaN)")
+        row["final J"] = _mean_sd(g["final"])
+        row["peak − final"] = _mean_sd(finite["drop"])
+        if len(finite):
+            w = finite.loc[finite["drop"].idxmax()]
+            row["worst seed"] = f"{seeds} {fmt_value(w[seeds])}: {w['drop']:.3f}"
+            mean = float(finite["drop"].mean())
+            if worst_mean is None or mean > worst_mean[0]:
+                worst_mean = (mean, row, len(finite))
+        else:
+            row["worst seed"] = "—"
+        if bool(per["nan_params"].any()):
+            row["NaN parameters"] = f"{int(g['nan_params'].sum())}/{len(g)}"
+        if se is not None:
+            row["J s.e."] = _fmt(float(g["se"].mean()), 2)
+        rows.append(row)
+    note = ""
+    if len(rows) > MAX_TABLE_ROWS:
+        note = f"\n\n_(first {MAX_TABLE_ROWS} of {len(rows)} rows)_"
+        rows = rows[:MAX_TABLE_ROWS]
+    lead = ""
+    if worst_mean is not None and worst_mean[0] <= 0:
+        lead = "J ended at its peak in every run that has a final J (peak − final = 0).\n\n"
+    elif worst_mean is not None and worst_mean[0] < 0.0005:  # "largest drop 0.000" reads as a typo
+        lead = (f"J ended within 0.0005 of its peak in every run that has a final J (largest mean drop "
+                f"{worst_mean[0]:.1e}).\n\n")
+    elif worst_mean is not None:
+        mean, row, n = worst_mean
+        cell = ", ".join(f"{k}={row[k]}" for k in (*DROP_CELL, *others))
+        lead = (f"Largest mean drop: **{mean:.3f}** at {cell} ({row['peak − final']} over {n} seed"
+                f"{'s' if n != 1 else ''}; worst {row['worst seed']}).\n\n")
+    legend = ("\n\npeak − final: J at the run's best evaluation minus J at its last (summary.json's peak_objective − "
+              "final_objective), mean ± s.d. over the seeds (peak J too: over the runs that have a final J); "
+              "worst seed: the largest drop. ")
+    if bool(per["nan_params"].any()):
+        legend += ("A run that ended with NaN parameters has no final J: it is left out of the drop and counted under "
+                   "NaN parameters. ")
+    if se is not None:
+        legend += ("J is a Monte Carlo estimate here (J s.e.: its standard error per evaluation): the peak of many noisy "
+                   "evaluations sits above the truth by about 1–2 s.e., so a drop within ~2 s.e. is noise.")
+    return lead + _table(rows) + note + legend.rstrip()
+
+
+def _objective_se(ds: Dataset) -> dict | None:
+    """{job: mean standard error of its Monte Carlo J evaluations}; None where J is exact."""
+    df = ds.metrics
+    if df is None or "objective_se" not in df.columns:
+        return None
+    se = df["objective_se"].astype(float)
+    if not (se > 0).any():
+        return None
+    return df.assign(_se=se).dropna(subset=["_se"]).groupby("job")["_se"].mean().to_dict()
 
 
 def sort_key(value: Any) -> tuple:

@@ -48,6 +48,7 @@ FRAMEWORK_STYLE = {  # prefix of a faithful preset's name -> (line style, marker
 # that stays dark enough for a line on white.
 DIMENSION_RAMPS = {"staleness": ("cividis", 0.0, 0.72), "other": ("magma", 0.12, 0.5)}
 PRECISION_ORDER = ("fp32", "fp16", "bf16", "fp8")  # most to fewest mantissa bits
+FP32_GREY = "#7f7f7f"
 
 EVENT_COLOR = "#D55E00"
 
@@ -134,7 +135,14 @@ def dimension_colors(key: str, values) -> dict:
     ramp, in the values' order (precision: by mantissa bits)."""
     values = list(dict.fromkeys(values))
     if "precision" in str(key) and all(str(v) in PRECISION_ORDER for v in values):
-        values = sorted(values, key=lambda v: PRECISION_ORDER.index(str(v)))
+        # A precision keeps its colour from figure to figure (bf16 in an mlp sweep of three precisions is
+        # the bf16 of a transformer sweep of two): one ramp over every precision, picked by its place.
+        # The engine's low precisions span the ramp (adjacent steps of a 4-step ramp are too alike);
+        # an fp32 engine, the no-mismatch reference, is grey.
+        low = PRECISION_ORDER[1:]
+        ramp = dict(zip(low, _ramp(dimension_family(key), len(low))))
+        order = sorted(values, key=lambda v: PRECISION_ORDER.index(str(v)))
+        return {v: ramp.get(str(v), FP32_GREY) for v in order}
     return dict(zip(values, _ramp(dimension_family(key), len(values))))
 
 

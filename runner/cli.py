@@ -419,8 +419,12 @@ def aggregate(directory: Path = typer.Argument(..., help="A sweep dir (multirun/
     "Kinds: training (objective and reward vs step), grad-norm (log scale, spikes marked), stability (NaN/inf and "
     "collapse rate vs staleness; a sweep), presets (probe bias / variance / relative MSE per preset, one band each: "
     "the default probe), threshold (the same vs the upper threshold, several bands), mismatch (tokens.csv: "
-    "log-ratios, p_rollout vs p_train, |Δp| by p), masking (masked / clamped fraction and ESS vs step). By default "
-    "every kind the data allows; files are KIND.png and KIND.pdf in --out."))
+    "log-ratios, p_rollout vs p_train, |Δp| by p), masking (masked / clamped fraction and ESS vs step), "
+    "mismatch-over-training (kl_k3, χ², max|Δp| and entropy vs step, a line per precision), survival (seeds not yet "
+    "collapsed vs step, with ESS and grad norm aligned on each collapse), bias-split (a probe sweep over "
+    "rollout.seq_len: direction and size of the bias vs T), length-heatmap (a train sweep over rollout.seq_len × "
+    "correction: final J and collapse rate). By default every kind the data allows; files are KIND.png and KIND.pdf "
+    "in --out."))
 def plot(
     path: Path = typer.Argument(..., help="A run dir, a sweep dir (or its sweep.csv), or a probe dir.", show_default=False),
     kind: Optional[List[str]] = typer.Option(None, "--kind", "-k", help="Figure kind(s), repeated or comma-separated; default: all that apply."),

@@ -22,13 +22,20 @@ def _bbox(artist, renderer):
 def ticklabels(ax, axis: str) -> list:
     """The tick labels matplotlib draws: those of ticks inside the view (the locator also makes
     labels for ticks beyond the limits, which are never drawn)."""
-    lo, hi = sorted(ax.get_xlim() if axis == "x" else ax.get_ylim())
+    import numpy as np
+
+    # Compared on the axis's own scale: on a log axis spanning 16 decades a linear tolerance of
+    # 1e-9 × the span would count 1e-11 as inside [5e-9, 8e7].
+    scale = (ax.xaxis if axis == "x" else ax.yaxis).get_transform().transform
+    lo, hi = sorted(float(x) for x in scale(np.asarray(ax.get_xlim() if axis == "x" else ax.get_ylim(), dtype=float)))
     labels = ax.get_xticklabels() if axis == "x" else ax.get_yticklabels()
     out = []
+    span = (hi - lo) or 1.0
     for t in labels:
-        v = t.get_position()[0 if axis == "x" else 1]
-        span = (hi - lo) or 1.0
-        if lo - 1e-9 * span <= v <= hi + 1e-9 * span:
+        raw = t.get_position()[0 if axis == "x" else 1]
+        with np.errstate(all="ignore"):
+            v = float(scale(np.asarray([raw], dtype=float))[0])
+        if np.isfinite(v) and lo - 1e-9 * span <= v <= hi + 1e-9 * span:
             out.append(t)
     return out
 

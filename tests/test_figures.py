@@ -326,3 +326,24 @@ def test_threshold_never_stars_a_degenerate_arm(probe_bands):
     assert hollow and float(hollow[0].get_xdata()[0]) == 1.25
     assert any(ln.get_gid() == "reference" for ln in rel.get_lines())
     assert all(math.isfinite(y) for _, y in stars)
+
+
+# ------------------------------------------------------------------------------- sparse objective
+def test_objective_every_n_steps_is_one_connected_line(tmp_path):
+    """The transformer and mlp worlds evaluate J every train.objective_every steps and leave the
+    cells between empty; the training figure used to draw those NaNs as gaps, leaving no visible
+    line at all. The line joins the evaluated steps (with markers, being sparse), and the reward,
+    logged every step, keeps all of them."""
+    from analysis import load_dataset, plots
+
+    d = tmp_path / "r"
+    _ok(*run_cli("run", "train.objective_every=3", *TINY, f"hydra.run.dir={d}")[::2])
+    ds = load_dataset(d)
+    evaluated = sorted(ds.metrics.loc[ds.metrics["objective"].notna(), "step"].unique())
+    assert 2 <= len(evaluated) < ds.metrics["step"].nunique()
+    objective, reward = visible_axes(plots.training_figure(ds))
+    (line,) = _series(objective)
+    assert list(line.get_xdata()) == evaluated and np.isfinite(np.asarray(line.get_ydata(), float)).all()
+    assert line.get_marker() == "o"
+    (reward_line,) = _series(reward)
+    assert len(reward_line.get_xdata()) == ds.metrics["step"].nunique() == 6
