@@ -8,6 +8,7 @@
 #   bash scripts/figures.sh          default size: 909 s measured on the 2-core machine while two other jobs shared
 #                                    it (load average 4–5; 869 CPU-seconds, so ≈ 450–500 s on 2 idle cores, an
 #                                    estimate): bigram 146 s, mlp 326 s, transformer 406 s (its SFT warm starts cached)
+#                                    A second run, at load 3.6–4.5: 884 s (153 + 308 + 393), 842 CPU-seconds.
 #   bash scripts/figures.sh --full   paper size (figures/full/WORLD/): more seeds, steps, lengths, repeats
 #
 # Environment: FIGURES_WORLDS (space-separated worlds, default "bigram mlp transformer"), FIGURES_ONLY (space-
@@ -24,7 +25,7 @@ SIZE=default
 for arg in "$@"; do
   case "$arg" in
     --full) SIZE=full ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "figures.sh: unknown argument: $arg (usage: bash scripts/figures.sh [--full])" >&2; exit 2 ;;
   esac
 done
