@@ -478,31 +478,49 @@ def report(
 # ----------------------------------------------------------------------------------------- claims
 @app.command(help=(
     "Check the literature's claims on their experiments' output: a verdict line and a figure per claim.  "
-    "[dim]e.g. is-study claims --all multirun/figures --out figures[/dim]\n\n"
-    "DIR is one experiment's sweep dir (with --claim NAME, the experiment's name), or with --all a folder holding "
-    "one dir per experiment, named after it (scripts/figures.sh runs them). Prints one line per claim: NAME: "
-    "holds | does not hold | inconclusive — the numbers. With --out, NAME.png and NAME.pdf go there, and with "
-    "--all also VERDICTS.md. The rules are in analysis/claims/."))
+    "[dim]e.g. is-study claims --all multirun/figures --out figures --worlds 'bigram mlp'[/dim]\n\n"
+    "DIR is one experiment's sweep dir (with --claim NAME, the experiment's name; any world), or with --all a "
+    "folder holding DIR/WORLD/NAME for each world in --worlds (scripts/figures.sh runs them). Prints one line "
+    "per claim: [WORLD/]NAME: holds | does not hold | inconclusive — the numbers. With --out, NAME.png and "
+    "NAME.pdf go there; with --all into OUT/WORLD/ (OUT/full/WORLD/ with --size full) with that world's "
+    "verdicts.json, and OUT/VERDICTS.md, the claim × world table of every verdicts.json under OUT. The rules "
+    "are in analysis/claims/."))
 def claims(
     directory: Path = typer.Argument(..., metavar="DIR", help="An experiment's output dir, or with --all the folder of them.", show_default=False),
     claim: Optional[str] = typer.Option(None, "--claim", help="The claim (= the experiment's name) DIR holds."),
-    every: bool = typer.Option(False, "--all", help="Every claim, from DIR/<name>; writes OUT/VERDICTS.md."),
+    every: bool = typer.Option(False, "--all", help="Every claim, from DIR/WORLD/NAME; writes OUT/VERDICTS.md."),
     only: str = typer.Option("", "--only", help="With --all: space-separated claim names (default: all)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write NAME.png and NAME.pdf here (and VERDICTS.md with --all)."),
+    worlds: str = typer.Option("", "--worlds", help="With --all: space-separated worlds (default: bigram mlp transformer)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write NAME.png and NAME.pdf here (with --all: OUT/WORLD/, and VERDICTS.md)."),
     style: str = typer.Option("default", "--style", help="default | paper"),
-    size: str = typer.Option("default", "--size", help="The size VERDICTS.md names (default | full)."),
+    size: str = typer.Option("default", "--size", help="The size the runs were (default | full): names the column and the folder."),
 ) -> None:
     from analysis import style as styles
     from analysis.claims import verdicts
 
     styles.rc(style)  # an unknown style fails before any reading
     names = verdicts.chosen(claim, every, only)
-    results = []
-    for name, verdict in verdicts.check(directory, names, every, out, style):
-        typer.echo(verdicts.line(name, verdict))
-        results.append((name, verdict))
-    if every and out is not None:
-        verdicts.write_verdicts(out, results, size)
+    size = verdicts.size_checked(size)
+    if not every:
+        for name, verdict in verdicts.check(directory, names, False, out, style):
+            typer.echo(verdicts.line(name, verdict))
+        return
+    chosen = verdicts.chosen_worlds(worlds)
+    for w in chosen:  # every experiment dir is checked before anything is read or written
+        for name in names:
+            if not (Path(directory) / w / name).is_dir():
+                raise UserError(f"{Path(directory) / w / name}: no experiment output here; run "
+                                f"`bash scripts/figures.sh` (FIGURES_WORLDS='{w}' FIGURES_ONLY='{name}') first")
+    for w in chosen:
+        results = []
+        dest = verdicts.world_dir(out, w, size) if out is not None else None
+        for name, verdict in verdicts.check(Path(directory) / w, names, True, dest, style):
+            typer.echo(verdicts.line(name, verdict, w))
+            results.append((name, verdict))
+        if out is not None:
+            verdicts.write_world(out, w, size, results)
+    if out is not None:
+        verdicts.write_verdicts(out)
 
 
 # ----------------------------------------------------------------------------------------- main

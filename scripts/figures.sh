@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # bash scripts/figures.sh [--full]
-# The literature's claims as shipped experiments (conf/experiment/*.yaml, one per claim): runs each one, then draws
-# figures/<name>.png + .pdf and writes figures/VERDICTS.md (one line per claim: holds / does not hold /
-# inconclusive, with the numbers; the rules are in analysis/claims/).
+# The literature's claims as shipped experiments, in three worlds: conf/experiment/NAME.yaml (bigram) and
+# conf/experiment/WORLD/NAME.yaml (mlp, transformer). Runs each one, then draws figures/WORLD/NAME.png + .pdf,
+# writes figures/WORLD/verdicts.json and figures/VERDICTS.md: one table, claim × world → holds / does not hold /
+# inconclusive with the key numbers, then every verdict in full (the rules are in analysis/claims/).
 #
-#   bash scripts/figures.sh          default size: 75 s measured on an idle 2-core machine (~3 min when busy)
-#   bash scripts/figures.sh --full   paper size: more seeds, steps and probe repeats (overrides below), ~9 min
+#   bash scripts/figures.sh          default size: 909 s measured on the 2-core machine while two other jobs shared
+#                                    it (load average 4–5; 869 CPU-seconds, so ≈ 450–500 s on 2 idle cores, an
+#                                    estimate): bigram 146 s, mlp 326 s, transformer 406 s (its SFT warm starts cached)
+#                                    A second run, at load 3.6–4.5: 884 s (153 + 308 + 393), 842 CPU-seconds.
+#   bash scripts/figures.sh --full   paper size (figures/full/WORLD/): more seeds, steps, lengths, repeats
 #
-# Environment: FIGURES_WORK (the experiments' output, default multirun/figures; each experiment's dir there is
-# replaced), FIGURES_OUT (default figures), FIGURES_ONLY (space-separated experiment names, default all),
-# FIGURES_JOBS (parallel jobs with the joblib launcher, default 2).
+# Environment: FIGURES_WORLDS (space-separated worlds, default "bigram mlp transformer"), FIGURES_ONLY (space-
+# separated experiment names, default all), FIGURES_WORK (the experiments' output, default multirun/figures;
+# WORK/[full/]WORLD/NAME is replaced), FIGURES_OUT (default figures), FIGURES_JOBS (parallel jobs with the
+# joblib launcher, default 2), FIGURES_DEVICE (device= for the mlp and transformer worlds, e.g. cuda; default
+# each world's own). Worlds or claims not run keep their earlier verdicts in VERDICTS.md.
 # Any failed job or analysis stops the script with a non-zero exit code.
 set -euo pipefail
 
@@ -19,7 +25,7 @@ SIZE=default
 for arg in "$@"; do
   case "$arg" in
     --full) SIZE=full ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "figures.sh: unknown argument: $arg (usage: bash scripts/figures.sh [--full])" >&2; exit 2 ;;
   esac
 done
@@ -32,17 +38,36 @@ EXPERIMENTS=(tis-tames-mismatch bias-variance-by-level mismatch-low-prob-tokens 
 if [[ -n "${FIGURES_ONLY:-}" ]]; then
   read -r -a EXPERIMENTS <<< "$FIGURES_ONLY"
 fi
+WORLDS=(bigram mlp transformer)
+if [[ -n "${FIGURES_WORLDS:-}" ]]; then
+  read -r -a WORLDS <<< "$FIGURES_WORLDS"
+fi
+
+# The experiment file of a claim in a world.
+experiment() { if [[ "$1" == bigram ]]; then echo "$2"; else echo "$1/$2"; fi; }
 
 # Paper size: overrides on top of each experiment's own sweep (the command line wins over the file).
 full_overrides() {
-  case "$1" in
-    tis-tames-mismatch)       echo "seed=range(0,10) train.steps=300" ;;
-    bias-variance-by-level)   echo "probe.repeats=5000" ;;
-    mismatch-low-prob-tokens) echo "seed=range(0,10) train.steps=300" ;;
-    precision-vs-algorithm)   echo "seed=range(0,10) train.steps=300" ;;
-    staleness-breaks-tis)     echo "seed=range(0,10) train.steps=200" ;;
-    seed-bug-end-to-end)      echo "seed=range(0,10) train.steps=200" ;;
-    *) echo "figures.sh: no experiment $1" >&2; return 1 ;;
+  case "$1/$2" in
+    bigram/tis-tames-mismatch)            echo "seed=range(0,10) train.steps=300" ;;
+    bigram/bias-variance-by-level)        echo "probe.repeats=5000" ;;
+    bigram/mismatch-low-prob-tokens)      echo "seed=range(0,10) train.steps=300" ;;
+    bigram/precision-vs-algorithm)        echo "seed=range(0,10) train.steps=300" ;;
+    bigram/staleness-breaks-tis)          echo "seed=range(0,5) train.steps=300" ;;
+    bigram/seed-bug-end-to-end)           echo "seed=range(0,10) train.steps=200" ;;
+    mlp/tis-tames-mismatch)               echo "seed=range(0,5) train.steps=300" ;;
+    mlp/bias-variance-by-level)           echo "rollout.seq_len=32,64,128,256 probe.repeats=1000" ;;
+    mlp/mismatch-low-prob-tokens)         echo "seed=range(0,3) train.steps=200" ;;
+    mlp/precision-vs-algorithm)           echo "seed=range(0,4) train.steps=200" ;;
+    mlp/staleness-breaks-tis)             echo "seed=range(0,3) train.steps=300" ;;
+    mlp/seed-bug-end-to-end)              echo "seed=range(0,3) train.steps=201" ;;
+    transformer/tis-tames-mismatch)       echo "mismatch.precision=fp16,bf16,fp8 seed=range(0,3) train.steps=101" ;;
+    transformer/bias-variance-by-level)   echo "probe.repeats=400" ;;
+    transformer/mismatch-low-prob-tokens) echo "seed=range(0,3) train.steps=21" ;;
+    transformer/precision-vs-algorithm)   echo "correction=none,tis,icepop,seq-mis,geo-mask seed=range(0,3) train.steps=51" ;;
+    transformer/staleness-breaks-tis)     echo "correction=none,tis,seq-tis,icepop,geo-mask seed=range(0,2) train.steps=101" ;;
+    transformer/seed-bug-end-to-end)      echo "seed=range(0,3) train.steps=31" ;;
+    *) echo "figures.sh: no experiment $1/$2" >&2; return 1 ;;
   esac
 }
 
@@ -52,28 +77,44 @@ if "$PYTHON" -c "import hydra_plugins.hydra_joblib_launcher" 2>/dev/null; then
   LAUNCH=(--launcher joblib --jobs "${FIGURES_JOBS:-2}")
 fi
 
-for name in "${EXPERIMENTS[@]}"; do
-  [[ -f "conf/experiment/$name.yaml" ]] || { echo "figures.sh: no conf/experiment/$name.yaml" >&2; exit 2; }
+for world in "${WORLDS[@]}"; do
+  case "$world" in bigram|mlp|transformer) ;; *)
+    echo "figures.sh: unknown world $world in FIGURES_WORLDS (valid: bigram mlp transformer)" >&2; exit 2 ;;
+  esac
+  for name in "${EXPERIMENTS[@]}"; do
+    [[ -f "conf/experiment/$(experiment "$world" "$name").yaml" ]] || {
+      echo "figures.sh: no conf/experiment/$(experiment "$world" "$name").yaml" >&2; exit 2; }
+  done
 done
 
 start=$(date +%s)
-mkdir -p "$WORK" "$OUT"
-for name in "${EXPERIMENTS[@]}"; do
-  extra=()
-  if [[ "$SIZE" == full ]]; then
-    read -r -a extra <<< "$(full_overrides "$name")"
-  fi
-  dir="$WORK/$name"
-  rm -rf -- "$dir"
-  t0=$(date +%s)
-  echo "== $name ($SIZE size)" >&2
-  if ! "$PYTHON" -m runner sweep "experiment=$name" "hydra.sweep.dir=$dir" "${LAUNCH[@]}" "${extra[@]}" >/dev/null; then
-    echo "figures.sh: experiment $name failed (see $dir/*/ERROR)" >&2
-    exit 1
-  fi
-  echo "   $(( $(date +%s) - t0 )) s" >&2
+ROOT="$WORK"
+[[ "$SIZE" == full ]] && ROOT="$WORK/full"
+mkdir -p "$ROOT" "$OUT"
+for world in "${WORLDS[@]}"; do
+  t_world=$(date +%s)
+  for name in "${EXPERIMENTS[@]}"; do
+    extra=()
+    if [[ "$SIZE" == full ]]; then
+      read -r -a extra <<< "$(full_overrides "$world" "$name")"
+    fi
+    if [[ "$world" != bigram && -n "${FIGURES_DEVICE:-}" ]]; then
+      extra+=("device=$FIGURES_DEVICE")
+    fi
+    dir="$ROOT/$world/$name"
+    rm -rf -- "$dir"
+    t0=$(date +%s)
+    echo "== $world/$name ($SIZE size)" >&2
+    if ! "$PYTHON" -m runner sweep "experiment=$(experiment "$world" "$name")" "hydra.sweep.dir=$dir" "${LAUNCH[@]}" \
+        "${extra[@]}" >/dev/null; then
+      echo "figures.sh: experiment $world/$name failed (see $dir/*/ERROR)" >&2
+      exit 1
+    fi
+    echo "   $(( $(date +%s) - t0 )) s" >&2
+  done
+  echo "== $world: $(( $(date +%s) - t_world )) s" >&2
 done
 
 # One process draws every figure and writes VERDICTS.md (is-study claims; exit 2 if a claim cannot be evaluated).
-"$PYTHON" -m runner claims --all "$WORK" --out "$OUT" --size "$SIZE" --only "${EXPERIMENTS[*]}"
-echo "figures.sh: $(( $(date +%s) - start )) s in all; figures and VERDICTS.md in $OUT/" >&2
+"$PYTHON" -m runner claims --all "$ROOT" --out "$OUT" --size "$SIZE" --worlds "${WORLDS[*]}" --only "${EXPERIMENTS[*]}"
+echo "figures.sh: $(( $(date +%s) - start )) s in all (load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo n/a)); figures and VERDICTS.md in $OUT/" >&2

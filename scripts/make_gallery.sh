@@ -113,7 +113,7 @@ if [ "$TRANSFORMER" = 1 ]; then
   for f in "$WORK"/fig-paper/transformer/*.png; do cp "$f" "$OUT/transformer-$(basename "$f" .png)-paper.png"; done
 fi
 
-FIGURES_SECONDS=$(sed -n 's/.*default size: \([0-9]*\) s measured on an idle 2-core machine.*/\1/p' scripts/figures.sh)
+FIGURES_SECONDS=$(sed -n 's/.*default size: \([0-9]*\) s measured on the 2-core machine.*/\1/p' scripts/figures.sh)
 
 $PY - "$OUT" "$WORK" "${SWEEP_ARGS[*]}" "${PROBE_ARGS[*]}" "$FIGURES_SECONDS" "${FIELD_ARGS[*]}" \
     "${PRECISION_ARGS[*]}" "${LENGTH_PROBE_ARGS[*]}" "${TRANSFORMER_ARGS[*]}" "$TRANSFORMER" <<'EOF'
@@ -445,21 +445,26 @@ else:
     lines += [
     "## The literature's claims (`scripts/figures.sh`)",
     "",
-    "Six shipped experiments (`conf/experiment/`), one figure each, with the verdicts and the numbers behind them "
-    f"in [figures/VERDICTS.md](../figures/VERDICTS.md). `bash scripts/figures.sh` rebuilds them at the default size "
-    f"in about {figures_seconds} s on 2 idle cores; `--full` gives the paper size.",
+    "Six shipped experiments per world (`conf/experiment/NAME.yaml` in the bigram world, "
+    "`conf/experiment/WORLD/NAME.yaml` in the mlp and transformer worlds), one figure each (`figures/WORLD/NAME.png`), "
+    "with the verdicts and the numbers behind them in [figures/VERDICTS.md](../figures/VERDICTS.md). "
+    f"`bash scripts/figures.sh` rebuilds them at the default size in about {figures_seconds} s on the 2-core machine; "
+    "`--full` gives the paper size.",
     "",
-    "| claim | figure |",
-    "|---|---|",
-    "| 1. Token TIS tames the training–inference mismatch (Yao et al. 2025) | ![](../figures/tis-tames-mismatch.png) |",
-    "| 2. Bias–variance by level: token vs sequence IS (Liu, Li et al. 2025) | ![](../figures/bias-variance-by-level.png) |",
-    "| 3. The mismatch lives on low-probability tokens (Liu, Li et al. 2025) | ![](../figures/mismatch-low-prob-tokens.png) |",
-    "| 4. Precision matters more than the algorithm (Qi et al. 2025) | ![](../figures/precision-vs-algorithm.png) |",
-    "| 5. Staleness breaks token TIS before sequence masking (async RL) | ![](../figures/staleness-breaks-tis.png) |",
-    "| 6. The seed bug, end to end (OpenRLHF bc71bb1) | ![](../figures/seed-bug-end-to-end.png) |",
+    "| claim | bigram | mlp | transformer |",
+    "|---|---|---|---|",
+    *[f"| {title} | " + " | ".join(f"![](../figures/{w}/{n}.png)" for w in ("bigram", "mlp", "transformer")) + " |"
+      for title, n in (
+          ("1. Token TIS tames the training–inference mismatch (Yao et al. 2025)", "tis-tames-mismatch"),
+          ("2. Bias–variance by level: token vs sequence IS (Liu, Li et al. 2025)", "bias-variance-by-level"),
+          ("3. The mismatch lives on low-probability tokens (Liu, Li et al. 2025)", "mismatch-low-prob-tokens"),
+          ("4. Precision matters more than the algorithm (Qi et al. 2025)", "precision-vs-algorithm"),
+          ("5. Staleness: sequence TIS, token-MIS and untrusted updates collapse (VCPO, M2PO, AReaL)",
+           "staleness-breaks-tis"),
+          ("6. The seed bug, end to end (OpenRLHF bc71bb1)", "seed-bug-end-to-end"))],
     "",
-    "Which of them hold, and why the others do not here, is in [figures/VERDICTS.md](../figures/VERDICTS.md) and the "
-    "README.",
+    "Which of them hold in which world, and why the others do not, is in "
+    "[figures/VERDICTS.md](../figures/VERDICTS.md) and the README.",
     "",
 ]
 (out.parent / "gallery.md").write_text("\n".join(lines))

@@ -106,21 +106,41 @@ def test_readme_ships_its_own_maths_and_links_exist():
 
 def test_figures_sh_time_is_quoted_the_same_everywhere():
     header = (REPO / "scripts" / "figures.sh").read_text()
-    seconds = re.search(r"default size: (\d+) s measured on an idle 2-core machine", header).group(1)
+    seconds = re.search(r"default size: (\d+) s measured on the 2-core machine", header).group(1)
     for doc in (README, GALLERY):
         quoted = re.findall(r"figures\.sh`? (?:takes |rebuilds them at the default size in )?about (\d+) s", doc.read_text())
         assert quoted and set(quoted) == {seconds}, (doc.name, quoted, seconds)
 
 
+def _world_verdicts() -> dict[str, dict[int, str]]:
+    """figures/WORLD/verdicts.json (default size): world → {claim number: verdict}, the claims numbered in
+    analysis/claims' order (VERDICTS.md's rows)."""
+    from analysis.claims.registry import CLAIMS, WORLDS
+
+    number = {name: i + 1 for i, name in enumerate(CLAIMS)}
+    out = {}
+    for world in WORLDS:
+        path = REPO / "figures" / world / "verdicts.json"
+        if path.is_file():
+            claims = json.loads(path.read_text())["claims"]
+            out[world] = {number[n]: c["verdict"] for n, c in claims.items()}
+    return out
+
+
 def test_readme_claims_agree_with_verdicts():
-    """The README's summary of which claims hold is figures/VERDICTS.md's."""
-    verdicts = (REPO / "figures" / "VERDICTS.md").read_text()
-    found = dict(re.findall(r"- \*\*(\d)\. [^*]+\*\* .*?: \*\*(holds|does not hold|inconclusive)\*\*", verdicts))
-    assert len(found) == 6
+    """The README's summary, per world, of which claims hold, which do not and which are inconclusive is
+    figures/WORLD/verdicts.json's (VERDICTS.md's table), every claim named exactly once per world."""
+    found = _world_verdicts()
+    assert set(found) == {"bigram", "mlp", "transformer"} and all(len(v) == 6 for v in found.values())
     section = README.read_text().split("## The literature's claims, checked", 1)[1].split("\n## ", 1)[0]
-    holds_text = section.split("**Hold**", 1)[1].split("**Do not hold**", 1)[0]
-    fails_text = section.split("**Do not hold**", 1)[1]
-    assert set(re.findall(r"\b(\d)\b", holds_text)) == {k for k, v in found.items() if v == "holds"}
-    assert set(re.findall(r"claims? (\d)(?: and (\d))?", fails_text)) != set()
-    named = {n for pair in re.findall(r"claims? (\d)(?: and (\d))?", fails_text) for n in pair if n}
-    assert named == {k for k, v in found.items() if v != "holds"}
+    verdicts_md = (REPO / "figures" / "VERDICTS.md").read_text()
+    for world, claims in found.items():
+        part = section.split(f"### The {world} world", 1)[1].split("\n### ", 1)[0]
+        said: dict[int, str] = {}
+        for label, verdict in (("Hold", "holds"), ("Do not hold", "does not hold"), ("Inconclusive", "inconclusive")):
+            bullet = re.search(rf"^- \*\*{label}\*\*: claims? ([\d, and]+)", part, re.M)
+            for n in re.findall(r"\d", bullet.group(1)) if bullet else []:
+                assert int(n) not in said, (world, n)
+                said[int(n)] = verdict
+        assert said == claims, (world, said, claims)
+        assert f"{world} (default size)" in verdicts_md

@@ -26,7 +26,7 @@ def new_figure(ncols: int, nrows: int = 1, style: str = "default", panel: tuple[
 
 
 def headline(fig, title: str, source: str, verdict: Verdict, style: str) -> None:
-    """Title: the claim and its source; then the verdict with its numbers, wrapped to the figure's width."""
+    """Title: the claim and its source; then the verdict with its key numbers, wrapped to the figure's width."""
     paper = style == "paper"
     width = fig.get_figwidth()
     if paper:  # one line: the claim and the verdict; the numbers go in the caption (VERDICTS.md)
@@ -38,7 +38,9 @@ def headline(fig, title: str, source: str, verdict: Verdict, style: str) -> None
         return
     chars = max(int(width * 13.5), 50)
     head = textwrap.fill(f"{title} ({source})", chars, break_on_hyphens=False)
-    body = textwrap.fill(f"Verdict: {verdict.verdict.upper()}. {verdict.statement}", chars, break_on_hyphens=False)
+    # the key numbers; every number behind the verdict is in figures/VERDICTS.md
+    numbers = f"{verdict.key} (all numbers: VERDICTS.md)" if verdict.key else verdict.statement
+    body = textwrap.fill(f"Verdict: {verdict.verdict.upper()}. {numbers}", chars, break_on_hyphens=False)
     fig.suptitle(f"{head}\n{body}", x=0.01, ha="left", fontsize=9.5)
 
 

@@ -13,7 +13,7 @@ import numpy as np
 
 from analysis import style as st
 from analysis.claims.figures import headline, legend_below, new_figure
-from analysis.claims.frames import required, with_keys
+from analysis.claims.frames import required, with_keys, world_of
 from analysis.claims.stats import EPS, FAILS, HOLDS, SIGMAS, UNSURE, Verdict, all_of, mean_se, plus_minus, sig
 from analysis.load import Dataset
 from runner.errors import UserError
@@ -82,10 +82,11 @@ def lowprob_verdict(tok) -> Verdict:
                      f"(p_train < {sig(low['p_hi'], 2)}) vs {plus_minus(top['mean'], top['se'])} in the highest "
                      f"(p_train > {sig(top['p_lo'], 2)}), {sig(ratio, 2)}× [{v}]")
     n = len(tok)
-    return Verdict(all_of(verdicts), f"{n:,} sampled tokens; " + "; ".join(texts) + ".", parts)
+    key = ", ".join(f"{prec} {sig(p['ratio'], 2)}×" for prec, p in parts.items()) + " (lowest/highest quintile)"
+    return Verdict(all_of(verdicts), f"{n:,} sampled tokens; " + "; ".join(texts) + ".", parts, key=key)
 
 
-def lowprob_figure(tok, verdict: Verdict, style: str):
+def lowprob_figure(tok, verdict: Verdict, style: str, world: str = ""):
     from matplotlib.lines import Line2D
 
     fig, axes = new_figure(2, 1, style, panel=(4.4, 3.2))
@@ -114,7 +115,8 @@ def lowprob_figure(tok, verdict: Verdict, style: str):
         ax_s.scatter(smp["p_train"], smp["abs_dlogp"].clip(lower=floor), s=3, alpha=0.3, color=color, linewidths=0,
                      rasterized=True)
         handles.append(Line2D([], [], color=color, marker="o", markersize=4))
-        labels.append(f"{prec} engine vs fp32 trainer ({len(g):,} tokens)")
+        # said once: three "vs fp32 trainer" labels overflowed the figure's width
+        labels.append(f"{prec} engine ({len(g):,} tokens" + ("; the trainer is fp32)" if not labels else ")"))
     nb = int(bins["bin"].max()) + 1 if len(bins) else QUANTILES
     names = {0: "lowest", nb - 1: "highest"}
     ax_b.set_xticks(range(nb), [f"{b + 1}\n{names.get(b, '')}".rstrip() for b in range(nb)])
@@ -134,11 +136,11 @@ def lowprob_figure(tok, verdict: Verdict, style: str):
     ax_b.set_ylim(lo / 1.35, hi * 1.35)  # room for the range labels
     ax_b.set_xlim(-0.5, nb - 0.5)
     legend_below(fig, handles, labels, style)
-    headline(fig, TITLE, SOURCE, verdict, style)
+    headline(fig, TITLE + (f" [{world} world]" if world else ""), SOURCE, verdict, style)
     return fig
 
 
 def evaluate(ds: Dataset, style: str):
     tok = token_frame(ds)
     v = lowprob_verdict(tok)
-    return v, lowprob_figure(tok, v, style)
+    return v, lowprob_figure(tok, v, style, world_of(ds))

@@ -13,9 +13,9 @@ import numpy as np
 
 from analysis import style as st
 from analysis.claims.figures import headline, legend_below, new_figure, ordered_presets
-from analysis.claims.frames import required, update_index, with_keys
-from analysis.claims.stats import (EPS, FINAL_FRACTION, SIGMAS, Verdict, all_of, effect, mean_se, plus_minus,
-                                   sig)
+from analysis.claims.frames import band_text, required, run_frame, update_index, with_keys, world_of
+from analysis.claims.stats import (EPS, FAILS, FINAL_FRACTION, SIGMAS, UNSURE, Verdict, all_of, effect, mean_se,
+                                   plus_minus, sig)
 from analysis.load import Dataset
 from runner.errors import UserError
 
@@ -26,13 +26,30 @@ SOURCE = "Qi et al. 2025, “Defeating the training-inference mismatch via FP16�
 # Thresholds of the rule (named in its docstring and the experiment's header).
 CLOSER_MARGIN = math.log(2.0)  # (a): fp16 at least 2× closer to fp32 than bf16
 SHRINK_MARGIN = math.log(1.25)  # (b): the spread across corrections at least 1.25× smaller
+# Where J is a Monte Carlo estimate (the run logged objective_se), two runs' J differ by noise alone: the
+# expected |difference| of 2, and the expected range of n, independent estimates with SE σ is d_n σ (the
+# range constants of n normal draws). A gap or spread within 2× that floor is not resolved from the noise.
+RANGE_CONSTANTS = {2: 1.128, 3: 1.693, 4: 2.059, 5: 2.326, 6: 2.534, 7: 2.704, 8: 2.847}
+RESOLVED = 2.0
 
 
 def precision_frame(ds: Dataset):
-    """One row per update: precision, correction, seed, t (global update index), objective."""
+    """One row per update where J was evaluated: precision, correction, seed, t (global update index), step,
+    objective, objective_se (NaN where J is exact)."""
     df = required(ds.metrics, "training metrics (sweep.csv)", ds.path)
     df = with_keys(ds, df, precision="mismatch.precision", correction="correction", seed="seed")
-    return df.assign(t=update_index(df))[["precision", "correction", "seed", "t", "step", "objective"]]
+    if "objective_se" not in df.columns:
+        df["objective_se"] = np.nan
+    df = df.assign(t=update_index(df))[["precision", "correction", "seed", "t", "step", "objective", "objective_se"]]
+    return df.dropna(subset=["objective"])  # the updates of the steps where J was evaluated
+
+
+def noise_floor(traj, k: int) -> float:
+    """The expected range of k Monte Carlo estimates of the same J: d_k × the mean logged SE (NaN where J is
+    exact, i.e. no objective_se)."""
+    if "objective_se" not in traj.columns or not traj["objective_se"].notna().any():
+        return math.nan
+    return RANGE_CONSTANTS.get(k, RANGE_CONSTANTS[8]) * float(traj["objective_se"].astype(float).mean())
 
 
 def precision_stats(traj, baseline: str = "none", reference: str = "fp32"):
@@ -64,7 +81,11 @@ def precision_verdict(traj, baseline: str = "none", reference: str = "fp32", low
       (a) L = log(gap_bf16 / gap_fp16) per seed; effect(L, log 2): fp16 tracks fp32 at least 2× more closely.
       (b) L = log(spread_bf16 / spread_fp16) per seed; effect(L, log 1.25): the spread across corrections shrinks
           by at least 1.25×.
-    all_of(a, b). (A tiny 1e-12 keeps a zero gap, identical runs, from dividing by zero.)"""
+    all_of(a, b). (A tiny 1e-12 keeps a zero gap, identical runs, from dividing by zero.)
+    Where J is a Monte Carlo estimate (objective_se logged), the gaps and spreads carry noise: its floor is
+    noise_floor (the expected |difference| of 2, or range of k, estimates of the same J). A part whose bf16
+    value is within 2× its floor is inconclusive (noise, not precision, sets it); one whose fp16 value alone is
+    within it cannot be ruled out (the true ratio may be larger), so "does not hold" becomes inconclusive there."""
     s = precision_stats(traj, baseline, reference)
     need = {low, high, reference}
     if not need <= set(s["precision"]):
@@ -76,10 +97,24 @@ def precision_verdict(traj, baseline: str = "none", reference: str = "fp32", low
     la = np.log((a["gap"] + EPS) / (b["gap"] + EPS)).to_numpy(float)
     lb = np.log((a["spread"] + EPS) / (b["spread"] + EPS)).to_numpy(float)
     va, vb = effect(la, CLOSER_MARGIN), effect(lb, SHRINK_MARGIN)
+    k = int(a["corrections"].max())
+    floors = {"a": noise_floor(traj, 2), "b": noise_floor(traj, k)}
+    noise = ""
+    for part, col in (("a", "gap"), ("b", "spread")):
+        f = floors[part]
+        if not math.isfinite(f):
+            continue
+        if a[col].mean() <= RESOLVED * f:
+            va, vb = (UNSURE, vb) if part == "a" else (va, UNSURE)
+        elif b[col].mean() <= RESOLVED * f and (va if part == "a" else vb) == FAILS:
+            va, vb = (UNSURE, vb) if part == "a" else (va, UNSURE)
+        noise += f"{'; ' if noise else ''}({part}) {sig(f, 2)}"
+    if noise:
+        noise = (f" Monte Carlo J: the noise floor (expected |difference| or range of estimates of one J) is {noise}; "
+                 f"a bf16 value within {RESOLVED:g}× it is unresolved, an fp16 one makes its ratio a lower bound.")
     ref = s[s["precision"] == reference]
     ma, sa, n = mean_se(la)
     mb, sb, _ = mean_se(lb)
-    k = int(a["corrections"].max())
     piv = traj[traj["precision"] == low].pivot_table(index=["seed", "t"], columns="correction", values="objective",
                                                     aggfunc="first")
     far = ""
@@ -90,15 +125,25 @@ def precision_verdict(traj, baseline: str = "none", reference: str = "fp32", low
                  f"{low} {sig(a['gap'].mean())}, ratio e^({plus_minus(ma, sa)}) = {sig(math.exp(ma), 2)}×: {va}; "
                  f"(b) spread of J across {k} corrections: {reference} {sig(ref['spread'].mean())}, "
                  f"{high} {sig(b['spread'].mean())}, {low} {sig(a['spread'].mean())}, "
-                 f"ratio e^({plus_minus(mb, sb)}) = {sig(math.exp(mb), 2)}×{far}: {vb}.")
+                 f"ratio e^({plus_minus(mb, sb)}) = {sig(math.exp(mb), 2)}×{far}: {vb}.{noise}")
+    key = f"fp16 {sig(math.exp(ma), 2)}× closer to fp32 (a {va}); spread {sig(math.exp(mb), 2)}× smaller (b {vb})"
     return Verdict(all_of([va, vb]), statement, {"a": va, "b": vb, "log_gap_ratio": (ma, sa),
-                                                 "log_spread_ratio": (mb, sb)})
+                                                 "log_spread_ratio": (mb, sb), "noise_floor": floors}, key=key)
 
 
 PRECISION_COLORS = {"bf16": st.group_color(0), "fp16": st.group_color(1), "fp8": st.group_color(2), "fp32": "#555555"}
 
 
-def precision_figure(traj, verdict: Verdict, style: str, baseline: str = "none"):
+def _by_step(ax, series, per: int, color) -> None:
+    """One point per training step (J is constant over a step's updates), with markers where J was evaluated
+    only a few times (a Monte Carlo J every 10 steps): otherwise a lone evaluation is an invisible line."""
+    by_step = series.groupby(series.index // per).first()
+    few = by_step.dropna().nunique() <= 25
+    ax.plot(by_step.index, by_step.where(by_step > 0), color=color, linewidth=1.1,
+            marker="o" if few else None, markersize=4)
+
+
+def precision_figure(traj, verdict: Verdict, style: str, world: str = "", baseline: str = "none"):
     from matplotlib.lines import Line2D
 
     fig, axes = new_figure(3, 1, style, panel=(3.7, 3.1))
@@ -115,11 +160,18 @@ def precision_figure(traj, verdict: Verdict, style: str, baseline: str = "none")
         if prec != "fp32":
             if (prec, baseline) in piv.columns and ("fp32", baseline) in piv.columns:
                 gap = (piv[(prec, baseline)] - piv[("fp32", baseline)]).abs().groupby(level="t").mean()
-                ax_g.plot(gap.index / per, gap.where(gap > 0), color=color, linewidth=1.1)
+                _by_step(ax_g, gap, per, color)
             spread = (piv[cols].max(axis=1) - piv[cols].min(axis=1)).groupby(level="t").mean()
-            ax_s.plot(spread.index / per, spread.where(spread > 0), color=color, linewidth=1.1)
+            _by_step(ax_s, spread, per, color)
         handles.append(Line2D([], [], color=color, marker="o", markersize=4))
         labels.append(f"{prec} engine" + (" (no mismatch: the reference)" if prec == "fp32" else ""))
+    # A Monte Carlo J: differences below the expected range of estimates of one J are noise, not precision.
+    n_corr = traj["correction"].nunique()
+    for ax, floor in ((ax_g, noise_floor(traj, 2)), (ax_s, noise_floor(traj, n_corr))):
+        if math.isfinite(floor) and floor > 0:
+            ax.axhline(floor, color="0.4", linestyle="--", linewidth=0.9)
+            ax.text(0.02, floor, " Monte Carlo noise floor", transform=ax.get_yaxis_transform(), va="bottom",
+                    fontsize="x-small", color="0.35")
     for ax in (ax_g, ax_s):
         ax.set_yscale("log")
         ax.set_xlabel("training step")
@@ -149,11 +201,16 @@ def precision_figure(traj, verdict: Verdict, style: str, baseline: str = "none")
     ax_c.set_ylabel(r"final $J$ − final $J$ of fp32 plain PPO")
     ax_c.set_title(f"(c) final J (last {FINAL_FRACTION:.0%} of updates, ± 2 SE)", fontsize="medium")
     legend_below(fig, handles, labels, style)
-    headline(fig, TITLE, SOURCE, verdict, style)
+    headline(fig, TITLE + (f" [{world} world]" if world else ""), SOURCE, verdict, style)
     return fig
 
 
 def evaluate(ds: Dataset, style: str):
     traj = precision_frame(ds)
     v = precision_verdict(traj)
-    return v, precision_figure(traj, v, style)
+    bands, degenerate = band_text(run_frame(ds, correction="correction", precision="mismatch.precision"),
+                                  ["precision"])
+    if bands:
+        v.statement += f" {bands[0].upper()}{bands[1:]}."
+    v.parts["degenerate"] = degenerate
+    return v, precision_figure(traj, v, style, world_of(ds))

@@ -1,5 +1,8 @@
-"""The claims by name. A claim's name is its experiment's (conf/experiment/NAME.yaml) and its figure's file
-name; VERDICTS.md lists the claims in this order. Adding a claim is one module and one line here."""
+"""The claims by name, and the worlds they run in. A claim's name is its experiment's and its figure's file
+name: conf/experiment/NAME.yaml in the bigram world (the exact unit-test world, where the claims first ran),
+conf/experiment/WORLD/NAME.yaml in the others (`experiment=mlp/NAME`), and figures/WORLD/NAME.png.
+VERDICTS.md lists the claims in this order and the worlds in WORLDS' order. Adding a claim is one module and
+one line here (and one experiment file per world)."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from runner.errors import UserError
 CLAIMS: dict[str, ModuleType] = {m.NAME: m for m in (
     tis_tames_mismatch, bias_variance_by_level, mismatch_low_prob_tokens, precision_vs_algorithm,
     staleness_breaks_tis, seed_bug_end_to_end)}
+WORLDS = ("bigram", "mlp", "transformer")
 
 
 def claim(name: str) -> ModuleType:
@@ -26,8 +30,20 @@ def claim(name: str) -> ModuleType:
     return CLAIMS[name]
 
 
+def world(name: str) -> str:
+    """A world's name, checked; a one-line error naming the valid ones."""
+    if name not in WORLDS:
+        raise UserError(f"unknown world {name!r}; valid: {', '.join(WORLDS)}")
+    return name
+
+
+def experiment(name: str, in_world: str) -> str:
+    """The experiment= value of claim `name` in a world: NAME (bigram) or WORLD/NAME."""
+    return name if world(in_world) == "bigram" else f"{in_world}/{name}"
+
+
 def evaluate(name: str, path: str | Path, style: str = "default") -> tuple[Verdict, Any]:
-    """(Verdict, Figure) of claim `name` on the experiment output at `path` (a sweep dir)."""
+    """(Verdict, Figure) of claim `name` on the experiment output at `path` (a sweep dir, in any world)."""
     module = claim(name)
     st.rc(style)
     ds = load_dataset(path)

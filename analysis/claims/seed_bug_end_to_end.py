@@ -13,7 +13,7 @@ import numpy as np
 
 from analysis import style as st
 from analysis.claims.figures import headline, legend_below, line_handle, new_figure, ordered_presets
-from analysis.claims.frames import required, update_index, with_keys
+from analysis.claims.frames import band_text, required, run_frame, update_index, with_keys, world_of
 from analysis.claims.stats import FAILS, HOLDS, SIGMAS, UNSURE, Verdict, as_float, mean_se, plus_minus, sig
 from analysis.load import Dataset
 from runner.errors import UserError
@@ -97,7 +97,9 @@ def seedbug_verdict(runs) -> Verdict:
                  f"{sig(fx['final_objective'].mean(), 3)} vs plain PPO "
                  f"{sig(runs[runs['correction'] == 'none']['final_objective'].mean(), 3)} "
                  f"(paired Δ {plus_minus(m, se)}) (iii) {v_iii}.")
-    return Verdict(verdict, statement, {"i": f_i, "ii": f_ii, "iii": v_iii, "bug": bug})
+    key = (f"as shipped: NaN θ {int(ap['nan_params'].sum())}/{len(ap)} (apply), caught {int(sk_ok.sum())}/{len(sk)} "
+           f"(skip); fixed: {faults} faults, ΔJ {sig(m, 2)}")
+    return Verdict(verdict, statement, {"i": f_i, "ii": f_ii, "iii": v_iii, "bug": bug}, key=key)
 
 
 def seedbug_figure(ds: Dataset, runs, verdict: Verdict, style: str):
@@ -156,11 +158,15 @@ def seedbug_figure(ds: Dataset, runs, verdict: Verdict, style: str):
     handles.append(Line2D([], [], linestyle="none", marker="X", markersize=8, color="0.5", markeredgecolor="black"))
     labels.append("NaN parameters: the run stops")
     legend_below(fig, handles, labels, style)
-    headline(fig, TITLE, SOURCE, verdict, style)
+    headline(fig, f"{TITLE} [{world_of(ds)} world]", SOURCE, verdict, style)
     return fig
 
 
 def evaluate(ds: Dataset, style: str):
     runs = seedbug_runs(ds)
     v = seedbug_verdict(runs)
+    bands, degenerate = band_text(run_frame(ds, correction="correction", mode="train.on_nonfinite"), ["mode"])
+    if bands:
+        v.statement += f" {bands[0].upper()}{bands[1:]}."
+    v.parts["degenerate"] = degenerate
     return v, seedbug_figure(ds, runs, v, style)

@@ -25,13 +25,20 @@ EPS = 1e-12
 SPIKE_FACTOR = 5.0  # a grad-norm spike: above 5× the median of the trailing window (as analysis.plots)
 SPIKE_WINDOW = 20
 FINAL_FRACTION = 0.25  # the "final objective" is the mean J over the last quarter of the updates
+# A band that rejects at least this fraction of the tokens leaves an arm that learns from almost nothing: a
+# degenerate arm. Training arms are judged on token_masked_fraction; probe arms carry probe.csv's own
+# `degenerate` flag (runner/schema.py: ≥ 90% masked or a mean estimate under 10% of ‖∇J‖), the stricter one.
+DEGENERATE_REJECTED = 0.97
+# summary.json's collapse_reason, by the wording of runner/training/faults.py, as one word per kind.
+COLLAPSE_KINDS = (("drop", "below its peak"), ("spike", "consecutive updates"), ("nan", "non-finite parameters"))
 
 
 @dataclass
 class Verdict:
     verdict: str
-    statement: str
+    statement: str  # every number behind the verdict, one line (VERDICTS.md's detail lines)
     parts: dict[str, Any] = field(default_factory=dict)
+    key: str = ""  # the few numbers a table cell has room for (VERDICTS.md's claim × world table)
 
     def __post_init__(self) -> None:
         assert self.verdict in VERDICTS, self.verdict
@@ -106,6 +113,38 @@ def final_of(objective) -> float:
     return float(np.mean(j[-k:]))
 
 
+def relative_drop(peak: float, final: float) -> float:
+    """How far J ended below its peak, as a fraction of the peak (0 when it ended at it; NaN without a peak):
+    the same scale as the collapse rule's 30%, so worlds whose J lives on different scales compare."""
+    if not (math.isfinite(peak) and math.isfinite(final)) or peak <= 0:
+        return math.nan
+    return max(0.0, (peak - final) / peak)
+
+
+def collapse_kind(reason: Any) -> str:
+    """summary.json's collapse_reason as one word: drop | spike | nan ("" for none, "other" if unknown)."""
+    if not isinstance(reason, str) or not reason:
+        return ""
+    for kind, words in COLLAPSE_KINDS:
+        if words in reason:
+            return kind
+    return "other"
+
+
+def rate(flags) -> float:
+    """The fraction of true values (NaN for none)."""
+    x = np.asarray(flags, dtype=float)
+    return float(x.mean()) if len(x) else math.nan
+
+
+def steps_text(steps) -> str:
+    """Collapse steps for a statement: 'at steps 40, 120' (finite ones, sorted), or '' for none."""
+    s = sorted(int(v) for v in steps if v is not None and math.isfinite(float(v)))
+    if not s:
+        return ""
+    return f" at step{'s' if len(s) > 1 else ''} " + ", ".join(str(v) for v in s)
+
+
 # ----------------------------------------------------------------------------------------- numbers in statements
 def sig(v: float, digits: int = 3) -> str:
     """A number for a statement: 3 significant digits, no exponent noise for ordinary sizes."""
@@ -129,4 +168,12 @@ def as_float(v: Any) -> float:
 
 def plus_minus(m: float, se: float) -> str:
     return f"{sig(m)} ± {sig(se, 2)}" if math.isfinite(se) else sig(m)
+
+
+def pct(v: float) -> str:
+    """A fraction as a percentage for a statement: 62%, 0.4%, 100%."""
+    if not math.isfinite(v):
+        return "nan"
+    p = 100 * v
+    return f"{p:.0f}%" if p >= 9.5 or p == 0 else f"{p:.1g}%"
 

@@ -1,14 +1,26 @@
-"""What `is-study claims` writes: one verdict line per claim, each claim's figure (PNG and PDF), and with
---all figures/VERDICTS.md, one line per claim with its experiment, verdict and numbers."""
+"""What `is-study claims` writes: one verdict line per claim, each claim's figure (PNG and PDF), and with --all
+one verdicts.json per world and size, and figures/VERDICTS.md: one table, claim × world → verdict, with each
+cell's key numbers and a link to its figure, then every verdict's full statement.
+
+Layout under OUT (scripts/figures.sh: OUT = figures):
+    OUT/WORLD/NAME.{png,pdf}, OUT/WORLD/verdicts.json           the default size
+    OUT/full/WORLD/NAME.{png,pdf}, OUT/full/WORLD/verdicts.json  paper size (figures.sh --full)
+    OUT/VERDICTS.md                                              every verdicts.json under OUT, one table
+A run over some worlds or claims updates their entries and leaves the others' as they were, so the table
+always shows every world that has been run, and each column names its size."""
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-from analysis.claims.registry import CLAIMS, claim, evaluate
+from analysis.claims.registry import CLAIMS, WORLDS, claim, evaluate, world
 from analysis.claims.stats import Verdict
 from runner.errors import UserError
+
+SIZES = ("default", "full")
 
 
 def chosen(name: str | None, every: bool, only: str = "") -> list[str]:
@@ -19,6 +31,25 @@ def chosen(name: str | None, every: bool, only: str = "") -> list[str]:
     for n in names:
         claim(n)
     return names
+
+
+def chosen_worlds(worlds: str = "") -> list[str]:
+    """The space-separated worlds (default: all of them, in WORLDS' order), checked."""
+    names = worlds.split() or list(WORLDS)
+    for w in names:
+        world(w)
+    return names
+
+
+def size_checked(size: str) -> str:
+    if size not in SIZES:
+        raise UserError(f"unknown --size {size!r}; valid: {', '.join(SIZES)}")
+    return size
+
+
+def world_dir(root: Path, in_world: str, size: str = "default") -> Path:
+    """Where a world's figures and verdicts.json go: ROOT/WORLD, or ROOT/full/WORLD at paper size."""
+    return Path(root) / in_world if size == "default" else Path(root) / "full" / in_world
 
 
 def check(directory: Path, names: list[str], every: bool, out: Path | None,
@@ -50,26 +81,87 @@ def shrink_png(path: Path) -> None:
     q.save(path, optimize=True)
 
 
-def line(name: str, v: Verdict) -> str:
-    return f"{name}: {v.verdict} — {v.statement}"
+def line(name: str, v: Verdict, in_world: str | None = None) -> str:
+    return f"{in_world + '/' if in_world else ''}{name}: {v.verdict} — {v.statement}"
 
 
-def verdicts_markdown(results: list[tuple[str, Verdict]], size: str = "default") -> str:
-    out = ["# Verdicts: the literature's claims in the synthetic world", "",
-           f"Written by `bash scripts/figures.sh{' --full' if size == 'full' else ''}` ({size} size). One line per "
-           "claim: the experiment (`conf/experiment/NAME.yaml`: its command, source, world and what the world can "
-           "and cannot show), the verdict, and the numbers behind it. The rules were fixed before the runs and are "
-           "stated in `analysis/claims/`; a claim the synthetic world does not reproduce is reported as such.", ""]
+# ----------------------------------------------------------------------------------------- verdicts.json
+def write_world(root: Path, in_world: str, size: str, results: list[tuple[str, Verdict]], command: str = "") -> Path:
+    """ROOT/[full/]WORLD/verdicts.json: this world's verdicts at this size, merged into what was there (the
+    claims not re-run keep their entries)."""
+    d = world_dir(root, in_world, size)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / "verdicts.json"
+    data = read_json(path) or {"world": in_world, "size": size, "claims": {}}
     for name, v in results:
-        c = claim(name)
-        out.append(f"- **{c.TITLE}** ({c.SOURCE}; `is-study sweep experiment={name}`, [figure]({name}.png)): "
-                   f"**{v.verdict}**. {v.statement}")
-    return "\n".join(out) + "\n"
+        data["claims"][name] = {"verdict": v.verdict, "key": v.key, "statement": v.statement,
+                                "figure": str((d / f"{name}.png").relative_to(root)),
+                                "experiment": f"experiment={'' if in_world == 'bigram' else in_world + '/'}{name}",
+                                "written": time.strftime("%Y-%m-%d")}
+    if command:
+        data["command"] = command
+    path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    return path
 
 
-def write_verdicts(out: Path, results: list[tuple[str, Verdict]], size: str = "default") -> Path:
-    """OUT/VERDICTS.md, the claims in registry order."""
-    order = [n for n in CLAIMS if n in dict(results)]
-    path = Path(out) / "VERDICTS.md"
-    path.write_text(verdicts_markdown([r for n in order for r in results if r[0] == n], size), encoding="utf-8")
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("claims"), dict) else None
+
+
+def columns(root: Path) -> list[tuple[str, str, dict]]:
+    """(world, size, verdicts.json) for every world and size run under ROOT: defaults first, in WORLDS' order."""
+    out = []
+    for size in SIZES:
+        for w in WORLDS:
+            data = read_json(world_dir(root, w, size) / "verdicts.json")
+            if data is not None:
+                out.append((w, size, data))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- VERDICTS.md
+def _cell(entry: dict | None) -> str:
+    if entry is None:
+        return "not run"
+    key = entry.get("key", "").replace("|", "/")
+    return f"**{entry['verdict']}**" + (f": {key}" if key else "") + f" ([figure]({entry['figure']}))"
+
+
+def verdicts_markdown(root: Path) -> str:
+    cols = columns(root)
+    if not cols:
+        raise UserError(f"{root}: no verdicts.json under it; run scripts/figures.sh first")
+    head = ["claim", *(f"{w} ({size} size)" for w, size, _ in cols)]
+    out = ["# Verdicts: the literature's claims in three worlds", "",
+           "Written by `bash scripts/figures.sh` (`--full`: paper size) from the `verdicts.json` each run leaves in "
+           "`figures/WORLD/` (default size) and `figures/full/WORLD/` (paper size); each column names its world and "
+           "size. A cell is the verdict (holds / does not hold / inconclusive), its key numbers and its figure; the "
+           "full statement of every cell is below the table. The experiments are `conf/experiment/NAME.yaml` "
+           "(bigram) and `conf/experiment/WORLD/NAME.yaml`, each with its command, source, the world's calibrated "
+           "parameters, the verdict rule and what was measured. The rules were fixed before the runs and are "
+           "stated in `analysis/claims/`; a claim a world does not reproduce is reported as such.", "",
+           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, mod in CLAIMS.items():
+        out.append("| " + " | ".join([mod.TITLE, *(_cell(data["claims"].get(name)) for _, _, data in cols)]) + " |")
+    out += ["", "## Every verdict in full", ""]
+    for name, mod in CLAIMS.items():
+        out += [f"### {mod.TITLE}", "", f"Source: {mod.SOURCE}.", ""]
+        for w, size, data in cols:
+            e = data["claims"].get(name)
+            if e is None:
+                continue
+            out.append(f"- **{w}** ({size} size; `is-study sweep {e['experiment']}`, [figure]({e['figure']})): "
+                       f"**{e['verdict']}**. {e['statement']}")
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_verdicts(root: Path) -> Path:
+    """ROOT/VERDICTS.md from every verdicts.json under ROOT."""
+    path = Path(root) / "VERDICTS.md"
+    path.write_text(verdicts_markdown(root), encoding="utf-8")
     return path
