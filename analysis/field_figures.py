@@ -1,6 +1,6 @@
 """The figures a paper author or an issue reporter comes for (issue 15): the field's signatures drawn
 from this project's runs, sweeps and probes. Built on analysis/plots.py (its layout, finishing and
-colour rules); `plots.FIGURES` reaches these through `FIGURES` below.
+colour rules); analysis/figures.py joins `FIGURES` below to the base kinds.
 
     mismatch-over-training  kl_k3, χ² per token, max|Δp| and the policy's entropy against step, one
                 line per engine precision (the analogue of Qi et al. 2025, Fig. 3); log axes where

@@ -58,8 +58,8 @@ from analysis import style as st
 from analysis.load import DEGENERATE_RULE, Dataset, describe, fmt_value, per_job, probe_frame
 from runner.errors import UserError
 
-KINDS = ("training", "grad-norm", "stability", "presets", "threshold", "mismatch", "masking",
-         "mismatch-over-training", "survival", "bias-split", "length-heatmap")
+# The base kinds; analysis/figures.py adds the field's (analysis/field_figures.py) and dispatches.
+KINDS = ("training", "grad-norm", "stability", "presets", "threshold", "mismatch", "masking")
 TITLES = {
     "training": "Training curves",
     "grad-norm": "Gradient-norm traces",
@@ -566,9 +566,6 @@ def availability(ds: Dataset) -> dict[str, str | None]:
             "one band per preset: see --kind presets")
     out["mismatch"] = None if ds.tokens is not None else (
         "no tokens.csv here (per-token trainer and rollout log-probs, written by the train study)")
-    from analysis import field_figures  # imports this module: loaded only when asked
-
-    out.update(field_figures.availability(ds, out))
     return out
 
 
@@ -1343,26 +1340,6 @@ FIGURES: dict[str, Callable] = {
 }
 
 
-def _field_figure(kind: str) -> Callable:
-    """The figure function of a kind in analysis/field_figures.py, imported when first drawn (that
-    module builds on this one)."""
-    def draw(ds: Dataset, style: str = "default"):
-        from analysis import field_figures
-
-        return field_figures.FIGURES[kind](ds, style)
-    draw.__name__ = kind.replace("-", "_") + "_figure"
-    return draw
-
-
-FIGURES.update({k: _field_figure(k) for k in ("mismatch-over-training", "survival", "bias-split", "length-heatmap")})
-
-
-def figure(kind: str, ds: Dataset, style: str = "default"):
-    if kind not in FIGURES:
-        raise UserError(f"unknown --kind {kind!r}; valid: {', '.join(KINDS)}")
-    return FIGURES[kind](ds, style)
-
-
 def _metadata(fig, ext: str) -> dict:
     meta = getattr(fig, "_is_study_meta", None) or {}
     if ext == "png":
@@ -1400,34 +1377,3 @@ def ensure_dir(out_dir: Path) -> Path:
     except OSError as exc:
         raise UserError(f"cannot write to --out {out_dir}: {exc.strerror or exc}") from None
     return out_dir
-
-
-def choose(ds: Dataset, kinds: Sequence[str] | None) -> tuple[list[str], dict[str, str]]:
-    """The kinds to draw and, for the ones left out, why. An explicit kind that cannot be drawn, or
-    nothing drawable at all, is a UserError."""
-    for k in kinds or ():
-        if k not in FIGURES:
-            raise UserError(f"unknown --kind {k!r}; valid: {', '.join(KINDS)}")
-    avail = availability(ds)
-    if kinds:
-        for k in kinds:
-            if avail[k] is not None:
-                raise UserError(f"--kind {k}: {avail[k]}")
-        return list(dict.fromkeys(kinds)), {}
-    chosen = [k for k in KINDS if avail[k] is None]
-    if not chosen:
-        raise UserError(f"{ds.path}: nothing to plot (" + "; ".join(f"{k}: {r}" for k, r in avail.items()) + ")")
-    return chosen, {k: r for k, r in avail.items() if r is not None}
-
-
-def render(ds: Dataset, out_dir: Path, kinds: Sequence[str] | None = None, style: str = "default",
-           formats: Sequence[str] = ("png", "pdf")) -> tuple[dict[str, list[Path]], dict[str, str]]:
-    """Draw and save; returns ({kind: [files]}, {skipped kind: reason})."""
-    st.rc(style)  # validates the style name
-    chosen, skipped = choose(ds, kinds)
-    out_dir = ensure_dir(out_dir)
-    written = {}
-    for kind in chosen:
-        fig = figure(kind, ds, style)
-        written[kind] = save(fig, out_dir, kind, style, formats)
-    return written, skipped

@@ -588,9 +588,9 @@ def _config_diff(ds: Dataset) -> str:
 # ----------------------------------------------------------------------------------------- figures
 def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str]:
     """Markdown image lines for the figures that apply, drawn into PATH/figures[/FILTER] if missing."""
-    from analysis import plots
+    from analysis import figures
 
-    avail = plots.availability(ds)
+    avail = figures.availability(ds)
     kinds = [k for k in REPORT_FIGURES if avail.get(k) is None]
     if not kinds:
         return []
@@ -601,7 +601,7 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
     note = []
     if missing:
         try:
-            plots.render(ds, fig_dir, missing)
+            figures.render(ds, fig_dir, missing)
         except UserError as exc:
             note.append(f"_(figures not drawn: {exc})_\n")
     base = (dest.parent if dest is not None else Path.cwd()).resolve()
@@ -611,7 +611,7 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
         if not png.is_file():
             continue
         rel = Path(os.path.relpath(png.resolve(), base)).as_posix()
-        lines.append(f"![{plots.TITLES[k]}]({rel})\n")
+        lines.append(f"![{figures.plots.TITLES[k]}]({rel})\n")
     return note + lines
 
 

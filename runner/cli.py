@@ -431,12 +431,12 @@ def plot(
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: PATH/figures)."),
     style: str = typer.Option("default", "--style", help="default | paper (3.3 or 7 in wide, at most 3 rows, fonts for LaTeX)."),
 ) -> None:
-    from analysis import load_dataset, plots, style as styles
+    from analysis import figures, load_dataset, style as styles
 
     styles.rc(style)  # an unknown style fails before any reading
     kinds = [k.strip() for item in (kind or []) for k in item.split(",") if k.strip()]
     ds = load_dataset(path)
-    written, skipped = plots.render(ds, out if out is not None else ds.path / "figures", kinds or None, style)
+    written, skipped = figures.render(ds, out if out is not None else ds.path / "figures", kinds or None, style)
     err = _console(stderr=True)
     for name, reason in skipped.items():
         err.print(f"[dim]skipped {name}: {reason}[/dim]")

@@ -95,10 +95,10 @@ def test_mismatch_over_training_one_line_per_precision(precisions):
     """mlp world, 8 steps (no smoothing): each panel holds one line per precision, the median over
     the 2 seeds of the per-step mean over updates; the precisions' KL differs by decades, so that
     axis is logarithmic, and the title quotes each precision's median."""
-    from analysis import load_dataset, plots
+    from analysis import figures, load_dataset
 
     ds = load_dataset(precisions)
-    fig = plots.figure("mismatch-over-training", ds)
+    fig = figures.figure("mismatch-over-training", ds)
     axes = visible_axes(fig)
     assert len(axes) == 4
     kl, chi2, dp, entropy = axes
@@ -132,14 +132,14 @@ def test_mismatch_over_training_one_line_per_precision(precisions):
 def test_mismatch_over_training_in_the_transformer_world(transformer, tmp_path):
     """A tiny transformer with a 30-step SFT warm start: both precisions drawn in both styles,
     every panel's lines the data's per-step medians, PNG and PDF written by the command."""
-    from analysis import load_dataset, plots
+    from analysis import figures, load_dataset
 
     ds = load_dataset(transformer)
     summaries = _summaries(transformer)
     assert (summaries["policy"] == "transformer").all() and summaries["world"].map(
         lambda w: w["warm_start"]["sft_steps"]).eq(30).all()
     for style in ("default", "paper"):
-        fig = plots.figure("mismatch-over-training", ds, style)
+        fig = figures.figure("mismatch-over-training", ds, style)
         axes = visible_axes(fig)
         assert len(axes) == 4 and all(len(_series(ax)) == 2 for ax in axes)
         ent = {ln.get_label(): np.asarray(ln.get_ydata(), float) for ln in _series(axes[3])}
@@ -157,10 +157,10 @@ def test_a_monte_carlo_objective_is_drawn_with_its_standard_error(transformer):
     """The transformer's J is a Monte Carlo estimate: each evaluation of a one-seed line gets a bar of
     ±2 s.e. (objective_se of that step), and the title gives the mean s.e., so that a dip within the
     noise is not read as a drop."""
-    from analysis import load_dataset, plots
+    from analysis import figures, load_dataset
 
     ds = load_dataset(transformer)
-    fig = plots.figure("training", ds)
+    fig = figures.figure("training", ds)
     m = ds.metrics.dropna(subset=["objective_se"]).groupby(["precision", "step"]).first().reset_index()
     se = m["objective_se"].mean()
     assert f"J: a Monte Carlo estimate, s.e. ≈ {se:.2g} per evaluation (bars: ±2 s.e.)" in _title(fig)
@@ -197,14 +197,14 @@ def test_survival_figure(field):
     fraction of its 2 seeds whose summary.json has no collapse by then; beneath, ESS and grad norm
     aligned on each collapse step (the median over a correction's collapsed runs), and the NaN
     gradient that made the parameters NaN marked on the top edge."""
-    from analysis import load_dataset, plots
+    from analysis import figures, load_dataset
     from analysis.field_figures import LAG_STEPS, LEAD_STEPS, collapse_kind
 
     ds = load_dataset(field)
     summ = _summaries(field)
     collapsed = summ[summ["collapsed"]]
     assert len(collapsed) >= 3 and (collapsed["correction"] == "tis").any() and collapsed["nonfinite_params"].any()
-    fig = plots.figure("survival", ds)
+    fig = figures.figure("survival", ds)
     axes = visible_axes(fig)
     assert len(axes) == 12  # 4 cells × (survival, ESS, grad norm): rows of 4 panels
     surv, ess, gn = axes[0:4], axes[4:8], axes[8:12]
@@ -263,9 +263,9 @@ def test_survival_figure(field):
 def test_length_heatmap(field):
     """T × correction cells per staleness: the final J averaged over the seeds whose parameters
     stayed finite (NaN where none did), and collapsed / seeds, both from summary.json."""
-    from analysis import load_dataset, plots
+    from analysis import figures, load_dataset
 
-    fig = plots.figure("length-heatmap", load_dataset(field))
+    fig = figures.figure("length-heatmap", load_dataset(field))
     axes = visible_axes(fig)
     panels = [ax for ax in axes if ax.images]
     assert len(panels) == 4  # 2 staleness rows × (final J, collapse rate)
@@ -296,10 +296,10 @@ def test_length_heatmap(field):
 def test_bias_split(lengths_probe):
     """Direction, size and relative bias of each arm against T: the values of probe.csv, geo-mask
     hollow (degenerate at every T), ∇J said to be exact."""
-    from analysis import load_dataset, plots
+    from analysis import figures, load_dataset
 
     ds = load_dataset(lengths_probe)
-    fig = plots.figure("bias-split", ds)
+    fig = figures.figure("bias-split", ds)
     cos_ax, size_ax, bias_ax = visible_axes(fig)
     assert "cos" in cos_ax.get_ylabel() and "direction" in cos_ax.get_ylabel()
     assert "size" in size_ax.get_ylabel() and "relative bias" in bias_ax.get_ylabel()
@@ -323,7 +323,7 @@ def test_bias_split(lengths_probe):
 
 
 def test_bias_split_says_when_the_reference_is_monte_carlo(tmp_path):
-    from analysis import load_dataset, plots
+    from analysis import figures, load_dataset
 
     d = tmp_path / "s"
     _ok(*run_cli("sweep", "study=probe", "policy=transformer", "policy.sft.steps=0", "policy.n_layer=1",
@@ -334,7 +334,7 @@ def test_bias_split_says_when_the_reference_is_monte_carlo(tmp_path):
     pr = pd.concat([pd.read_csv(p) for p in sorted(d.glob("*/probe.csv"))])
     assert (pr["reference"] == "monte-carlo").all()
     rel = pr["reference_noise"] / pr["exact_grad_norm"]
-    fig = plots.figure("bias-split", load_dataset(d))
+    fig = figures.figure("bias-split", load_dataset(d))
     title = _title(fig)
     assert "∇J: a Monte Carlo reference (64 on-policy rollouts" in title and "not exact" in title
     low, high = (f"{100 * v:.2g}%" if 100 * v < 10 else f"{100 * v:.0f}%" for v in (rel.min(), rel.max()))
@@ -345,9 +345,9 @@ def test_bias_split_says_when_the_reference_is_monte_carlo(tmp_path):
 # ----------------------------------------------------------------------------------------- every kind
 @pytest.mark.parametrize("style", ["default", "paper"])
 def test_every_new_figure_fits_and_nothing_is_clipped_or_overlaps(field, precisions, transformer, lengths_probe, style):
-    from analysis import load_dataset, plots
+    from analysis import figures, load_dataset
 
-    figs = [(k, plots.figure(k, load_dataset(path), style))
+    figs = [(k, figures.figure(k, load_dataset(path), style))
             for path, kinds in ((field, ("mismatch-over-training", "survival", "length-heatmap")),
                                 (precisions, ("mismatch-over-training",)),
                                 (transformer, ("mismatch-over-training", "mismatch")),

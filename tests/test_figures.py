@@ -79,10 +79,10 @@ def probe_bands(tmp_path_factory):
 
 
 def _figures(path, kinds, style):
-    from analysis import load_dataset, plots
+    from analysis import figures, load_dataset
 
     ds = load_dataset(path)
-    return {k: plots.figure(k, ds, style) for k in kinds}
+    return {k: figures.figure(k, ds, style) for k in kinds}
 
 
 def _series(ax) -> list:
@@ -133,7 +133,7 @@ def test_all_zero_panels_start_at_zero_and_say_so(one_seed, cells):
     negative tick, and says so; a fraction that is 0 in every run (nothing masked or clamped here)
     is said once in the title instead of a row of flat panels; no fraction panel shows a negative
     tick, nor do J and the reward."""
-    from analysis import load_dataset, plots
+    from analysis import figures, load_dataset, plots
 
     ds = load_dataset(one_seed)
     assert ds.metrics["token_masked_fraction"].eq(0).all() and ds.metrics["clamped_fraction"].eq(0).all()
@@ -149,7 +149,7 @@ def test_all_zero_panels_start_at_zero_and_say_so(one_seed, cells):
     assert "no token masked or clamped in any run (panels left out)" in _title(fig).replace("\n", " ")
     for path in (one_seed, cells):
         for kind in ("masking", "training", "stability"):
-            fig = plots.figure(kind, load_dataset(path))
+            fig = figures.figure(kind, load_dataset(path))
             assert not negative_ticks(fig, visible_axes(fig)), (path, kind)
 
 
