@@ -169,6 +169,19 @@ def test_level_rule_leaves_out_degenerate_arms_and_names_the_reference():
     assert "a Monte Carlo ∇J_MC (4096 on-policy rollouts" in mc.statement and "exact" not in mc.statement
 
 
+def test_level_rule_names_a_degenerate_token_is_arm():
+    """(a) can hold on a token-IS estimate that has all but vanished (relative bias → 1 by shrinkage): the
+    verdict follows the rule, and the statement and key say which T and how small the estimate was."""
+    exp_var = [math.exp(0.3 * T) for T in (2, 4, 8, 16, 32)]
+    frame = _probe([0.05, 0.1, 0.2, 0.3, 0.95], exp_var)
+    frame.loc[(frame["preset"] == "token-is") & (frame["seq_len"] == 32), "degenerate"] = 1
+    v = level.level_verdict(frame)
+    assert v.parts["a"] == HOLDS and v.parts["token_is_degenerate"] == [32]
+    assert "token-IS itself degenerate at T=32: its mean estimate is 0.05 of ‖∇J‖" in v.statement
+    assert v.key.endswith("; token-IS degenerate at T=32")
+    assert level.level_verdict(_probe([0.05, 0.1, 0.2, 0.3, 0.4], exp_var)).parts["token_is_degenerate"] == []
+
+
 # ----------------------------------------------------------------------------------------- 3. low-probability tokens
 def _tokens(low_is_worse: bool, n=4000, seed=0):
     rng = np.random.default_rng(seed)

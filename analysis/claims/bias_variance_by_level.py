@@ -125,6 +125,15 @@ def level_verdict(probe) -> Verdict:
     parts["a"] = va
     text_a = (f"(a) token-IS relative bias {sig(rel(TOKEN_IS, t0))} [{sig(lo0)}, {sig(hi0)}] at T={t0} → "
               f"{sig(rel(TOKEN_IS, t1))} [{sig(lo1)}, {sig(hi1)}] at T={t1}: {va}")
+    # A token-IS estimate that has shrunk to almost nothing has a relative bias near 1 for that reason alone:
+    # (a) can then "hold" on a vanished gradient, not a misdirected one. The verdict stays as the rule says;
+    # the text and the key name it.
+    token_dead = [T for T in (t0, t1) if int(getattr(by[(TOKEN_IS, T)], "degenerate", 0) or 0)]
+    parts["token_is_degenerate"] = token_dead
+    if token_dead:
+        text_a += (" (token-IS itself degenerate at T=" + ", ".join(str(T) for T in token_dead) + ": its mean estimate is "
+                   + ", ".join(f"{sig(by[(TOKEN_IS, T)].norm_ratio, 2)} of ‖∇J‖" for T in token_dead)
+                   + ", so its relative bias there is mostly shrinkage toward 0)")
     # (b)
     q = np.array([by[(SEQ_IS, T)].variance / by[(TOKEN_IS, T)].variance if by[(TOKEN_IS, T)].variance > EPS
                   else math.nan for T in Ts])
@@ -194,7 +203,8 @@ def level_verdict(probe) -> Verdict:
         world += f"; ‖∇J‖ = 0 at T={_span(flat)} (no reward signal there: nothing to estimate)"
     verdict = all_of([va, vb, vc])
     key = (f"token-IS rel. bias {sig(rel(TOKEN_IS, t0), 2)}→{sig(rel(TOKEN_IS, t1), 2)} (a {va}); var ratio "
-           f"{sig(growth, 2)}× (b {vb}); (c) {vc}" + (f", {len(degenerate)} degenerate" if degenerate else ""))
+           f"{sig(growth, 2)}× (b {vb}); (c) {vc}" + (f", {len(degenerate)} degenerate" if degenerate else "")
+           + (f"; token-IS degenerate at T={', '.join(str(T) for T in token_dead)}" if token_dead else ""))
     return Verdict(verdict, f"{world}. {text_a}; {text_b}; {text_c}; {text_d}.", parts, key=key)
 
 

@@ -79,11 +79,16 @@ def lowprob_verdict(tok) -> Verdict:
         ratio = low["mean"] / top["mean"] if top["mean"] > 0 else math.inf
         parts[str(prec)] = {"verdict": v, "means": b["mean"].tolist(), "ratio": ratio}
         texts.append(f"{prec}: mean |Δ log p| {plus_minus(low['mean'], low['se'])} in the lowest quintile "
-                     f"(p_train < {sig(low['p_hi'], 2)}) vs {plus_minus(top['mean'], top['se'])} in the highest "
-                     f"(p_train > {sig(top['p_lo'], 2)}), {sig(ratio, 2)}× [{v}]")
+                     f"(p_train < {_edge(low['p_hi'])}) vs {plus_minus(top['mean'], top['se'])} in the highest "
+                     f"(p_train > {_edge(top['p_lo'])}), {sig(ratio, 2)}× [{v}]")
     n = len(tok)
     key = ", ".join(f"{prec} {sig(p['ratio'], 2)}×" for prec, p in parts.items()) + " (lowest/highest quintile)"
     return Verdict(all_of(verdicts), f"{n:,} sampled tokens; " + "; ".join(texts) + ".", parts, key=key)
+
+
+def _edge(p: float) -> str:
+    """A quintile's edge in p; near 1 as 1 − ε, since two digits would round a sharp policy's 0.99997 to 1."""
+    return f"1 − {sig(1.0 - p, 2)}" if 0.99 < p < 1.0 else sig(p, 2)
 
 
 def lowprob_figure(tok, verdict: Verdict, style: str, world: str = ""):
