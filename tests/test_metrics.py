@@ -240,6 +240,7 @@ def test_metrics_off_computes_no_metrics():
     lp = OLD.clone().requires_grad_(True)
     out = policy_loss(LossSpec(), TIS, lp, OLD, ROLL, torch.ones(2, 4), MASK, metrics=False)
     assert out.metrics == {} and out.tokens is None and out.clipped_tokens is None
+    assert out.correction.metrics == {}  # the correction evaluated inside policy_loss computed none either
 
 
 def test_groups_must_tile_the_batch():
