@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from runner.errors import UserError
-from runner.schema import ALL_METRICS_COLUMNS
+from runner.schema import ALL_METRICS_COLUMNS, DEGENERATE_MASKED, DEGENERATE_NORM_RATIO
 from runner.values import parse_override, same_value
 
 try:  # the C loader is ~10× faster on the 100 small files of a sweep
@@ -41,6 +41,9 @@ except AttributeError:  # pragma: no cover
     _Loader = yaml.SafeLoader
 
 JOB_COLUMNS = ("job", "job_num", "run_dir")  # how sweep.csv may name the job of a row
+# sweep.csv keeps one column where a swept key and a metrics column hold the same value (runner/aggregate.py
+# SAME_AS): a bare sweep.csv gets the key back under its config name, so its figures facet as the job dirs'
+CONFIG_NAME_OF = {"staleness": "mismatch.staleness"}
 DATA_FILES = ("metrics.csv", "probe.csv")
 MAX_TOKEN_ROWS = 400_000  # per dataset: enough for every histogram, bounded memory
 
@@ -209,7 +212,10 @@ class Dataset:
         if not self.jobs and self.sweep_csv is not None:  # a bare sweep.csv: its non-metric columns
             df = _read_csv(self.sweep_csv, nrows=0)
             skip = set(ALL_METRICS_COLUMNS) | set(JOB_COLUMNS)
-            return [] if df is None else [c for c in df.columns if c not in skip]
+            if df is None:
+                return []
+            return [c for c in df.columns if c not in skip] + [key for col, key in CONFIG_NAME_OF.items()
+                                                               if col in df.columns and key not in df.columns]
         seen: dict[str, None] = {}
         for job in self.jobs:
             for k in job.values:
@@ -352,6 +358,9 @@ class Dataset:
         if df is None:
             return None
         if not self.jobs:  # a bare sweep.csv: a job is a combination of its key columns
+            for col, key in CONFIG_NAME_OF.items():
+                if col in df.columns and key not in df.columns:
+                    df[key] = df[col]
             job_col = next((c for c in JOB_COLUMNS if c in df.columns), None)
             by = [job_col] if job_col else self.keys
             ids = df.groupby(by, sort=False, dropna=False).ngroup() if by else 0
@@ -482,18 +491,52 @@ def _multirun_overrides(path: Path) -> tuple[list[str], list[str]] | None:
     return [str(o) for o in (ov.get("task") or [])], hydra_ov
 
 
-def _sweep_manifest(path: Path) -> list[str] | None:
-    """The overrides (and --launcher) that `is-study sweep` recorded in sweep.json."""
+def _recorded_command(data: dict) -> str | None:
+    """The whole command line, when `is-study sweep` recorded it in sweep.json (`command`, a string
+    or an argv list, at the top or in the latest run's entry): --jobs, --name, --launcher included."""
+    runs = data.get("runs") if isinstance(data.get("runs"), list) else []
+    for where in [data, *(r for r in reversed(runs) if isinstance(r, dict))]:
+        for key in ("command", "argv"):
+            value = where.get(key)
+            if isinstance(value, str) and value.strip():
+                return value.strip()
+            if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+                argv = list(value)
+                if argv[0] != "is-study":  # an argv without the program name
+                    argv = ["is-study", *argv[1:]] if argv[0].endswith(("is-study", "runner")) else ["is-study", *argv]
+                return _quote(argv)
+    return None
+
+
+def _sweep_manifest(path: Path) -> tuple[list[str] | str, str] | None:
+    """(the command, its source) from sweep.json: the recorded command line when there is one,
+    else the overrides with --launcher, --jobs and --name put back from what the manifest and the
+    sweep dir say."""
     try:
         data = json.loads((path / "sweep.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    recorded = _recorded_command(data)
+    if recorded is not None:
+        return recorded, "sweep.json (the command as typed)"
+    try:
         overrides = [str(o) for o in data["overrides"]]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError):
         return None
     runs = data.get("runs") or [{}]
-    launcher = runs[0].get("launcher") if isinstance(runs[0], dict) else None
+    first = runs[0] if isinstance(runs[0], dict) else {}
+    extra: list[str] = []
+    launcher = first.get("launcher")
     if launcher and launcher != "basic" and not any(o.startswith("hydra/launcher=") for o in overrides):
-        overrides += ["--launcher", str(launcher)]
-    return overrides
+        extra += ["--launcher", str(launcher)]
+    parallel = first.get("parallelism", first.get("n_jobs"))
+    if isinstance(parallel, int) and not isinstance(parallel, bool):
+        extra += ["--jobs", str(parallel)]
+    if not any(o.startswith("hydra.sweep.dir=") for o in overrides) and path.parent.name == "multirun":
+        extra += ["--name", path.name]
+    return overrides + extra, "sweep.json"
 
 
 def command(ds: Dataset) -> tuple[str, str]:
@@ -503,7 +546,8 @@ def command(ds: Dataset) -> tuple[str, str]:
         return _quote(["is-study", "run", *job.overrides, *job.hydra_overrides]), ".hydra/overrides.yaml"
     manifest = _sweep_manifest(ds.path)
     if manifest is not None:
-        return _quote(["is-study", "sweep", *manifest]), "sweep.json"
+        cmd, source = manifest
+        return (cmd if isinstance(cmd, str) else _quote(["is-study", "sweep", *cmd])), source
     multi = _multirun_overrides(ds.path)
     if multi is not None:
         task, hydra_ov = multi
@@ -556,8 +600,9 @@ def per_job(ds: Dataset):
     events = loss_bad + grad_bad
     frame = df.assign(_bad=events > 0, _events=events,
                       _skipped=df["skipped"].fillna(0) if "skipped" in df.columns else 0)
+    seed = {"seed": ("seed", "first")} if "seed" in frame.columns else {}
     per = (frame.groupby("job", sort=True)
-                .agg(correction=("correction", "first"), staleness=("staleness", "first"),
+                .agg(correction=("correction", "first"), staleness=("staleness", "first"), **seed,
                      updates=("step", "size"), nonfinite=("_bad", "mean"), nonfinite_events=("_events", "sum"),
                      skipped=("_skipped", "sum"), last_objective=("objective", "last"),
                      max_objective=("objective", "max"), last_reward=("reward", "last"))
@@ -573,6 +618,12 @@ def per_job(ds: Dataset):
     per["best_objective"] = from_summary("peak_objective", per["max_objective"])
     per["final_reward"] = from_summary("final_reward", per["last_reward"])
     per["collapsed"] = [float(summ[j]["collapsed"]) if "collapsed" in summ.get(j, {}) else np.nan for j in per["job"]]
+    # learned: False when J never rose above its start (summary.json); NaN for runs that predate it
+    per["learned"] = [float(summ[j]["learned"]) if summ.get(j, {}).get("learned") is not None else np.nan
+                      for j in per["job"]]
+    per["initial_objective"] = [summ.get(j, {}).get("initial_objective", np.nan) for j in per["job"]]
+    for key in ("peak_step", "collapse_step", "collapse_reason"):
+        per[key] = [summ.get(j, {}).get(key) for j in per["job"]]
     per["done"] = [done.get(j, True) for j in per["job"]]
     per = per.drop(columns=["last_objective", "max_objective", "last_reward"])
     firsts = df.drop_duplicates("job").set_index("job")
@@ -581,3 +632,29 @@ def per_job(ds: Dataset):
             per[k] = per["job"].map(firsts[k])
     per.attrs.update(keys=list(ds.keys), swept=list(ds.swept))
     return per
+
+
+# ----------------------------------------------------------------------------------------- probe
+def probe_frame(ds: Dataset):
+    """probe.csv's rows with rel_mse (MSE / ‖∇J‖²) and `degenerate` filled in for files written
+    before the probe wrote them: degenerate from the masked fraction (and the norm ratio, where the
+    file has it). None without probe results."""
+    import numpy as np
+
+    pr = ds.probe
+    if pr is None:
+        return None
+    pr = pr.copy()
+    if "rel_mse" not in pr.columns and {"mse", "exact_grad_norm"} <= set(pr.columns):
+        g2 = pr["exact_grad_norm"].astype(float) ** 2
+        pr["rel_mse"] = pr["mse"].astype(float) / g2.where(g2 > 0)
+    if "degenerate" not in pr.columns:
+        masked = pr["mean_masked_fraction"].astype(float) if "mean_masked_fraction" in pr.columns else 0.0
+        ratio = pr["norm_ratio"].astype(float) if "norm_ratio" in pr.columns else np.inf
+        pr["degenerate"] = ((masked >= DEGENERATE_MASKED) | (ratio < DEGENERATE_NORM_RATIO)).astype(int)
+    pr["degenerate"] = pr["degenerate"].fillna(0).astype(int)
+    return pr
+
+
+DEGENERATE_RULE = (f"degenerate: masks ≥ {DEGENERATE_MASKED:.0%} of the tokens or "
+                   f"‖E ĝ‖ < {DEGENERATE_NORM_RATIO:g}·‖∇J‖")

@@ -5,39 +5,54 @@ inspect axes, labels and lines before anything is written; `render` saves PNG (1
 Kinds (`is-study plot --kind`):
 
     training    objective J(θ) and batch reward against step, one line per correction: mean ± 1 s.d.
-                over seeds; NaN/inf updates marked under the x axis
-    grad-norm   ‖∇L‖ before clipping against step, log scale: median over seeds (band: min–max),
-                spikes (> 5× the trailing median) and NaN/inf gradients marked
+                over seeds; NaN/inf updates marked under the data
+    grad-norm   ‖∇L‖ before clipping against step, log scale: median over seeds (shaded: min–max),
+                spikes (> 5× the trailing median) marked, NaN/inf gradients on the top edge and exactly
+                zero gradients (every token rejected) on the bottom edge
     stability   nonfinite-update rate and collapse rate against mismatch staleness, one line per
                 correction (needs ≥ 2 staleness values: a sweep)
-    threshold   probe results: bias (± CI), variance and MSE against the band's upper threshold,
-                one line per preset; the lowest MSE of each preset starred (the U-shape)
-    mismatch    tokens.csv: histogram of log-ratios, p_rollout against p_train, |Δp| binned by p
-    masking     masked and clamped token fractions and the ESS against step
+    presets     probe results at one band per preset (the default probe): bias (95% CI), variance and
+                relative MSE per preset, degenerate arms hollow and named
+    threshold   probe results at several bands: bias (CI shaded), variance and relative MSE against
+                the band's upper threshold, one line per preset; the lowest relative MSE of each preset
+                starred, never at a degenerate arm
+    mismatch    tokens.csv: histogram of log-ratios (off-scale tails drawn at the edges and counted),
+                p_rollout against p_train, |Δp| binned by p
+    masking     masked and clamped token fractions and the ESS against step (ESS of NaN/inf weights is
+                a gap with a mark, not 0)
 
 A sweep's other swept keys (everything but the correction and the seed) become small multiples,
-one panel per combination. Data lines carry gid="series"; markers and bands carry other gids.
+one panel per combination. Data lines carry gid="series"; markers and shaded areas carry other gids.
+
+Two styles: `default` (for a screen: the kind and the config in the title, the legend on the right)
+and `paper` (3.3 in, one column of a two-column paper, or 7 in, both columns, when the panels need
+it; at most 3 rows of panels; STIX text; the config goes into the files' metadata, and the title
+line keeps only what a reader needs to read the panels, e.g. "mean ± 1 s.d. over 3 seeds").
+Lines that coincide exactly are drawn as rims (the one underneath wider) with markers, and the
+title says which.
 """
 
 from __future__ import annotations
 
 import math
 import textwrap
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
 
 from analysis import style as st
-from analysis.load import Dataset, describe, fmt_value, per_job
+from analysis.load import DEGENERATE_RULE, Dataset, describe, fmt_value, per_job, probe_frame
 from runner.errors import UserError
 
-KINDS = ("training", "grad-norm", "stability", "threshold", "mismatch", "masking")
+KINDS = ("training", "grad-norm", "stability", "presets", "threshold", "mismatch", "masking")
 TITLES = {
     "training": "Training curves",
     "grad-norm": "Gradient-norm traces",
     "stability": "Stability against staleness",
+    "presets": "Bias, variance and MSE per preset (probe)",
     "threshold": "Threshold trade-off (probe)",
     "mismatch": "Training–inference mismatch",
     "masking": "Masking over time",
@@ -51,6 +66,8 @@ OUTLIER_NATS = 50.0  # |log-ratio| beyond this is a fault (e.g. an injected −1
 SEED_KEYS = ("seed",)
 CORRECTION_KEYS = ("correction",)
 STEP_LABEL = "training step (rollout batches)"
+LEGEND_WIDTH = 2.6  # inches the default style keeps on the right for the legend
+LINE_HEIGHT = {"default": 0.19, "paper": 0.125}  # inches per line of title or legend text
 
 
 def _label(style: str, long: str, short: str) -> str:
@@ -67,10 +84,17 @@ def _step_label(style: str) -> str:
 class Facet:
     label: str  # "" for the single facet of a run
     jobs: list[int]
+    items: list[tuple[str, object]] = field(default_factory=list)  # (key, value) pairs
+
+    def title(self, style: str) -> str:
+        """The panel title; the paper style names a key by its last part (staleness=8)."""
+        if style != "paper":
+            return self.label
+        return ", ".join(f"{k.rsplit('.', 1)[-1]}={fmt_value(v)}" for k, v in self.items)
 
 
 class Facets(list):
-    """The facets drawn; `total` counts them all (at most MAX_FACETS are drawn)."""
+    """The facets drawn; `total` counts them all (at most `limit` are drawn)."""
 
     total: int = 0
 
@@ -79,7 +103,7 @@ class Facets(list):
         return f"first {len(self)} of {self.total} panels" if self.total > len(self) else ""
 
 
-def facets(ds: Dataset, frame, exclude: Sequence[str] = ()) -> Facets:
+def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int = MAX_FACETS) -> Facets:
     """One facet per combination of the swept keys other than correction, seed and `exclude`."""
     skip = set(SEED_KEYS) | set(CORRECTION_KEYS) | set(exclude)
     keys = [k for k in ds.swept if k not in skip and k in frame.columns]
@@ -87,13 +111,13 @@ def facets(ds: Dataset, frame, exclude: Sequence[str] = ()) -> Facets:
     if not keys:
         out.append(Facet("", sorted(frame["job"].unique().tolist())))
     else:
-        per_job = frame.drop_duplicates("job")[["job", *keys]]
-        for values, grp in per_job.groupby(keys, sort=True, dropna=False):
+        per = frame.drop_duplicates("job")[["job", *keys]]
+        for values, grp in per.groupby(keys, sort=True, dropna=False):
             values = values if isinstance(values, tuple) else (values,)
             label = ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values))
-            out.append(Facet(label, grp["job"].tolist()))
+            out.append(Facet(label, grp["job"].tolist(), list(zip(keys, values))))
     out.total = len(out)
-    del out[MAX_FACETS:]
+    del out[limit:]
     return out
 
 
@@ -102,29 +126,37 @@ def _notes(*parts: str) -> str:
 
 
 class Grid:
-    """Panels: metrics × facets. One facet: metrics side by side (stacked in the paper style).
-    Several: a block of metric rows per line of facets."""
+    """Panels: metrics × facets.
+
+    One facet: the metrics side by side (the paper style stacks one or two and puts three side by
+    side at the double-column width). Several facets: a block of metric rows per line of facets, at
+    most 4 facets a line. The paper style is 3.3 in wide for one or two columns and 7 in beyond, and
+    never more than 3 rows: `capacity` says how many facets fit."""
 
     def __init__(self, n_facets: int, n_metrics: int, style: str, row_height: float | None = None,
                  sharey: bool = True, sharex: bool = True):
-        from matplotlib.figure import Figure
-
+        self.style = style
         self.paper = style == "paper"
+        self.sharey = sharey and n_facets > 1
         self.n_facets, self.n_metrics = n_facets, n_metrics
         if n_facets == 1:
-            self.ncols = 1 if self.paper else n_metrics
-            self.nrows = n_metrics if self.paper else 1
+            side_by_side = not self.paper or n_metrics >= 3
+            self.ncols, self.nrows = (n_metrics, 1) if side_by_side else (1, n_metrics)
         else:
-            most = 2 if self.paper else 4
-            self.ncols = math.ceil(n_facets / math.ceil(n_facets / most))  # balanced: 5 -> 3 + 2
-            self.nrows = math.ceil(n_facets / self.ncols) * n_metrics
+            blocks = math.ceil(n_facets / st.PAPER_MAX_COLS)
+            self.ncols = math.ceil(n_facets / blocks)  # balanced: 5 -> 3 + 2
+            self.nrows = blocks * n_metrics
         if self.paper:
-            width = st.PAPER_WIDTH
-            height = self.nrows * (row_height or (1.45 if self.ncols == 1 else 1.25)) + 0.9
+            width = st.PAPER_WIDTH if self.ncols <= 2 else st.PAPER_DOUBLE_WIDTH
+            height = self.nrows * (row_height or (1.45 if self.ncols == 1 else 1.3))
         else:
-            width = st.DEFAULT_PANEL[0] * self.ncols + 1.8
-            height = self.nrows * (row_height or (st.DEFAULT_PANEL[1] if n_facets == 1 else 2.3)) + 0.8
-        self.fig = Figure(figsize=(width, height), layout="constrained")
+            panel_w, panel_h = (st.DEFAULT_PANEL if n_facets > 1 else (4.2, 3.0))
+            width = panel_w * self.ncols + LEGEND_WIDTH
+            row = row_height or panel_h
+            if self.nrows > 3:  # many rows: less height each (down to 1.5 in), so the figure stays on a screen
+                row = max(1.5, min(row, 11.0 / self.nrows))
+            height = self.nrows * row
+        self.fig = _new_figure((width, height), style)
         self.axes = self.fig.subplots(self.nrows, self.ncols, squeeze=False)
         used = {self.pos(f, m) for f in range(n_facets) for m in range(n_metrics)}
         for r in range(self.nrows):
@@ -142,16 +174,26 @@ class Grid:
                 for f in range(1, n_facets):
                     self.ax(f, m).sharey(self.ax(0, m))
 
+    @staticmethod
+    def capacity(style: str, n_metrics: int) -> int:
+        """How many facets a figure of this style draws."""
+        if style != "paper":
+            return MAX_FACETS
+        return st.PAPER_MAX_COLS * max(1, st.PAPER_MAX_ROWS // max(n_metrics, 1))
+
     def pos(self, f: int, m: int) -> tuple[int, int]:
         if self.n_facets == 1:
-            return (m, 0) if self.paper else (0, m)
+            return (0, m) if self.ncols == self.n_metrics else (m, 0)
         return ((f // self.ncols) * self.n_metrics + m, f % self.ncols)
 
     def ax(self, f: int, m: int):
         r, c = self.pos(f, m)
         return self.axes[r][c]
 
-    def label(self, xlabels: Sequence[str] | str, ylabels: Sequence[str], facet_labels: Sequence[str] = ()):
+    def metric_axes(self, m: int) -> list:
+        return [self.ax(f, m) for f in range(self.n_facets)]
+
+    def label(self, xlabels: Sequence[str] | str, ylabels: Sequence[str], fs: Sequence[Facet] = ()):
         """x labels on the lowest panel of each column, y labels on the first column, facet titles."""
         if isinstance(xlabels, str):
             xlabels = [xlabels] * self.n_metrics
@@ -160,61 +202,214 @@ class Grid:
             for m in range(self.n_metrics):
                 r, c = self.pos(f, m)
                 lowest[c] = max(lowest.get(c, -1), r)
+        side_by_side = self.n_facets == 1 and self.ncols == self.n_metrics
         for f in range(self.n_facets):
             for m in range(self.n_metrics):
                 ax = self.ax(f, m)
                 r, c = self.pos(f, m)
-                if self.n_facets == 1 and not self.paper or len(set(xlabels)) > 1 or lowest[c] == r:
+                if side_by_side or len(set(xlabels)) > 1 or lowest[c] == r:
                     ax.set_xlabel(xlabels[m])
                 elif m != self.n_metrics - 1:  # tick labels on the last metric row of every block
                     ax.tick_params(labelbottom=False)
-                if c == 0 or self.n_facets == 1:
-                    ax.set_ylabel(ylabels[m])
-                if facet_labels and facet_labels[f] and m == 0:
-                    ax.set_title(facet_labels[f], fontsize="medium")
+                if c == 0 or side_by_side:
+                    ax.set_ylabel(_fit(ylabels[m], self.fig.get_figheight() / self.nrows - 0.2, self.paper))
+                elif self.sharey:  # the same scale as the first column's: its numbers say it once
+                    ax.tick_params(labelleft=False)
+                if fs and fs[f].label and m == 0:
+                    panel_w = (self.fig.get_figwidth() - (0 if self.paper else LEGEND_WIDTH)) / self.ncols
+                    ax.set_title(_fit(fs[f].title(self.style), panel_w - 0.3, self.paper), fontsize="medium")
 
     def finish(self, title: str, ds: Dataset, handles, labels, note: str = ""):
         finish(self.fig, title, ds, handles, labels, self.paper, note)
         return self.fig
 
 
+def _fit(text: str, inches: float, paper: bool) -> str:
+    """Wrap a panel title to its panel's width, or a y label to its height (about half an em a
+    character; a label with maths is left alone, its length says little about its width)."""
+    if "$" in text:
+        return text
+    chars = max(int(inches * 72 / ((8 if paper else 10) * 0.5)), 12)
+    return textwrap.fill(text, chars, break_long_words=False, break_on_hyphens=False)
+
+
+def _new_figure(size: tuple[float, float], style: str):
+    """A constrained-layout Figure that remembers its style (the finishing steps depend on it)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, layout="constrained")
+    fig._is_study_style = style
+    return fig
+
+
+def _is_paper(fig) -> bool:
+    return getattr(fig, "_is_study_style", "default") == "paper"
+
+
+# ----------------------------------------------------------------------------------------- finishing
 def _tidy_log_axes(fig) -> None:
     """Log axes: label only the decades when two or more are in view; otherwise label 2× and 5×
     as well (matplotlib's default labels every minor tick there, and they pile up)."""
-    from matplotlib.ticker import LogFormatterSciNotation, LogLocator, NullFormatter
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatterSciNotation, LogLocator, NullFormatter
 
     for ax in fig.axes:
         for axis, scale, lim in ((ax.yaxis, ax.get_yscale(), ax.get_ylim()), (ax.xaxis, ax.get_xscale(), ax.get_xlim())):
             lo, hi = sorted(lim)
             if scale != "log" or lo <= 0:
                 continue
+            if isinstance(axis.get_major_locator(), FixedLocator) or isinstance(axis.get_major_formatter(), FuncFormatter):
+                continue  # the figure chose its ticks
             decades = math.floor(math.log10(hi)) - math.ceil(math.log10(lo)) + 1
             if decades >= 2:
                 axis.set_minor_formatter(NullFormatter())
+                if decades > 4:  # every other decade on a narrow panel
+                    axis.set_major_locator(LogLocator(base=10, numticks=4 if _is_paper(fig) else 7))
             else:
                 axis.set_minor_locator(LogLocator(base=10, subs=(2.0, 5.0)))
                 axis.set_minor_formatter(LogFormatterSciNotation(labelOnlyBase=False, minor_thresholds=(10, 10)))
 
 
-def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str = ""):
-    """The title (figure kind + the config it came from) and one legend outside the axes."""
+def _tidy_linear_ticks(fig) -> None:
+    """Linear axes: as many ticks as the panel's width holds (about one per 0.45 in in the paper
+    style), so that tick labels never touch."""
+    from matplotlib.ticker import FixedLocator, MaxNLocator
+
+    paper = _is_paper(fig)
+    for ax in fig.axes:
+        if not ax.get_visible():
+            continue
+        if ax.get_xscale() == "linear" and not isinstance(ax.xaxis.get_major_locator(), FixedLocator):
+            width = fig.get_figwidth() * ax.get_position().width
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=max(int(width / (0.45 if paper else 0.6)), 3),
+                                                   steps=[1, 2, 2.5, 5, 10]))
+        if ax.get_yscale() == "linear" and not isinstance(ax.yaxis.get_major_locator(), FixedLocator):
+            height = fig.get_figheight() * ax.get_position().height
+            ax.yaxis.set_major_locator(MaxNLocator(nbins=max(int(height / (0.3 if paper else 0.4)), 3)))
+
+
+def _on_scale(ax, y: np.ndarray) -> np.ndarray:
+    """y as the axis draws it (log10 on a log axis), so 'the same' means the same on screen."""
+    if ax.get_yscale() in ("log", "symlog"):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.log10(np.where(y > 0, y, np.nan))
+    return y
+
+
+def _same_data(ax, a, b, tolerance: float) -> bool:
+    """a and b share x and, at every point, lie within `tolerance` of each other on the axis's scale
+    (NaN where the other is NaN): one hides the other."""
+    xa, xb = np.asarray(a.get_xdata(), dtype=float), np.asarray(b.get_xdata(), dtype=float)
+    ya = _on_scale(ax, np.asarray(a.get_ydata(), dtype=float))
+    yb = _on_scale(ax, np.asarray(b.get_ydata(), dtype=float))
+    if xa.shape != xb.shape or ya.shape != yb.shape or not np.isfinite(ya).any():
+        return False
+    if not np.array_equal(xa, xb, equal_nan=True) or not np.array_equal(np.isnan(ya), np.isnan(yb)):
+        return False
+    ok = np.isfinite(ya)
+    return bool(np.all(np.abs(ya[ok] - yb[ok]) <= tolerance))
+
+
+def distinguish_identical(fig) -> Counter:
+    """Lines that coincide (within 1% of the panel's range at every point, on its scale) hide
+    each other. Per panel, the lines of each such group are drawn as rims (the one underneath
+    widest) and all but the first get their preset's markers, staggered. Returns
+    {(first, other): panels}."""
+    pairs: Counter = Counter()
+    for ax in fig.axes:
+        lines = [ln for ln in ax.get_lines() if ln.get_gid() == "series"]
+        values = np.concatenate([_on_scale(ax, np.asarray(ln.get_ydata(), dtype=float)) for ln in lines]) \
+            if lines else np.array([])
+        values = values[np.isfinite(values)]
+        tolerance = 0.01 * (values.max() - values.min()) if len(values) else 0.0
+        groups: list[list] = []
+        for ln in lines:
+            for g in groups:
+                if _same_data(ax, g[0], ln, tolerance):
+                    g.append(ln)
+                    break
+            else:
+                groups.append([ln])
+        for g in groups:
+            if len(g) < 2:
+                continue
+            n = len(g)
+            points = len(g[0].get_xdata())
+            every = max(points // 8, 1)
+            size = 2.8 if _is_paper(fig) else 3.5
+            for rank, ln in enumerate(g):
+                ln.set_linewidth(ln.get_linewidth() * (1 + 0.8 * (n - 1 - rank) / (n - 1)))
+                if rank:
+                    ln.set_marker(st.look(ln.get_label()).marker)
+                    ln.set_markersize(size)
+                    ln.set_markevery((min(rank * every // n, points - 1), every) if points > 1 else None)
+                    pairs[(g[0].get_label(), ln.get_label())] += 1
+    return pairs
+
+
+def _identical_note(pairs: Counter, panels: int) -> str:
+    """Which lines coincide: 'tis = none' (tis drawn with markers over none)."""
+    if not pairs:
+        return ""
+    shown = [f"{b} = {a}" + ("" if n == panels else f" ({n} panel{'s' if n != 1 else ''})")
+             for (a, b), n in list(pairs.items())[:4]]
+    more = f", +{len(pairs) - 4} more" if len(pairs) > 4 else ""
+    return "markers: a line on top of another: " + ", ".join(shown) + more
+
+
+def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str = "", config: str | None = None,
+           legend_below: bool = False):
+    """The title, one legend outside the axes, and the figure's height grown to hold them.
+
+    Default style: the kind, the config it came from and the notes. Paper style: the notes only (the
+    kind and the config go into the files' metadata; the caption is the paper's)."""
     _tidy_log_axes(fig)
-    # Left-aligned, wrapped short of the legend column (the right ≈2.2 in of a default figure).
-    width = fig.get_figwidth() - (0.1 if paper else 2.4)
-    config = describe(ds) + (f" · {note}" if note else "")
-    wrapped = textwrap.fill(config, width=max(int(width * (15 if paper else 12.5)), 40),
-                            break_long_words=True, break_on_hyphens=False)
-    fig.suptitle(f"{title}\n{wrapped}", fontsize="medium" if not paper else 7.5, x=0.01, ha="left")
+    _tidy_linear_ticks(fig)
+    panels = sum(1 for ax in fig.axes if ax.get_visible())
+    pairs = distinguish_identical(fig)
+    marked = {b for _, b in pairs}
+    for h, lab in zip(handles, labels):
+        if lab in marked and hasattr(h, "set_marker"):
+            h.set_marker(st.look(lab).marker)
+            h.set_markersize(3.5)
+    note = _notes(note, _identical_note(pairs, panels))
+    config = describe(ds) if config is None else config
+    fig._is_study_meta = {"Title": title, "Subject": config}
+    style = "paper" if paper else "default"
+    width = fig.get_figwidth()
+    grow = 0.0
+    if paper:
+        text = note
+        if text:
+            wrapped = textwrap.fill(text, width=max(int(width * 19), 40), break_on_hyphens=False)
+            fig.suptitle(wrapped, fontsize=6.5, x=0.01, ha="left", color="0.2")
+            grow += (wrapped.count("\n") + 1) * LINE_HEIGHT[style] + 0.08
+    else:
+        chars = max(int((width - (0 if legend_below else LEGEND_WIDTH)) * 12.5), 40)
+        wrapped = textwrap.fill(config + (f" · {note}" if note else ""), width=chars, break_long_words=True,
+                                break_on_hyphens=False)
+        fig.suptitle(f"{title}\n{wrapped}", fontsize="medium", x=0.01, ha="left")
+        grow += (wrapped.count("\n") + 2) * LINE_HEIGHT[style] + 0.15
     if handles:
-        if paper:  # two columns when the labels fit in half of the 3.3 in
-            ncol = 2 if len(labels) > 1 and max(len(lab) for lab in labels) <= 30 else 1
-            fig.legend(handles, labels, loc="outside lower center", ncol=ncol, handlelength=2.6, columnspacing=1.2)
+        if paper or legend_below:
+            ncol = _legend_columns(labels, width, 0.048 if paper else 0.075)
+            fig.legend(handles, labels, loc="outside lower center", ncol=ncol, handlelength=2.4, columnspacing=1.0)
+            grow += math.ceil(len(labels) / ncol) * LINE_HEIGHT[style] + 0.12 + (0 if paper else 0.1)
         else:
             fig.legend(handles, labels, loc="outside right upper", handlelength=3.0)
+            need = len(labels) * LINE_HEIGHT[style] + 0.3
+            grow += max(need - fig.get_figheight() - grow, 0)
+    grow += 0.45 if paper else 0.6  # tick labels and axis labels of the lowest row
+    fig.set_size_inches(width, fig.get_figheight() + grow)
+
+
+def _legend_columns(labels: Sequence[str], width: float, per_char: float = 0.048) -> int:
+    """As many columns as the longest label allows (`per_char` inches a character, plus the handle)."""
+    longest = max(len(str(lab)) for lab in labels) * per_char + 0.45
+    return max(1, min(len(labels), int((width - 0.1) // longest)))
 
 
 def _mean_and_band(ax, stats, metric: str, kw: dict, alpha: float) -> None:
-    """The mean over seeds as a line, and ± 1 s.d. as a band where there is more than one seed."""
+    """The mean over seeds as a line, and ± 1 s.d. shaded where there is more than one seed."""
     mean, sd = stats[f"{metric}_mean"], stats[f"{metric}_std"]
     ax.plot(stats["step"], mean, **kw)
     if stats[f"{metric}_count"].max() > 1:
@@ -245,16 +440,65 @@ def _ordered(names) -> list[str]:
     return sorted({str(n) for n in names}, key=st.preset_rank)
 
 
-def _seed_note(frame, fs: Sequence[Facet] = ()) -> str:
-    """'mean ± 1 s.d. over N seeds' when lines average several jobs."""
+def seed_counts(frame, fs: Sequence[Facet] = (), by: Sequence[str] = ()) -> tuple[int, int]:
+    """(fewest, most) seeds behind one drawn line (or point): distinct seed values per facet,
+    correction and `by`, not jobs (two jobs of one seed that differ in a key pooled into one line
+    are one seed)."""
     if "job" not in frame.columns or "correction" not in frame.columns:
-        return ""
+        return 0, 0
     facet_of = {j: i for i, fc in enumerate(fs) for j in fc.jobs}
-    per = frame.assign(_facet=frame["job"].map(facet_of).fillna(-1)).groupby(["_facet", "correction"])["job"].nunique()
-    if per is None or per.max() <= 1:
-        return ""
-    n = int(per.max())
-    return f"mean ± 1 s.d. over {n} seeds" if per.min() == per.max() else f"mean ± 1 s.d. over up to {n} seeds"
+    col = "seed" if "seed" in frame.columns else "job"
+    per = (frame.assign(_facet=frame["job"].map(facet_of).fillna(-1))
+                .groupby(["_facet", "correction", *by])[col].nunique())
+    if per.empty:
+        return 0, 0
+    return int(per.min()), int(per.max())
+
+
+def _seeds(low: int, high: int) -> str:
+    return f"{high} seed{'s' if high != 1 else ''}" if low == high else f"{low}–{high} seeds"
+
+
+def _seed_note(frame, fs: Sequence[Facet] = (), what: str = "mean ± 1 s.d.") -> str:
+    """'mean ± 1 s.d. over N seeds' when lines average several seeds."""
+    low, high = seed_counts(frame, fs)
+    return f"{what} over {_seeds(low, high)}" if high > 1 else ""
+
+
+# ----------------------------------------------------------------------------------------- y ranges
+def _series_values(ax) -> np.ndarray:
+    vals = [np.asarray(ln.get_ydata(), dtype=float) for ln in ax.get_lines() if ln.get_gid() == "series"]
+    vals = np.concatenate(vals) if vals else np.array([])
+    return vals[np.isfinite(vals)]
+
+
+def floor_at_zero(axes: Sequence, top_if_zero: float = 1.0, ceiling: float | None = None, zero_note: str = "") -> None:
+    """Axes of a quantity that cannot be negative (a fraction, a norm, a variance) start at 0, never
+    below; an all-zero panel shows [0, top_if_zero] with the zero line on the axis, and `zero_note`.
+    The data lines are left unclipped so a line at exactly 0 is drawn over the spine."""
+    vals = np.concatenate([_series_values(ax) for ax in axes]) if axes else np.array([])
+    if len(vals) and vals.min() < 0:
+        return
+    hi = float(vals.max()) if len(vals) else 0.0
+    top = top_if_zero if hi <= 0 else hi * 1.06
+    if ceiling is not None:
+        top = min(top, ceiling)
+    for ax in axes:
+        for ln in ax.get_lines():
+            if ln.get_gid() == "series":
+                ln.set_clip_on(False)
+        ax.set_ylim(0.0, top)
+        if hi <= 0 and zero_note and len(_series_values(ax)):
+            ax.text(0.5, 0.5, zero_note, transform=ax.transAxes, ha="center", va="center", fontsize="small",
+                    color="0.35", gid="note")
+
+
+def hide_negative_ticks(ax) -> None:
+    """Tick labels for a quantity that cannot be negative, when room for marks under the data
+    stretched the axis below 0: no label below 0."""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, pos: "" if v < -1e-12 else f"{v:g}"))
 
 
 # ----------------------------------------------------------------------------------------- availability
@@ -266,6 +510,11 @@ def _need_metrics(ds: Dataset, cols: Sequence[str]) -> str | None:
     if missing:
         return f"the metrics lack {', '.join(missing)} (log.metrics=false?)"
     return None
+
+
+def _bands_per_preset(pr) -> "object":
+    """Distinct upper thresholds per preset and facet-free (a sweep of probes: per job)."""
+    return pr.dropna(subset=["high"]).groupby(["job", "preset"])["high"].nunique()
 
 
 def availability(ds: Dataset) -> dict[str, str | None]:
@@ -281,13 +530,17 @@ def availability(ds: Dataset) -> dict[str, str | None]:
     out["stability"] = reason
     pr = ds.probe
     if pr is None:
-        out["threshold"] = "no probe results here (probe.csv): run `is-study run study=probe`"
-    elif not {"preset", "high", "bias_norm"} <= set(pr.columns):
-        out["threshold"] = "probe.csv lacks preset / high / bias_norm"
+        out["threshold"] = out["presets"] = "no probe results here (probe.csv): run `is-study run study=probe`"
+    elif not {"preset", "bias_norm"} <= set(pr.columns):
+        out["threshold"] = out["presets"] = "probe.csv lacks preset / bias_norm"
     else:
-        highs = pr.dropna(subset=["high"]).groupby("preset")["high"].nunique()
-        out["threshold"] = None if len(highs) and highs.max() >= 2 else (
-            "every preset was probed at a single upper threshold; give probe.bands several [low, high] pairs")
+        rows = pr.groupby(["job", "preset"]).size()
+        out["presets"] = None if len(rows) and rows.max() == 1 else (
+            "some preset was probed at several bands in one run: see --kind threshold")
+        highs = _bands_per_preset(pr) if "high" in pr.columns else None
+        out["threshold"] = None if highs is not None and len(highs) and highs.max() >= 2 else (
+            "needs several upper thresholds per preset (probe.bands with several [low, high] pairs); "
+            "one band per preset: see --kind presets")
     out["mismatch"] = None if ds.tokens is not None else (
         "no tokens.csv here (per-token trainer and rollout log-probs, written by the train study)")
     return out
@@ -308,30 +561,41 @@ def _bands(per_job, fs: Sequence[Facet], x: str, ys: Sequence[str]) -> dict:
 
 
 def _event_marks(ax, xs, row: int, color: str, marker: str = "x"):
-    """Markers on the x axis (in the margin just above it), one row per correction."""
+    """Markers in a strip under the data (see _room_for_marks), one row per correction."""
     if len(xs) == 0:
         return
     y = 0.025 + 0.045 * row
-    ax.plot(xs, np.full(len(xs), y), linestyle="none", marker=marker, color=color, markersize=4,
-            markeredgewidth=1.0, transform=ax.get_xaxis_transform(), clip_on=False, gid="events", zorder=4)
+    paper = _is_paper(ax.figure)
+    ax.plot(xs, np.full(len(xs), y), linestyle="none", marker=marker, color=color, markersize=2.6 if paper else 4,
+            markeredgewidth=0.7 if paper else 1.0, transform=ax.get_xaxis_transform(), clip_on=False, gid="events",
+            zorder=4)
 
 
-def _room_for_marks(ax, rows: int):
-    """Lower the y axis so that `rows` rows of event marks sit under the data, not on it."""
-    lo, hi = ax.dataLim.intervaly
-    if not (np.isfinite(lo) and np.isfinite(hi)):
+def _room_for_marks(axes: Sequence, rows: int, low: float | None = None) -> None:
+    """Lower the shared y axis of `axes` so that `rows` rows of event marks sit under the data of
+    every one of them, not on it (the limits come from all of them: they share y). `low`: where the
+    data's range starts (0 for a fraction), if not at the data's minimum."""
+    lows, highs = [] if low is None else [low], []
+    for ax in axes:
+        lo, hi = ax.dataLim.intervaly
+        if np.isfinite(lo) and np.isfinite(hi) and ax.has_data():
+            lows.append(lo)
+            highs.append(hi)
+    if not highs:
         return
+    lo, hi = min(lows), max(highs)
     span = (hi - lo) or max(abs(hi), 1.0) * 0.1
     band = (0.035 + 0.045 * rows) if rows else 0.0
     pad = 0.04 * span
     bottom = lo - pad - band / (1 - band) * (hi - lo + 2 * pad) if rows else lo - pad
-    ax.set_ylim(bottom, hi + pad)
+    for ax in axes:
+        ax.set_ylim(bottom, hi + pad)
 
 
-def _event_handle(label: str = "NaN/inf loss or gradient"):
+def _event_handle(label: str = "NaN/inf loss or gradient", marker: str = "x"):
     from matplotlib.lines import Line2D
 
-    return Line2D([], [], linestyle="none", marker="x", color="0.25", markersize=5), label
+    return Line2D([], [], linestyle="none", marker=marker, color="0.25", markersize=5), label
 
 
 # ----------------------------------------------------------------------------------------- training
@@ -346,12 +610,12 @@ def _training(ds: Dataset, style: str):
                      if "nonfinite_loss" in df.columns else False)
              .groupby(["job", "step"], sort=False)
              .agg(objective=("objective", "first"), reward=("reward", "mean"), bad=("_bad", "max"),
-                  correction=("correction", "first"))
+                  correction=("correction", "first"), **({"seed": ("seed", "first")} if "seed" in df.columns else {}))
              .reset_index())
-    fs = facets(ds, df)
+    metrics = ("objective", "reward")
+    fs = facets(ds, df, limit=Grid.capacity(style, len(metrics)))
     names = _ordered(per["correction"].unique())
     grid = Grid(len(fs), 2, style)
-    metrics = ("objective", "reward")
     flagged = _ordered(per.loc[per["bad"].astype(bool), "correction"].unique())
     bands = _bands(per, fs, "step", metrics)
     bad = per[per["bad"].astype(bool)]
@@ -368,13 +632,14 @@ def _training(ds: Dataset, style: str):
                 _mean_and_band(ax, stats, metric, kw, alpha=0.18)
                 if len(bad_steps):
                     _event_marks(ax, bad_steps, flagged.index(name), kw["color"])
-    for f in range(len(fs)):
-        for m in range(2):
-            _room_for_marks(grid.ax(f, m), len(flagged))
-    any_events = bool(flagged)
+    for m in range(2):
+        axes = grid.metric_axes(m)
+        _room_for_marks(axes, len(flagged))
+        for ax in axes:
+            hide_negative_ticks(ax)  # J and the reward are ≥ 0; the marks' strip may reach below
     grid.label(_step_label(style), [_label(style, r"objective $J(\theta)$ (expected reward)", r"objective $J(\theta)$"),
-                                    _label(style, "batch mean reward", "reward")], [fc.label for fc in fs])
-    extra = [_event_handle("NaN/inf update (marks on the x axis)")] if any_events else []
+                                    _label(style, "batch mean reward", "reward")], fs)
+    extra = [_event_handle("NaN/inf update (marks under the data)")] if flagged else []
     handles, labels = _legend_for(names, extra=extra)
     return grid.finish(TITLES["training"], ds, handles, labels, _notes(_seed_note(per, fs), fs.note))
 
@@ -391,21 +656,23 @@ def _grad_norm(ds: Dataset, style: str):
     df = ds.metrics
     n_updates = int(df["update"].max()) + 1 if "update" in df.columns else 1
     x = df["step"] + (df["update"] / n_updates if "update" in df.columns else 0)
-    frame = df[["job", "correction", "grad_norm"]].assign(x=x)
-    fs = facets(ds, df)
+    cols = ["job", "correction", "grad_norm"] + [c for c in ("seed", "all_rejected") if c in df.columns]
+    frame = df[cols].assign(x=x)
+    fs = facets(ds, df, limit=Grid.capacity(style, 1))
     names = _ordered(frame["correction"].unique())
     grid = Grid(len(fs), 1, style, row_height=None if len(fs) > 1 else (1.9 if style == "paper" else 3.4))
-    n_spikes = n_bad = 0
-    top = None
+    n_spikes = n_bad = n_zero = 0
     vals = frame["grad_norm"].astype(float)
-    frame = frame.assign(gn=vals.where(np.isfinite(vals) & (vals > 0)), bad=~np.isfinite(vals))
+    frame = frame.assign(gn=vals.where(np.isfinite(vals) & (vals > 0)), bad=~np.isfinite(vals), zero=vals == 0)
     ref = frame.groupby("job", sort=False)["gn"].transform(
         lambda s: s.shift(1).rolling(SPIKE_WINDOW, min_periods=3).median())
     frame["spike"] = (frame["gn"] > SPIKE_FACTOR * ref) & (ref > 0)
     facet_of = {j: i for i, fc in enumerate(fs) for j in fc.jobs}
     frame["_facet"] = frame["job"].map(facet_of)
+    frame = frame[frame["_facet"].notna()]
     stats_all = frame.groupby(["_facet", "correction", "x"], sort=True)["gn"].agg(["median", "min", "max"]).reset_index()
     njobs = frame.groupby(["_facet", "correction"])["job"].nunique()
+    zero_rejected = 0
     for f, facet in enumerate(fs):
         ax = grid.ax(f, 0)
         sub_stats = stats_all[stats_all["_facet"] == f]
@@ -431,17 +698,23 @@ def _grad_norm(ds: Dataset, style: str):
                 ax.plot(bad, np.full(len(bad), 0.965), linestyle="none", marker="|", markersize=6,
                         markeredgewidth=1.2, color=kw["color"], transform=ax.get_xaxis_transform(), clip_on=False,
                         gid="events")
+            zeros = cur[cur["zero"]]
+            if len(zeros):  # a log axis has no 0: say where the gradient was exactly 0 instead of a silent gap
+                n_zero += len(zeros)
+                if "all_rejected" in zeros.columns:
+                    zero_rejected += int((zeros["all_rejected"].fillna(0) > 0).sum())
+                xs = np.sort(zeros["x"].unique())
+                ax.plot(xs, np.full(len(xs), 0.035), linestyle="none", marker="v", markersize=4,
+                        markerfacecolor="none", markeredgewidth=1.0, color=kw["color"],
+                        transform=ax.get_xaxis_transform(), clip_on=False, gid="zeros")
         ax.set_yscale("log")
-        if f == 0:
-            top = ax
-    if top is not None:
-        for f in range(len(fs)):  # headroom for the NaN/inf markers at the top
-            ax = grid.ax(f, 0)
-            lo, hi = ax.get_ylim()
-            if n_bad and np.isfinite(hi) and hi > 0 and lo > 0:
-                ax.set_ylim(lo, hi * (hi / lo) ** 0.12)
+    for f in range(len(fs)):  # headroom for the marks on the edges
+        ax = grid.ax(f, 0)
+        lo, hi = ax.get_ylim()
+        if (n_bad or n_zero) and np.isfinite(hi) and hi > 0 and lo > 0:
+            ax.set_ylim(lo / (hi / lo) ** (0.12 if n_zero else 0), hi * (hi / lo) ** (0.12 if n_bad else 0))
     grid.label(_step_label(style), [_label(style, r"gradient norm $\|\nabla_\theta L\|_2$ before clipping",
-                                           r"$\|\nabla_\theta L\|_2$ (unclipped)")], [fc.label for fc in fs])
+                                           r"$\|\nabla_\theta L\|_2$ (unclipped)")], fs)
     extra = []
     if n_spikes:
         extra.append((Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", markeredgecolor="0.25",
@@ -449,8 +722,14 @@ def _grad_norm(ds: Dataset, style: str):
     if n_bad:
         extra.append((Line2D([], [], linestyle="none", marker="|", color="0.25", markersize=6, markeredgewidth=1.2),
                       "NaN/inf gradient (top edge)"))
+    if n_zero:
+        why = "every token rejected" if zero_rejected == n_zero else (
+            "every token rejected or no signal" if zero_rejected else "no signal in the batch")
+        extra.append((Line2D([], [], linestyle="none", marker="v", markerfacecolor="none", color="0.25",
+                             markersize=4), f"gradient exactly 0 ({why}; bottom edge)"))
     handles, labels = _legend_for(names, extra=extra)
-    note = "median over seeds, band: min–max" if njobs.max() > 1 else ""
+    low, high = seed_counts(frame, fs)
+    note = f"median over {_seeds(low, high)}, shaded: min–max" if high > 1 else ""
     return grid.finish(TITLES["grad-norm"], ds, handles, labels, _notes(note, fs.note))
 
 
@@ -462,7 +741,7 @@ def stability_figure(ds: Dataset, style: str = "default"):
 
 def _stability(ds: Dataset, style: str):
     per = per_job(ds)
-    fs = facets(ds, ds.metrics, exclude=("mismatch.staleness", "staleness"))
+    fs = facets(ds, ds.metrics, exclude=("mismatch.staleness", "staleness"), limit=Grid.capacity(style, 2))
     names = _ordered(per["correction"].unique())
     ks = sorted(per["staleness"].unique())
     pos = {k: i for i, k in enumerate(ks)}
@@ -483,27 +762,85 @@ def _stability(ds: Dataset, style: str):
                 if stats.empty:
                     continue
                 xs = stats["staleness"].map(pos).to_numpy(dtype=float) + offsets[name]
-                ax.plot(xs, stats["mean"], color=lk.color, linestyle=lk.linestyle, marker=lk.marker, markersize=4.5,
-                        label=name, gid="series")
+                ax.plot(xs, stats["mean"], color=lk.color, linestyle=lk.linestyle, marker=lk.marker,
+                        markersize=3.2 if style == "paper" else 4.5, label=name, gid="series")
                 if metric == "nonfinite" and stats["count"].max() > 1:
-                    ax.vlines(xs, stats["min"], stats["max"], color=lk.color, linewidth=1.0, alpha=0.6, gid="band")
+                    ax.vlines(xs, stats["min"], stats["max"], color=lk.color, linewidth=1.0, alpha=0.6, gid="range")
+    from matplotlib.ticker import FixedLocator
+
     for f in range(len(fs)):
         for m in range(2):
             ax = grid.ax(f, m)
-            ax.set_xticks(range(len(ks)), [fmt_value(k) for k in ks])
+            ax.xaxis.set_major_locator(FixedLocator(list(range(len(ks)))))
+            ax.set_xticklabels([fmt_value(k) for k in ks])
             ax.set_xlim(-0.6, len(ks) - 0.4)
-            ax.set_ylim(-0.05, 1.05)
-    seeds = per.groupby(["correction", "staleness"])["job"].nunique().max()
+    for m, nothing in enumerate(("no NaN/inf update in any run", "no run collapsed")):
+        axes = grid.metric_axes(m)  # fractions: [0, 1], the points at 0 drawn over the axis
+        floor_at_zero(axes, top_if_zero=1.05, zero_note=nothing)
+        for ax in axes:
+            ax.set_ylim(0, 1.05)
+    low, high = seed_counts(per, fs, by=("staleness",))
     grid.label(_label(style, r"staleness $k$ (optimizer steps behind)", r"staleness $k$ (steps)"),
                [_label(style, "updates with NaN/inf loss or grad (fraction)", "NaN/inf (frac.)"),
-                _label(style, f"collapse rate (fraction of {seeds} seed{'s' if seeds != 1 else ''})",
-                       "collapsed (frac.)")], [fc.label for fc in fs])
+                _label(style, f"collapse rate (fraction of {_seeds(low, high)})", "collapsed (frac.)")], fs)
     handles, labels = _legend_for(names, marker=True)
-    note = f"mean over {seeds} seeds, bars: min–max" if seeds > 1 else ""
-    return grid.finish(TITLES["stability"], ds, handles, labels, _notes(note, fs.note))
+    note = f"mean over {_seeds(low, high)}, bars: min–max" if high > 1 else (
+        "one seed per point" if high == 1 else "")
+    return grid.finish(TITLES["stability"], ds, handles, labels, _notes(note, never_learned_note(per), fs.note))
 
 
-# ----------------------------------------------------------------------------------------- threshold
+def never_learned_note(per) -> str:
+    """A run that never learned did not collapse either: say which, so 0 collapses does not read
+    as stable."""
+    if "learned" not in per.columns:
+        return ""
+    flat = per[per["learned"] == 0]
+    if flat.empty:
+        return ""
+    counts = per.groupby("correction")["learned"].count()
+    parts = [f"{name} ({len(g)} of {int(counts[name])} runs)" for name, g in
+             sorted(flat.groupby("correction"), key=lambda kv: st.preset_rank(kv[0]))]
+    return "never learned (J never rose above its start; not a collapse): " + ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------------------- probe
+PROBE_YLABELS = {
+    "bias_norm": (r"bias $\|\mathbb{E}\,\hat g - \nabla J\|_2$", r"bias $\|\mathbb{E}\hat g - \nabla J\|$"),
+    "variance": (r"variance $\mathrm{tr}\,\mathrm{Cov}(\hat g)$", r"variance $\mathrm{tr\,Cov}(\hat g)$"),
+    "rel_mse": (r"relative MSE $\mathbb{E}\,\|\hat g - \nabla J\|^2 / \|\nabla J\|^2$",
+                r"MSE$\,/\,\|\nabla J\|^2$"),
+    "mse": (r"MSE $\mathbb{E}\,\|\hat g - \nabla J\|_2^2$", r"MSE $\mathbb{E}\|\hat g - \nabla J\|^2$"),
+}
+ZERO_LINE_LABEL = "relative MSE 1: that of a zero update (ĝ = 0)"
+
+
+def _probe_metrics(pr) -> list[str]:
+    mse = "rel_mse" if "rel_mse" in pr.columns and pr["rel_mse"].notna().any() else "mse"
+    return [m for m in ("bias_norm", "variance", mse) if m in pr.columns]
+
+
+def _nonfinite_tags(pr, labels: list[str]) -> list[str]:
+    """A NaN/inf estimate leaves gaps: say so where the name is."""
+    if "nonfinite_rate" not in pr.columns:
+        return labels
+    worst = pr.groupby("preset")["nonfinite_rate"].max()
+
+    def tag(lab):
+        w = float(worst.get(lab, 0) or 0)
+        if w >= 1:
+            return f"{lab} (NaN/inf in every batch: not drawn)"
+        return f"{lab} (NaN/inf in up to {100 * w:.2g}% of batches)" if w > 0 else lab
+    return [tag(lab) for lab in labels]
+
+
+def _ci_note(pr) -> str:
+    """'95% CI of the bias' (the probe's ci_level)."""
+    level = pr["ci_level"].iloc[0] if "ci_level" in pr.columns else None
+    if "bias_norm_ci" in pr.columns or "bias_norm_lo" in pr.columns:
+        return f"{fmt_value(float(level) * 100) + '% ' if level is not None else ''}CI of the bias"
+    return ""
+
+
 def threshold_figure(ds: Dataset, style: str = "default"):
     with st.using(style):
         return _threshold(ds, style)
@@ -512,17 +849,15 @@ def threshold_figure(ds: Dataset, style: str = "default"):
 def _threshold(ds: Dataset, style: str):
     from matplotlib.lines import Line2D
 
-    pr = ds.probe
+    pr = probe_frame(ds)
     pr = pr[np.isfinite(pr["high"].astype(float))].copy()
-    metrics = [m for m in ("bias_norm", "variance", "mse") if m in pr.columns]
-    ylabels = {"bias_norm": r"bias $\|\mathbb{E}\,\hat g - \nabla J\|_2$",
-               "variance": r"variance $\mathrm{tr}\,\mathrm{Cov}(\hat g)$",
-               "mse": r"MSE $\mathbb{E}\,\|\hat g - \nabla J\|_2^2$"}
+    metrics = _probe_metrics(pr)
     exclude = ("probe.bands", "correction.high", "correction.low", "correction")
-    fs = facets(ds, pr, exclude=exclude)
+    fs = facets(ds, pr, exclude=exclude, limit=Grid.capacity(style, len(metrics)))
     names = _ordered(pr["preset"].unique())
     multi = pr.groupby("preset")["high"].nunique()
     grid = Grid(len(fs), len(metrics), style)
+    n_degenerate = n_starred = 0
     for f, facet in enumerate(fs):
         sub = pr[pr["job"].isin(facet.jobs)]
         for name in names:
@@ -531,59 +866,81 @@ def _threshold(ds: Dataset, style: str):
                 continue
             lk = st.look(name)
             agg = {m: "mean" for m in metrics}
+            agg["degenerate"] = "max"
             for c in ("bias_norm_ci", "bias_norm_lo", "bias_norm_hi"):
                 if c in cur.columns:
                     cur = cur.assign(**{c: cur[c].apply(_as_float)})
                     agg[c] = "mean"
             stats = cur.groupby("high").agg(agg).reset_index().sort_values("high")
-            # Presets often coincide where the band does not bind: earlier ones are drawn wider, so
-            # each shows as a rim around the ones drawn over it.
-            rim = (len(names) - 1 - names.index(name)) / max(len(names) - 1, 1)
-            width = plt_linewidth(style) * (1 + 1.6 * rim)
+            degenerate = stats["degenerate"].astype(bool)
             for m, metric in enumerate(metrics):
                 ax = grid.ax(f, m)
                 ax.plot(stats["high"], stats[metric], color=lk.color, linestyle=lk.linestyle, marker=lk.marker,
-                        markersize=3.0 + 2.5 * rim, linewidth=width, label=name, gid="series")
+                        markersize=3.5, label=name, gid="series")
+                if degenerate.any():  # hollow: this arm barely updates
+                    ax.plot(stats.loc[degenerate, "high"], stats.loc[degenerate, metric], linestyle="none",
+                            marker=lk.marker, markersize=6, markerfacecolor="white", markeredgecolor=lk.color,
+                            markeredgewidth=1.1, gid="degenerate", zorder=4)
                 if metric == "bias_norm" and len(stats) > 1:
                     lo, hi = _ci(stats)
                     if lo is not None:
-                        ax.fill_between(stats["high"], lo, hi, color=lk.color, alpha=0.12, linewidth=0, gid="band")
-                if metric == "mse" and multi.get(name, 0) > 1 and stats["mse"].notna().any():
-                    best = stats.loc[stats["mse"].idxmin()]
-                    ax.plot([best["high"]], [best["mse"]], linestyle="none", marker="*", markersize=10,
-                            markerfacecolor=lk.color, markeredgecolor="black", markeredgewidth=0.6, gid="best",
-                            zorder=5)
+                        ax.fill_between(stats["high"], lo, hi, color=lk.color, alpha=0.12, linewidth=0, gid="ci")
+                if metric in ("rel_mse", "mse") and multi.get(name, 0) > 1:
+                    ok = stats[~degenerate & stats[metric].notna()]
+                    if len(ok):
+                        best = ok.loc[ok[metric].idxmin()]
+                        n_starred += 1
+                        ax.plot([best["high"]], [best[metric]], linestyle="none", marker="*", markersize=10,
+                                markerfacecolor=lk.color, markeredgecolor="black", markeredgewidth=0.6, gid="best",
+                                zorder=5)
+            n_degenerate += int(degenerate.sum())
     highs = pr["high"].astype(float)
     log_x = (highs > 0).all() and highs.max() / max(highs.min(), 1e-300) >= 8
-    for f in range(len(fs)):
-        for m, metric in enumerate(metrics):
+    values = sorted(highs.unique())
+    for m, metric in enumerate(metrics):
+        vals = pr[metric].astype(float)
+        vals = vals[np.isfinite(vals)]
+        log_y = len(vals) and (vals > 0).all() and vals.max() / vals.min() >= 20
+        for f in range(len(fs)):
             ax = grid.ax(f, m)
-            vals = pr[metric].astype(float)
-            vals = vals[np.isfinite(vals)]
             if log_x:
                 ax.set_xscale("log")
-            if len(vals) and (vals > 0).all() and vals.max() / vals.min() >= 20:
+                _threshold_ticks(ax, values, style)
+            if log_y:
                 ax.set_yscale("log")
+            if metric == "rel_mse":
+                ax.axhline(1.0, color="0.45", linestyle=":", linewidth=0.9, gid="reference", zorder=1)
+        if not log_y:
+            floor_at_zero(grid.metric_axes(m))
     grid.label(_label(style, r"upper threshold $\rho_{\max}$ of the band (high)", r"upper threshold $\rho_{\max}$"),
-               [ylabels[m] for m in metrics], [fc.label for fc in fs])
+               [PROBE_YLABELS[m][style == "paper"] for m in metrics], fs)
     extra = []
-    if "mse" in metrics and (multi > 1).any():
+    if n_starred:
         extra.append((Line2D([], [], linestyle="none", marker="*", markersize=9, markerfacecolor="0.6",
-                             markeredgecolor="black", markeredgewidth=0.6), "lowest MSE of the preset"))
+                             markeredgecolor="black", markeredgewidth=0.6), "lowest MSE of the preset (non-degenerate)"))
+    if n_degenerate:
+        extra.append((Line2D([], [], linestyle="none", marker="o", markersize=6, markerfacecolor="white",
+                             markeredgecolor="0.3"), DEGENERATE_RULE + " (never starred)"))
+    if "rel_mse" in metrics:
+        extra.append((Line2D([], [], color="0.45", linestyle=":"), ZERO_LINE_LABEL))
     handles, labels = _legend_for(names, marker=True, extra=extra)
-    if "nonfinite_rate" in pr.columns:  # a NaN/inf estimate leaves gaps: say so where the name is
-        worst = pr.groupby("preset")["nonfinite_rate"].max()
-        def tag(lab):
-            w = float(worst.get(lab, 0) or 0)
-            if w >= 1:
-                return f"{lab} (NaN/inf in every batch: not drawn)"
-            return f"{lab} (NaN/inf in up to {100 * w:.2g}% of batches)" if w > 0 else lab
-        labels = [tag(lab) for lab in labels]
-    level = pr["ci_level"].iloc[0] if "ci_level" in pr.columns else None
-    note = ""
-    if "bias_norm_ci" in pr.columns or "bias_norm_lo" in pr.columns:
-        note = f"bias band: {fmt_value(float(level) * 100) + '% ' if level is not None else ''}CI"
-    return grid.finish(TITLES["threshold"], ds, handles, labels, _notes(note, fs.note))
+    labels = _nonfinite_tags(pr, labels)
+    ci = _ci_note(pr)
+    return grid.finish(TITLES["threshold"], ds, handles, labels, _notes(f"shaded: {ci}" if ci else "", fs.note))
+
+
+def _threshold_ticks(ax, values: Sequence[float], style: str) -> None:
+    """The probed thresholds as plain numbers (1.25, 2, 10, not 2×10⁰): all of them when few, else
+    the decades."""
+    from matplotlib.ticker import FixedLocator, FuncFormatter, LogLocator, NullFormatter, NullLocator
+
+    if len(values) <= (4 if style == "paper" else 6):
+        ax.xaxis.set_major_locator(FixedLocator(list(values)))
+        ax.xaxis.set_minor_locator(NullLocator())
+    else:
+        ax.xaxis.set_major_locator(LogLocator(base=10))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, pos: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
 
 
 def _ci(stats):
@@ -602,15 +959,125 @@ def _ci(stats):
     return np.clip(lo, floor, None), hi
 
 
-def plt_linewidth(style: str) -> float:
-    return float(st.rc(style)["lines.linewidth"])
-
-
 def _as_float(v) -> float:
     try:
         return float(v)
     except (TypeError, ValueError):
         return float("nan")
+
+
+def presets_figure(ds: Dataset, style: str = "default"):
+    with st.using(style):
+        return _presets(ds, style)
+
+
+def _band_text(low, high) -> str:
+    def one(v):
+        v = _as_float(v)
+        return "—" if math.isnan(v) else f"{v:g}"
+    return f"[{one(low)}, {one(high)}]"
+
+
+def _presets(ds: Dataset, style: str):
+    """One band per preset (the default probe): a row per preset, bias with its CI, variance and
+    relative MSE side by side; degenerate arms hollow and named; a facet per other swept key."""
+    from matplotlib.lines import Line2D
+
+    paper = style == "paper"
+    pr = probe_frame(ds)
+    metrics = _probe_metrics(pr)
+    exclude = ("probe.bands", "correction.high", "correction.low", "correction", "probe.presets")
+    fs = facets(ds, pr, exclude=exclude, limit=st.PAPER_MAX_ROWS if paper else 4)
+    names = _ordered(pr["preset"].unique())
+    bands = pr.drop_duplicates("preset").set_index("preset")
+    rows = [f"{n} {_band_text(bands.loc[n, 'low'], bands.loc[n, 'high'])}" if {"low", "high"} <= set(pr.columns)
+            else n for n in names]
+    n = len(names)
+    row_in = 0.13 if paper else 0.2
+    panel_h = max(n * row_in + 0.25, 1.2)
+    width = st.PAPER_DOUBLE_WIDTH if paper else 3.2 * len(metrics) + 2.4
+    fig = _new_figure((width, panel_h * len(fs)), style)
+    axes = fig.subplots(len(fs), len(metrics), squeeze=False, sharey=True)
+    y = np.arange(n)[::-1]
+    n_degenerate = 0
+    for f, facet in enumerate(fs):
+        sub = pr[pr["job"].isin(facet.jobs)].set_index("preset")
+        for m, metric in enumerate(metrics):
+            ax = axes[f][m]
+            if f:
+                ax.sharex(axes[0][m])
+            for i, name in enumerate(names):
+                if name not in sub.index:
+                    continue
+                r = sub.loc[name]
+                lk = st.look(name)
+                value = _as_float(r[metric])
+                degenerate = bool(r.get("degenerate", 0))
+                if metric == "bias_norm":
+                    lo, hi = _as_float(r.get("bias_norm_lo")), _as_float(r.get("bias_norm_hi"))
+                    if math.isfinite(lo) and math.isfinite(hi):
+                        ax.plot([lo, hi], [y[i], y[i]], color=lk.color, linewidth=1.4, solid_capstyle="butt",
+                                gid="ci")
+                ax.plot([value], [y[i]], linestyle="none", marker=lk.marker, markersize=4.5 if paper else 6,
+                        color=lk.color, markerfacecolor="white" if degenerate else lk.color, markeredgewidth=1.1,
+                        label=name, gid="series")
+                if not math.isfinite(value):
+                    ax.text(0.02, y[i], "NaN/inf in every batch", transform=ax.get_yaxis_transform(),
+                            va="center", fontsize="x-small", color="0.35", gid="note")
+                if degenerate and m == len(metrics) - 1:
+                    n_degenerate += 1
+                    why = (f"{_as_float(r.get('mean_masked_fraction')):.0%} masked"
+                           if _as_float(r.get("mean_masked_fraction")) >= 0.9 else "‖E ĝ‖ ≈ 0")
+                    ax.annotate(f" degenerate ({why})", (value, y[i]), xytext=(4, 0), textcoords="offset points",
+                                va="center", fontsize="x-small", color="0.3", gid="note")
+            if metric == "rel_mse":
+                ax.axvline(1.0, color="0.45", linestyle=":", linewidth=0.9, gid="reference", zorder=1)
+            vals = pr[metric].astype(float)
+            vals = vals[np.isfinite(vals)]
+            if len(vals) and (vals > 0).all() and vals.max() / vals.min() >= 30:
+                ax.set_xscale("log")
+            else:
+                ax.set_xlim(left=0)
+            if m == 0:  # the axes share y: one call labels them all
+                ax.set_yticks(y, rows)
+            else:
+                ax.tick_params(labelleft=False)
+            ax.set_ylim(-0.7, n - 0.3)
+            ax.grid(axis="y", alpha=0.15)
+            if f == len(fs) - 1:
+                ax.set_xlabel(PROBE_YLABELS[metric][paper])
+            else:
+                ax.tick_params(labelbottom=False)
+            if len(fs) > 1 and m == 0:
+                ax.set_title(fs[f].title(style), loc="left", fontsize="medium")
+        for ax in axes[f]:
+            ax.tick_params(axis="y", length=0)
+    for f in range(len(fs)):
+        for tick, name in zip(axes[f][0].get_yticklabels(), names):
+            tick.set_color(st.look(name).color if st.look(name).color != "#000000" else "black")
+    extra = []
+    if n_degenerate:
+        extra.append((Line2D([], [], linestyle="none", marker="o", markersize=5, markerfacecolor="white",
+                             markeredgecolor="0.3"), DEGENERATE_RULE))
+    if "rel_mse" in metrics:
+        extra.append((Line2D([], [], color="0.45", linestyle=":"), ZERO_LINE_LABEL))
+    if "bias_norm_lo" in pr.columns:
+        extra.append((Line2D([], [], color="0.45", linewidth=1.4), _ci_note(pr)))
+    handles = [h for h, _ in extra]
+    labels = [lab for _, lab in extra]
+    note = _notes(_nonfinite_note(pr), fs.note)
+    finish(fig, TITLES["presets"], ds, handles, labels, paper, note, legend_below=True)
+    return fig
+
+
+def _nonfinite_note(pr) -> str:
+    if "nonfinite_rate" not in pr.columns:
+        return ""
+    rate = pr.groupby("preset")["nonfinite_rate"].max()
+    bad = rate[rate > 0]
+    if bad.empty:
+        return ""
+    return "NaN/inf estimates left out: " + ", ".join(f"{n} {100 * float(r):.2g}%" for n, r in bad.items())
 
 
 # ----------------------------------------------------------------------------------------- mismatch
@@ -626,9 +1093,9 @@ def _token_groups(ds: Dataset, tokens) -> tuple[str | None, list]:
     keys = [k for k in prefer if k in ds.swept and k in tokens.columns]
     keys += [k for k in ds.swept if k not in keys and k not in SEED_KEYS and k in tokens.columns]
     if not keys:
-        return None, [("all tokens", tokens)]
+        return None, [("all tokens", None, tokens)]
     key = keys[0]
-    groups = [(f"{key}={fmt_value(v)}", g) for v, g in tokens.groupby(key, sort=True)]
+    groups = [(f"{key}={fmt_value(v)}", v, g) for v, g in tokens.groupby(key, sort=True)]
     return key, groups[:MAX_GROUPS]
 
 
@@ -641,8 +1108,9 @@ def _mismatch(ds: Dataset, style: str):
     ok = np.isfinite(old) & np.isfinite(roll)
     tok = tok[ok]
     key, groups = _token_groups(ds, tok)
+    colors = st.dimension_colors(key or "", [v for _, v, _ in groups]) if key else {None: "#0072B2"}
     paper = style == "paper"
-    grid = Grid(1, 3, style, row_height=1.6 if paper else 3.1, sharex=False, sharey=False)
+    grid = Grid(1, 3, style, row_height=1.8 if paper else 3.1, sharex=False, sharey=False)
     ax_h, ax_s, ax_b = grid.ax(0, 0), grid.ax(0, 1), grid.ax(0, 2)
     lr_all = np.abs((tok["old"] - tok["roll"]).to_numpy(dtype=float))
     core = lr_all[lr_all <= OUTLIER_NATS]
@@ -662,16 +1130,21 @@ def _mismatch(ds: Dataset, style: str):
     floor = 1e-8
     handles, labels = [], []
     rng = np.random.default_rng(0)
-    beyond_total = 0
+    beyond_total = outliers_total = 0
+    tails = []
     pt_min = 1.0
-    for i, (label, g) in enumerate(groups):
-        color = st.group_color(i) if len(groups) > 1 else "#0072B2"
+    for gi, (label, value, g) in enumerate(groups):
+        color = colors[value]
         lr = (g["old"] - g["roll"]).to_numpy(dtype=float)
-        beyond = np.abs(lr) > R
-        beyond_total += int(beyond.sum())
-        counts, _ = np.histogram(lr[~beyond], bins=edges)
+        below, above = lr < -R, lr > R
+        beyond_total += int(below.sum() + above.sum())
+        outliers_total += int((np.abs(lr) > OUTLIER_NATS).sum())
+        counts, _ = np.histogram(lr[~(below | above)], bins=edges)
         ax_h.stairs(np.where(counts > 0, counts, np.nan), edges, color=color, linewidth=1.2, gid="series",
                     label=label, baseline=None)
+        # The tails: an overflow bin at each end, from the last bin to the axis's edge, at the count of
+        # the tokens beyond it (dotted, so it does not read as one more bin of the same width).
+        tails.append((color, int(below.sum()), int(above.sum())))
         p_t, p_r = np.exp(g["old"].to_numpy(dtype=float)), np.exp(g["roll"].to_numpy(dtype=float))
         pt_min = min(pt_min, float(np.min(p_t)) if len(p_t) else 1.0)
         idx = np.arange(len(g))
@@ -697,37 +1170,50 @@ def _mismatch(ds: Dataset, style: str):
     ax_h.set_yscale("log")
     if symlog:
         ax_h.set_xscale("symlog", linthresh=c, linscale=0.5)
-        # Decade ticks from 10·c outwards (ticks inside the linear region collide around 0).
+        # Decade ticks from 10·c outwards (ticks inside the linear region collide around 0), every
+        # other decade when the panel is narrow.
         decades = 10.0 ** np.arange(math.ceil(math.log10(c)) + 1, math.floor(math.log10(R)) + 1)
-        ax_h.set_xticks([*(-decades[::-1]), 0.0, *decades])
+        if paper and len(decades) > 2:
+            decades = decades[::-1][::2][::-1]
+        from matplotlib.ticker import FixedLocator
+
+        ax_h.xaxis.set_major_locator(FixedLocator([*(-decades[::-1]), 0.0, *decades]))
         ax_h.minorticks_off()
+    edge = R * (2.5 if symlog else 1.25) if beyond_total else R
+    for color, n_below, n_above in tails:
+        for n_side, span in ((n_below, [-edge, -R]), (n_above, [R, edge])):
+            if n_side:
+                ax_h.stairs([n_side], span, color=color, linewidth=2.0, linestyle=":", gid="tails", baseline=None)
+    ax_h.set_xlim(-edge, edge)
     if beyond_total:
-        ax_h.text(0.02, 0.97, f"not shown: {beyond_total:,} token(s)\nbeyond ±{R:.2g} nats",
-                  transform=ax_h.transAxes, va="top", ha="left", fontsize="small", color="0.3", zorder=6,
+        text = f"dotted end bins: beyond ±{R:.2g} nats,\n{beyond_total:,} token(s)"
+        if outliers_total:
+            text += f", {outliers_total:,} of them\ninjected outliers (|lr| > {OUTLIER_NATS:g} nats)"
+        ax_h.text(0.03, 0.97, text, transform=ax_h.transAxes, va="top", ha="left", fontsize="x-small",
+                  color="0.3", zorder=6, gid="note",
                   bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5))
     lo = max(min(pt_min, 1.0) * 0.5, floor)
-    for ax in (ax_s,):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.plot([floor, 1], [floor, 1], color="0.4", linestyle="--", linewidth=0.8, gid="diagonal")
-        ax.set_xlim(lo, 1.5)
-        clipped = int((tok["roll"] < math.log(floor)).sum())
-        ax.set_ylim(floor * 0.5 if (tok["roll"] < math.log(lo)).any() else lo, 1.5)
-        if clipped:
-            ax.text(0.97, 0.03, f"{clipped:,} token(s) with $p_{{\\mathrm{{rollout}}}} < 10^{{-8}}$\ndrawn at $10^{{-8}}$",
-                    transform=ax.transAxes, va="bottom", ha="right", fontsize="small", color="0.3", zorder=6,
-                    bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5))
+    ax_s.set_xscale("log")
+    ax_s.set_yscale("log")
+    ax_s.plot([floor, 1], [floor, 1], color="0.4", linestyle="--", linewidth=0.8, gid="diagonal")
+    ax_s.set_xlim(lo, 1.5)
+    clipped = int((tok["roll"] < math.log(floor)).sum())
+    ax_s.set_ylim(floor * 0.5 if (tok["roll"] < math.log(lo)).any() else lo, 1.5)
+    if clipped:
+        ax_s.text(0.97, 0.03, f"{clipped:,} token(s) with $p_{{\\mathrm{{rollout}}}} < 10^{{-8}}$\ndrawn at $10^{{-8}}$",
+                  transform=ax_s.transAxes, va="bottom", ha="right", fontsize="x-small", color="0.3", zorder=6,
+                  gid="note", bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5))
     ax_b.set_xscale("log")
     if ax_b.get_lines() and all(np.nanmin(line.get_ydata()) > 0 for line in ax_b.get_lines()
                                 if len(line.get_ydata())):
         ax_b.set_yscale("log")
-    ax_h.set_xlabel(r"log-ratio $\log \pi_{\mathrm{train}} - \log \pi_{\mathrm{rollout}}$ (nats"
-                    + (", symlog)" if symlog else ")"))
+    ax_h.set_xlabel(_label(style, r"log-ratio $\log \pi_{\mathrm{train}} - \log \pi_{\mathrm{rollout}}$ (nats"
+                           + (", symlog)" if symlog else ")"), r"$\log \pi_{\mathrm{train}} - \log \pi_{\mathrm{rollout}}$"))
     ax_h.set_ylabel("tokens (count)")
-    ax_s.set_xlabel(r"$p_{\mathrm{train}}$ (trainer, fp32)")
-    ax_s.set_ylabel(r"$p_{\mathrm{rollout}}$ (engine)")
-    ax_b.set_xlabel(r"token probability $p_{\mathrm{train}}$ (log bins)")
-    ax_b.set_ylabel(r"$|p_{\mathrm{train}} - p_{\mathrm{rollout}}|$ (probability)")
+    ax_s.set_xlabel(_label(style, r"$p_{\mathrm{train}}$ (trainer, fp32)", r"$p_{\mathrm{train}}$"))
+    ax_s.set_ylabel(_label(style, r"$p_{\mathrm{rollout}}$ (engine)", r"$p_{\mathrm{rollout}}$"))
+    ax_b.set_xlabel(_label(style, r"token probability $p_{\mathrm{train}}$ (log bins)", r"$p_{\mathrm{train}}$ (log bins)"))
+    ax_b.set_ylabel(_label(style, r"$|p_{\mathrm{train}} - p_{\mathrm{rollout}}|$ (probability)", r"$|\Delta p|$"))
     handles += [Line2D([], [], color="0.3", linestyle=":"), Line2D([], [], color="0.4", linestyle="--")]
     labels += ["|Δp| per bin: median (solid), 90th pct. (dotted)", "p_rollout = p_train"]
     note = f"{len(tok):,} tokens" + (f", by {key}" if key else "")
@@ -745,13 +1231,27 @@ def _masking(ds: Dataset, style: str):
     metrics = ("token_masked_fraction", "clamped_fraction", "ess")
     ylabels = ("masked tokens (fraction)", "clamped tokens (fraction)", "ESS (fraction of tokens)") if style != "paper" \
         else ("masked (frac.)", "clamped (frac.)", "ESS (frac.)")
-    per = df.groupby(["job", "step"], sort=False).agg(
-        correction=("correction", "first"), **{m: (m, "mean") for m in metrics}).reset_index()
-    fs = facets(ds, df)
+    # The ESS of NaN/inf weights is undefined, not 0 (the metric writes 0): a gap and a mark.
+    weights_ok = np.isfinite(df["is_weight_mean"].astype(float)) if "is_weight_mean" in df.columns else True
+    frame = df.assign(ess=df["ess"].where(weights_ok), _undefined=~weights_ok if "is_weight_mean" in df.columns
+                      else False)
+    extra_cols = {"seed": ("seed", "first")} if "seed" in df.columns else {}
+    per = frame.groupby(["job", "step"], sort=False).agg(
+        correction=("correction", "first"), undefined=("_undefined", "all"), **extra_cols,
+        **{m: (m, "mean") for m in metrics}).reset_index()
+    # Size follows content: a fraction that is 0 in every run is said once, not drawn as flat panels.
+    flat = [m for m in metrics[:2] if per[m].fillna(0).eq(0).all()]
+    metrics = tuple(m for m in metrics if m not in flat)
+    ylabels = tuple(lab for m, lab in zip(("token_masked_fraction", "clamped_fraction", "ess"), ylabels)
+                    if m in metrics)
+    fs = facets(ds, df, limit=Grid.capacity(style, len(metrics)))
     names = _ordered(per["correction"].unique())
-    grid = Grid(len(fs), 3, style, row_height=(1.25 if style == "paper" else None))
+    grid = Grid(len(fs), len(metrics), style, row_height=(1.2 if style == "paper" else None))
     bands = _bands(per, fs, "step", metrics)
-    for f in range(len(fs)):
+    undefined = per[per["undefined"].astype(bool)]
+    flagged = _ordered(undefined["correction"].unique())
+    for f, facet in enumerate(fs):
+        und_f = undefined[undefined["job"].isin(facet.jobs)]
         for name in names:
             stats = bands.get((f, name))
             if stats is None:
@@ -760,14 +1260,25 @@ def _masking(ds: Dataset, style: str):
             for m, metric in enumerate(metrics):
                 ax = grid.ax(f, m)
                 _mean_and_band(ax, stats, metric, kw, alpha=0.15)
-    for f in range(len(fs)):
-        for m in range(3):
-            ax = grid.ax(f, m)
-            lo, hi = ax.get_ylim()
-            ax.set_ylim(max(lo, -0.03), min(max(hi, 0.05), 1.03))
-    grid.label(_step_label(style), list(ylabels), [fc.label for fc in fs])
-    handles, labels = _legend_for(names)
-    return grid.finish(TITLES["masking"], ds, handles, labels, _notes(_seed_note(per, fs), fs.note))
+            steps = np.sort(und_f.loc[und_f["correction"] == name, "step"].unique())
+            if len(steps):
+                _event_marks(grid.ax(f, len(metrics) - 1), steps, flagged.index(name), kw["color"])
+    for m, metric in enumerate(metrics):
+        axes = grid.metric_axes(m)
+        floor_at_zero(axes, top_if_zero=1.0, ceiling=1.03)
+        if metric == "ess" and flagged:
+            _room_for_marks(axes, len(flagged), low=0.0)
+            for ax in axes:
+                lo, hi = ax.get_ylim()
+                ax.set_ylim(lo, min(max(hi, 1.0), 1.03))
+                hide_negative_ticks(ax)
+    grid.label(_step_label(style), list(ylabels), fs)
+    extra = [_event_handle("ESS undefined: NaN/inf weights (marks under the data)")] if flagged else []
+    handles, labels = _legend_for(names, extra=extra)
+    words = {"token_masked_fraction": "masked", "clamped_fraction": "clamped"}
+    gone = (f"no token {' or '.join(words[m] for m in flat)} in any run (panel{'s' if len(flat) > 1 else ''} "
+            f"left out)") if flat else ""
+    return grid.finish(TITLES["masking"], ds, handles, labels, _notes(_seed_note(per, fs), gone, fs.note))
 
 
 # ----------------------------------------------------------------------------------------- render
@@ -775,6 +1286,7 @@ FIGURES: dict[str, Callable] = {
     "training": training_figure,
     "grad-norm": grad_norm_figure,
     "stability": stability_figure,
+    "presets": presets_figure,
     "threshold": threshold_figure,
     "mismatch": mismatch_figure,
     "masking": masking_figure,
@@ -787,6 +1299,15 @@ def figure(kind: str, ds: Dataset, style: str = "default"):
     return FIGURES[kind](ds, style)
 
 
+def _metadata(fig, ext: str) -> dict:
+    meta = getattr(fig, "_is_study_meta", None) or {}
+    if ext == "png":
+        return {"Title": meta.get("Title", ""), "Description": meta.get("Subject", ""), "Software": "is-study"}
+    if ext == "pdf":
+        return {"Title": meta.get("Title", ""), "Subject": meta.get("Subject", ""), "Creator": "is-study"}
+    return {}
+
+
 def save(fig, out_dir: Path, name: str, style: str = "default", formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
     """Write NAME.png (150 dpi) and NAME.pdf; returns the paths."""
     out_dir = Path(out_dir)
@@ -795,7 +1316,7 @@ def save(fig, out_dir: Path, name: str, style: str = "default", formats: Sequenc
         for i, ext in enumerate(formats):
             path = out_dir / f"{name}.{ext}"
             try:
-                fig.savefig(path, dpi=150)
+                fig.savefig(path, dpi=150, metadata=_metadata(fig, ext))
             except OSError as exc:
                 raise UserError(f"cannot write {path}: {exc.strerror or exc}") from None
             if i == 0:  # the layout is solved: later formats reuse it instead of solving it again

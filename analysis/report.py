@@ -19,15 +19,17 @@ import math
 import os
 import re
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
-from analysis.load import QUIET_KEYS, Dataset, command, flatten, fmt_value, load_dataset, per_job
+from analysis.load import (DEGENERATE_RULE, QUIET_KEYS, Dataset, command, flatten, fmt_value, load_dataset, per_job,
+                           probe_frame)
 from runner.errors import UserError
 
 CASE_SUFFIXES = (".yaml", ".yml", ".json")
 MAX_TABLE_ROWS = 120
-REPORT_FIGURES = ("training", "stability", "threshold", "mismatch", "grad-norm", "masking")
+REPORT_FIGURES = ("training", "stability", "presets", "threshold", "mismatch", "grad-norm", "masking")
 
 
 # ----------------------------------------------------------------------------------------- entry
@@ -185,6 +187,33 @@ def _replicates(ds: Dataset) -> str:
     return "runs" if others else "seeds"
 
 
+def _cell_words(keys: Sequence[str], values) -> str:
+    values = values if isinstance(values, tuple) else (values,)
+    return ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values))
+
+
+def _learning(cur, word: str) -> str:
+    """Whether the runs learned and whether they collapsed: a run whose J never rose above its
+    start neither learned nor collapsed, and says so (a flat run is not a stable one)."""
+    n = len(cur)
+    learned = cur["learned"].dropna() if "learned" in cur.columns else cur["learned"].iloc[0:0]
+    flat = int((learned == 0).sum())
+    collapsed = cur["collapsed"].dropna()
+    c = int(collapsed.sum())
+    parts = []
+    if flat:
+        start = cur.loc[cur["learned"] == 0, "initial_objective"].astype(float)
+        at = f" {start.iloc[0]:.3g}" if len(start) and start.notna().all() and start.nunique() == 1 else ""
+        parts.append(f"**never learned** (J never rose above its start{at})" if flat == n else
+                     f"**never learned in {flat} of {n} {word}** (J never rose above its start{at})")
+    if len(collapsed):
+        if c:
+            parts.append(f"collapsed in {c} of {len(collapsed)} {word}")
+        elif flat < n:
+            parts.append("no collapse" if not flat else f"no collapse in the {n - flat} that learned")
+    return "; ".join(parts)
+
+
 def _train_verdicts(ds: Dataset) -> list[str]:
     from analysis.style import preset_rank
 
@@ -208,20 +237,37 @@ def _train_verdicts(ds: Dataset) -> list[str]:
                     f"gradient, {int(bad['skipped'].sum())} skipped) in {len(bad)} of {n} {word}, first at step {first}")
             by = cur.groupby(facet_keys)["nonfinite_events"].sum() if facet_keys else None
             if by is not None and by.nunique() > 1:
-                worst = by.idxmax()
-                worst = worst if isinstance(worst, tuple) else (worst,)
-                line += f"; most at {', '.join(f'{k}={fmt_value(v)}' for k, v in zip(facet_keys, worst))}"
-        collapsed = cur["collapsed"].dropna()
-        if len(collapsed):
-            c = int(collapsed.sum())
-            line += f"; collapsed in {c} of {len(collapsed)} {word}" if c else "; no collapse"
+                line += f"; most at {_cell_words(facet_keys, by.idxmax())}"
+        learning = _learning(cur, word)
+        if learning:
+            line += f"; {learning}"
         not_done = int((~cur["done"].astype(bool)).sum())
         if not_done:
             line += f"; {not_done} unfinished"
-        finals = _mean_sd(cur["final_objective"])
-        line += f"; final J(θ) {finals}"
+        line += f"; {_final_objective(cur, facet_keys)}"
         out.append(f"**{name}**: {line}")
     return out
+
+
+def _final_objective(cur, facet_keys: Sequence[str]) -> str:
+    """Final J(θ): over seeds when there is one cell; else the worst cell named (a pooled mean over
+    cells would hide it), next to the range over cells."""
+    if not facet_keys:
+        return f"final J(θ) {_mean_sd(cur['final_objective'])}"
+    cells = cur.groupby(facet_keys, dropna=False)["final_objective"]
+    means = cells.mean().dropna()
+    if means.empty:
+        return "final J(θ) nan"
+    if len(means) == 1:
+        return f"final J(θ) {_mean_sd(cur['final_objective'])}"
+    if means.max() - means.min() < 5e-4:
+        return f"final J(θ) {_mean_sd(cur['final_objective'])} in every one of the {len(means)} cells"
+    worst = means.idxmin()
+    members = cur
+    for k, v in zip(facet_keys, worst if isinstance(worst, tuple) else (worst,)):
+        members = members[members[k].map(fmt_value) == fmt_value(v)]
+    return (f"final J(θ) {means.min():.3f} to {means.max():.3f} across {len(means)} cells; worst at "
+            f"{_cell_words(facet_keys, worst)}: {_mean_sd(members['final_objective'])}")
 
 
 def _train_table(ds: Dataset) -> str:
@@ -233,8 +279,11 @@ def _train_table(ds: Dataset) -> str:
     facet_keys = _facet_keys(ds, per)
     rows = []
     groups = per.groupby(["correction", *facet_keys], sort=False, dropna=False)
-    ordered = sorted(groups, key=lambda kv: (preset_rank(str(kv[0][0] if isinstance(kv[0], tuple) else kv[0])),
-                                             [str(x) for x in (kv[0] if isinstance(kv[0], tuple) else (kv[0],))]))
+
+    def order(kv):
+        key = kv[0] if isinstance(kv[0], tuple) else (kv[0],)
+        return (preset_rank(str(key[0])), [sort_key(x) for x in key[1:]])
+    ordered = sorted(groups, key=order)
     word = "seeds" if _replicates(ds) == "seeds" or facet_keys else "runs"
     for key, g in ordered:
         key = key if isinstance(key, tuple) else (key,)
@@ -245,12 +294,14 @@ def _train_table(ds: Dataset) -> str:
             row.update({"seed": fmt_value(j.value("seed")), "staleness": fmt_value(g["staleness"].iloc[0]),
                         "updates": int(g["updates"].iloc[0])})
         else:
-            row[word] = len(g)
+            row[word] = int(g["seed"].nunique()) if word == "seeds" and "seed" in g.columns else len(g)
         row["final J(θ)"] = _mean_sd(g["final_objective"])
         row["best J(θ)"] = _mean_sd(g["best_objective"])
         row["final reward"] = _mean_sd(g["final_reward"])
         row["NaN/inf events"] = int(g["nonfinite_events"].sum())
         row["skipped updates"] = int(g["skipped"].sum())
+        learned = g["learned"].dropna() if "learned" in g.columns else g["collapsed"].iloc[0:0]
+        row["learned"] = f"{int(learned.sum())}/{len(learned)}" if len(learned) else "—"
         col = g["collapsed"].dropna()
         row["collapsed"] = f"{int(col.sum())}/{len(col)}" if len(col) else "—"
         rows.append(row)
@@ -259,8 +310,20 @@ def _train_table(ds: Dataset) -> str:
         note = f"\n\n_(first {MAX_TABLE_ROWS} of {len(rows)} rows)_"
         rows = rows[:MAX_TABLE_ROWS]
     legend = ("\n\nJ(θ) is the exact expected reward of the policy (0–1); mean ± s.d. over the " + word +
-              " where there are several. NaN/inf events count NaN/inf losses and gradients (events.csv).")
+              " where there are several. NaN/inf events count NaN/inf losses and gradients (events.csv). learned: "
+              "runs whose J rose above its start (a flat run neither learned nor collapsed).")
     return _table(rows) + note + legend
+
+
+def sort_key(value: Any) -> tuple:
+    """Numbers as numbers (2 before 10), then everything else as text."""
+    if isinstance(value, bool):
+        return (1, 0.0, str(value))
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return (1, 0.0, str(value))
+    return (0, number, "") if not math.isnan(number) else (2, 0.0, "nan")
 
 
 def _band(low: Any, high: Any) -> str:
@@ -270,10 +333,23 @@ def _band(low: Any, high: Any) -> str:
 
 
 def _probe_verdicts(ds: Dataset) -> list[str]:
+    """Per preset: NaN/inf, its best band by relative MSE among the arms that learn, and its
+    degenerate arms (never picked: an arm that barely updates can have the lowest MSE)."""
     from analysis.style import preset_rank
 
-    pr = ds.probe
+    pr = probe_frame(ds)
+    mse = "rel_mse" if "rel_mse" in pr.columns and pr["rel_mse"].notna().any() else "mse"
     out = []
+    if mse == "rel_mse" and "exact_grad_norm" in pr.columns:
+        g = pr["exact_grad_norm"].astype(float)
+        out.append(f"relative MSE = MSE / ‖∇J‖² (‖∇J‖² = {_fmt(float(g.iloc[0]) ** 2, 3)}"
+                   + (" in the first cell" if g.nunique() > 1 else "") + "); 1 is the MSE of a zero update. "
+                   + DEGENERATE_RULE[0].upper() + DEGENERATE_RULE[1:] + ": never picked as a preset's best.")
+    ok = pr[(pr["degenerate"] == 0) & pr[mse].notna()]
+    if len(ok):
+        best = ok.loc[ok[mse].astype(float).idxmin()]
+        out.append(f"lowest {'relative ' if mse == 'rel_mse' else ''}MSE of all arms that learn: **{best['preset']}** "
+                   f"at {_band(best.get('low'), best.get('high'))}{_where(ds, best)}: {_fmt(float(best[mse]), 3)}")
     for name in sorted(pr["preset"].astype(str).unique(), key=preset_rank):
         cur = pr[pr["preset"].astype(str) == name]
         nb = len(cur)
@@ -284,31 +360,72 @@ def _probe_verdicts(ds: Dataset) -> list[str]:
             worst = cur.loc[rate.idxmax()]
             line = (f"**NaN/inf in {100 * float(worst['nonfinite_rate']):.3g}% of batches** at band "
                     f"{_band(worst['low'], worst['high'])}; {int((rate > 0).sum())} of {nb} cells affected")
-        if "mse" in cur.columns and cur["mse"].notna().any():
-            best = cur.loc[cur["mse"].astype(float).idxmin()]
-            line += (f"; lowest MSE {_fmt(float(best['mse']), 3)} at {_band(best['low'], best['high'])} "
-                     f"(bias {_fmt(float(best['bias_norm']), 3)}, variance {_fmt(float(best['variance']), 3)})")
+        good = cur[(cur["degenerate"] == 0) & cur[mse].notna()]
+        if len(good):
+            best = good.loc[good[mse].astype(float).idxmin()]
+            line += (f"; {'lowest ' if nb > 1 else ''}{'relative ' if mse == 'rel_mse' else ''}MSE "
+                     f"{_fmt(float(best[mse]), 3)} at "
+                     f"{_band(best['low'], best['high'])}{_where(ds, best)} (bias {_fmt(float(best['bias_norm']), 3)}, "
+                     f"variance {_fmt(float(best['variance']), 3)})")
+        bad = cur[cur["degenerate"] == 1]
+        if len(bad):
+            what = _degenerate_words(bad.iloc[0])
+            where = (f"at {_band(bad.iloc[0]['low'], bad.iloc[0]['high'])}{_where(ds, bad.iloc[0])}" if len(bad) == 1
+                     else f"at {len(bad)} of {nb} bands/cells, e.g. {_band(bad.iloc[0]['low'], bad.iloc[0]['high'])}"
+                          f"{_where(ds, bad.iloc[0])}")
+            if len(good):
+                line += f"; **degenerate {where}** ({what}: it barely updates)"
+            elif nb == 1:
+                line += f"; **degenerate {where}** ({what}: it barely updates, so its MSE is not a score)"
+            else:
+                line += f"; **degenerate in every band/cell** ({what}): no band of it learns"
         out.append(f"**{name}**: {line}")
     return out
+
+
+def _degenerate_words(row) -> str:
+    masked = float(row.get("mean_masked_fraction", float("nan")))
+    ratio = float(row.get("norm_ratio", float("nan"))) if "norm_ratio" in row else float("nan")
+    parts = []
+    if masked >= 0.9:
+        parts.append(f"{masked:.0%} of tokens masked")
+    if ratio == ratio and ratio < 0.1:
+        parts.append("‖E ĝ‖ ≈ 0" if ratio < 0.005 else f"‖E ĝ‖ = {ratio:.2g}·‖∇J‖")
+    return ", ".join(parts) or "degenerate"
+
+
+def _where(ds: Dataset, row) -> str:
+    """', mismatch.staleness=8' for the swept keys of a probe sweep (the band aside)."""
+    keys = [k for k in ds.swept if k in row.index and k not in ("probe.bands", "probe.presets")]
+    return (" (" + ", ".join(f"{k}={fmt_value(row[k])}" for k in keys) + ")") if keys else ""
 
 
 def _probe_table(ds: Dataset) -> str:
     from analysis.style import preset_rank
 
-    pr = ds.probe.copy()
+    pr = probe_frame(ds)
     facet_keys = [k for k in ds.swept if k in pr.columns]
     pr["_rank"] = pr["preset"].astype(str).map(lambda n: preset_rank(n))
-    pr = pr.sort_values(["_rank", *facet_keys, "high"], kind="stable")
-    cols = [c for c in ("preset", *facet_keys, "low", "high", "bias_norm", "bias_norm_ci", "variance", "mse", "cosine",
-                        "nonfinite_rate", "mean_ess", "mean_masked_fraction") if c in pr.columns]
-    rows = [{c: (None if c in ("low", "high") and isinstance(r[c], float) and math.isnan(r[c]) else r[c])
-             for c in cols} for _, r in pr.iterrows()]
+    pr = pr.sort_values(["_rank", *facet_keys, "high"], kind="stable",
+                        key=lambda col: col if col.name == "_rank" else col.map(sort_key))
+    cols = [c for c in ("preset", *facet_keys, "low", "high", "bias_norm", "bias_norm_ci", "variance", "mse", "rel_mse",
+                        "cosine", "nonfinite_rate", "mean_ess", "mean_masked_fraction", "clamped_fraction",
+                        "degenerate") if c in pr.columns]
+    rows = []
+    for _, r in pr.iterrows():
+        row = {c: (None if c in ("low", "high") and isinstance(r[c], float) and math.isnan(r[c]) else r[c])
+               for c in cols}
+        if "degenerate" in row:
+            row["degenerate"] = "**yes**" if int(r["degenerate"]) else ""
+        rows.append(row)
     note = ""
     if len(rows) > MAX_TABLE_ROWS:
         note = f"\n\n_(first {MAX_TABLE_ROWS} of {len(rows)} rows; all of them are in probe.csv)_"
         rows = rows[:MAX_TABLE_ROWS]
     legend = ("\n\nbias_norm = ‖mean estimate − ∇J‖ (± bias_norm_ci), variance = trace of the estimate's "
-              "covariance, mse = bias² + variance, all against the exact on-policy gradient ∇J(θ).")
+              "covariance, mse = bias² + variance, all against the exact on-policy gradient ∇J(θ); rel_mse = mse / "
+              "‖∇J‖² (1: the MSE of a zero update). mean_masked_fraction and clamped_fraction: tokens the "
+              "correction rejected, and kept tokens whose weight the clamp changed. " + DEGENERATE_RULE + ".")
     return _table(rows, cols) + note + legend
 
 
@@ -399,35 +516,95 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
 INVARIANTS = {1: "finite loss and gradient", 2: "zero gradient at rejected units"}
 
 
-def case_report(card, overrides: list[str], shown: str | None = None) -> str:
-    """The repro card's Markdown from a runner.case_card.CaseCard; `shown` is the path or name the
-    user gave (default: the file's path)."""
-    corr_cfg, loss_cfg = card.correction, card.loss
-    parts = [f"# Repro card: `{Path(shown or card.path).name}` under correction={card.preset}\n"]
+def case_report_path(case_path: Path) -> Path:
+    """Where a case file's report goes by default: NAME-report.md in the current directory (the
+    case file may be a shipped one, inside the package)."""
+    return Path.cwd() / f"{Path(case_path).stem}-report.md"
+
+
+def _verdict(card) -> tuple[str, str]:
+    """(word, sentence): BROKEN when an invariant fails, MISMATCH when the results differ from the
+    file's expected ones, OK otherwise; the sentence says what was checked, and nothing more is
+    claimed than was checked."""
+    n = len(card.checks)
     broken_cases = {1: [c.name for c in card.checks if not c.finite],
                     2: [c.name for c in card.checks if c.rejection.status == "fail"]}
-    broken = [f"invariant {n} ({INVARIANTS[n]}) fails in {', '.join(cases)}" for n, cases in broken_cases.items()
+    broken = [f"invariant {k} ({INVARIANTS[k]}) fails in {', '.join(cases)}" for k, cases in broken_cases.items()
               if cases]
+    checked_2 = sum(1 for c in card.checks if c.rejection.status != "n/a")
+    why_na = sorted({c.rejection.reason for c in card.checks if c.rejection.status == "n/a"})
+    if checked_2 == n:
+        two = f"invariant 2 in all {n} cases"
+    elif checked_2:
+        two = f"invariant 2 in {checked_2} of {n} cases (n/a in the others: {'; '.join(why_na)})"
+    else:
+        two = f"invariant 2 n/a ({'; '.join(why_na)})"
+    if card.expected is None:
+        expected = f"not compared with expected results ({card.no_expected_reason})"
+    elif card.mismatches:
+        expected = f"{len(card.mismatches)} mismatch(es) with the file's expected results"
+    else:
+        expected = f"the file's expected results match in all {n} cases (tolerance 1e-5)"
     if broken:
         text = "; ".join(broken)
-        parts.append(f"**Verdict: BROKEN.** {text[0].upper() + text[1:]}.\n")
-    else:
-        parts.append("**Verdict: OK.** Every case gives a finite loss and gradient, and rejected units get exactly "
-                     "zero gradient.\n")
-    if card.expected is None:
-        parts.append(f"No expected results to compare with: {card.no_expected_reason}.\n")
-    elif card.mismatches:
+        return "BROKEN", text[0].upper() + text[1:] + f". Checked: invariant 1 in all {n} cases, {two}; {expected}."
+    if card.expected is not None and card.mismatches:
+        return "MISMATCH", f"Checked: invariant 1 in all {n} cases, {two}; {expected}."
+    return "OK", f"Checked: invariant 1 in all {n} cases, {two}; {expected}."
+
+
+def case_report(cards, overrides: list[str], shown: str | None = None) -> str:
+    """The repro card's Markdown from runner.case_card.CaseCard(s): one card, or a summary of every
+    preset of the file's expect: list followed by each preset's card. `shown` is the path or name the
+    user gave (default: the file's path)."""
+    if not isinstance(cards, (list, tuple)):
+        cards = [cards]
+    if len(cards) == 1:
+        return _one_card(cards[0], overrides, shown, level=1)
+    name = Path(shown or cards[0].path).name
+    parts = [f"# Repro cards: `{name}`, every preset of its `expect:` list\n",
+             f"{len(cards)} presets, each under the overrides of its expect entry; a card per preset follows. "
+             f"`is-study report {shown or cards[0].path} correction=PRESET` gives one.\n"]
+    rows = []
+    for card in cards:
+        word, _ = _verdict(card)
+        broken = [k for k in (1, 2) if any((not c.finite) if k == 1 else c.rejection.status == "fail"
+                                           for c in card.checks)]
+        rows.append({"preset": f"`{card.preset}`", "verdict": f"**{word}**",
+                     "faithful": "yes" if card.correction.get("faithful") else "no",
+                     "invariants broken": ", ".join(str(k) for k in broken) or "none",
+                     "expected results": ("—" if card.expected is None else
+                                          ("match" if not card.mismatches else f"{len(card.mismatches)} mismatch(es)"))})
+    parts.append(_table(rows) + "\n")
+    counts = Counter(_verdict(c)[0] for c in cards)
+    parts.append("Summary: " + ", ".join(f"{n} {w}" for w, n in counts.items()) + ". BROKEN on a faithful preset "
+                 "whose expected results match is the released code's behaviour, reproduced.\n")
+    for card in cards:
+        parts.append(_one_card(card, overrides, shown, level=2))
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def _one_card(card, overrides: list[str], shown: str | None, level: int) -> str:
+    h = "#" * level
+    sub = "#" * (level + 1)
+    corr_cfg, loss_cfg = card.correction, card.loss
+    title = f"Repro card: `{Path(shown or card.path).name}` under correction={card.preset}"
+    parts = [f"{h} {title if level == 1 else f'correction={card.preset}'}\n"]
+    word, sentence = _verdict(card)
+    parts.append(f"**Verdict: {word}.** {sentence}\n")
+    if card.expected is not None and card.mismatches:
         parts.append(f"**{len(card.mismatches)} mismatch(es) with the file's expected results** (tolerance 1e-5): "
                      + "; ".join(str(m) for m in card.mismatches[:5]) + ".\n")
-    else:
-        parts.append("The actual results match the file's expected results (tolerance 1e-5)"
-                     + (": the reported behaviour is reproduced." if broken else ".") + "\n")
+    elif card.expected is not None and word == "BROKEN":
+        parts.append("The actual results match the file's expected results (tolerance 1e-5): the reported behaviour "
+                     "is reproduced.\n")
 
     shown_path = shown or str(card.path)
-    parts.append("## Command\n")
-    parts.append("```bash\n" + " ".join(["is-study", "case", shown_path, *overrides]) + "\n```\n")
+    card_overrides = list(getattr(card, "overrides", None) or overrides)
+    parts.append(f"{sub} Command\n")
+    parts.append("```bash\n" + " ".join(["is-study", "case", shown_path, *card_overrides]) + "\n```\n")
 
-    parts.append("## Setup\n")
+    parts.append(f"{sub} Setup\n")
     band = f"[{_fmt(corr_cfg.get('low'))}, {_fmt(corr_cfg.get('high'))}]"
     setup = [
         {"": "correction", "value": f"`{card.preset}`" + (" (faithful reproduction)" if corr_cfg.get("faithful") else "")},
@@ -438,17 +615,17 @@ def case_report(card, overrides: list[str], shown: str | None = None) -> str:
     ]
     parts.append(_table(setup) + "\n")
 
-    parts.append("## Inputs\n")
+    parts.append(f"{sub} Inputs\n")
     parts.append("Per token: the trainer's log-probs under θ (`log_probs`), at rollout time (`old_log_probs`), "
                  "the engine's (`rollout_log_probs`), the advantage and the action mask; log-ratio = old − roll.\n")
     for case in card.cases:
         parts.append(f"**{case.name}**\n")
         parts.append(_inputs_table(case) + "\n")
 
-    parts.append("## Expected vs actual\n")
+    parts.append(f"{sub} Expected vs actual\n")
     parts.append(_expect_table(card.results, card.expected, card.mismatches) + "\n")
 
-    parts.append("## Invariants\n")
+    parts.append(f"{sub} Invariants\n")
     parts.append(_table([_invariant_row(c, r) for c, r in zip(card.checks, card.results)]) + "\n")
     parts.append("1: the loss and d loss / d log_probs are finite (NaN or ±inf is the bug). "
                  "2: a unit the correction rejects contributes exactly zero gradient (not 0·inf = NaN).\n")

@@ -11,6 +11,11 @@ preset names in `runner.registry` order (not over whatever a given sweep happens
 - any other name (an inline probe arm, an external loss): a colour picked by a stable hash from
   Tol's "bright" palette, with a loosely dotted line.
 
+Every other dimension has its own palette, never a correction's: its values are ordered
+(staleness k, precision by mantissa bits, a noise level), so each takes a sequential colour ramp,
+staleness cividis (navy to khaki) and anything else magma (black-purple to red). Green is never
+both "k = 8" in one figure and "seq-mask-tis" in the next.
+
 matplotlib is imported only inside the functions that need it.
 """
 
@@ -39,9 +44,10 @@ FRAMEWORK_STYLE = {  # prefix of a faithful preset's name -> (line style, marker
     "verl": ((0, (5, 1.5, 1, 1.5, 1, 1.5)), "v"),
 }
 
-# A second, independent palette for non-correction groupings (e.g. precision in the mismatch
-# diagnostics), so it never suggests a correction.
-GROUP_COLORS = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000")
+# The sequential ramps of the non-correction dimensions: matplotlib colormaps sampled over a range
+# that stays dark enough for a line on white.
+DIMENSION_RAMPS = {"staleness": ("cividis", 0.0, 0.72), "other": ("magma", 0.12, 0.5)}
+PRECISION_ORDER = ("fp32", "fp16", "bf16", "fp8")  # most to fewest mantissa bits
 
 EVENT_COLOR = "#D55E00"
 
@@ -109,8 +115,37 @@ def preset_rank(name: str) -> tuple[int, str]:
     return (order.index(name), "") if name in order else (len(order), str(name))
 
 
-def group_color(i: int) -> str:
-    return GROUP_COLORS[i % len(GROUP_COLORS)]
+def _ramp(name: str, n: int) -> list[str]:
+    from matplotlib import colormaps
+    from matplotlib.colors import to_hex
+
+    cmap, lo, hi = DIMENSION_RAMPS[name]
+    if n <= 1:
+        return [to_hex(colormaps[cmap](lo))]
+    return [to_hex(colormaps[cmap](lo + (hi - lo) * i / (n - 1))) for i in range(n)]
+
+
+def dimension_family(key: str) -> str:
+    return "staleness" if "staleness" in str(key) else "other"
+
+
+def dimension_colors(key: str, values) -> dict:
+    """{value: colour} for the values of a swept key that is not the correction, from the key's own
+    ramp, in the values' order (precision: by mantissa bits)."""
+    values = list(dict.fromkeys(values))
+    if "precision" in str(key) and all(str(v) in PRECISION_ORDER for v in values):
+        values = sorted(values, key=lambda v: PRECISION_ORDER.index(str(v)))
+    return dict(zip(values, _ramp(dimension_family(key), len(values))))
+
+
+def group_color(i: int, n: int = 4, key: str = "") -> str:
+    """The i-th of n colours of a non-correction grouping (by default the generic ramp)."""
+    return _ramp(dimension_family(key), max(n, i + 1))[i]
+
+
+def correction_colors() -> set[str]:
+    """Every colour a correction can take (known presets and the fallback for other names)."""
+    return {lk.color.upper() for lk in _registry_looks().values()} | {c.upper() for c in TOL_BRIGHT}
 
 
 # ----------------------------------------------------------------------------------------- styles
@@ -168,7 +203,11 @@ _PAPER = {
 }
 
 PAPER_WIDTH = 3.3  # inches: one column of a two-column paper
-DEFAULT_PANEL = (4.4, 3.0)  # inches per panel in the default style
+PAPER_DOUBLE_WIDTH = 7.0  # inches: both columns (a figure* in LaTeX)
+PAPER_WIDTHS = (PAPER_WIDTH, PAPER_DOUBLE_WIDTH)
+PAPER_MAX_ROWS = 3  # rows of panels in a paper figure
+PAPER_MAX_COLS = 4  # panels side by side at the double-column width
+DEFAULT_PANEL = (3.6, 2.6)  # inches per panel in the default style (one facet: a little larger)
 
 
 def rc(style: str) -> dict:

@@ -40,6 +40,7 @@ class CaseCheck:
 
 @dataclass(frozen=True)
 class CaseCard:
+    overrides: list[str]  # the overrides this card was composed with (correction=... first)
     path: Path
     cases: list[Case]
     preset: str  # the correction's name
@@ -69,8 +70,28 @@ def build_card(path: Path, overrides: list[str]) -> CaseCard:
     mismatches = compare(results, expected) if expected is not None else []
     subject = PresetSubject(corr, spec)
     checks = [_check(case, res, subject) for case, res in zip(case_file.cases, results)]
-    return CaseCard(case_file.path, case_file.cases, corr.name, corr_cfg, loss_cfg, results, expected, why,
-                    mismatches, checks)
+    return CaseCard(list(overrides), case_file.path, case_file.cases, corr.name, corr_cfg, loss_cfg, results,
+                    expected, why, mismatches, checks)
+
+
+def build_cards(path: Path, overrides: list[str]) -> list[CaseCard]:
+    """The cards a report on a case file covers: one for `correction=` when the command line names
+    it, else one per entry of the file's `expect:` list (each under its own overrides, then the
+    command line's). A file with no `expect:` list needs `correction=`: a one-line UserError."""
+    if any(parse_override(o)[0] == "correction" for o in overrides if "=" in o):
+        return [build_card(path, overrides)]
+    case_file = load_case_file(path)
+    entries = [e for e in case_file.expect if isinstance(e, dict) and isinstance(e.get("preset"), str)]
+    if not entries:
+        from runner.errors import UserError
+
+        raise UserError(f"{case_file.path.name} has no `expect:` list to cover: name the preset to check, "
+                        f"e.g. correction=seq-mask-tis")
+    cards = []
+    for entry in entries:
+        extra = [str(o) for o in entry.get("overrides", []) or []]
+        cards.append(build_card(path, [f"correction={entry['preset']}", *extra, *overrides]))
+    return cards
 
 
 def _expected_for(case_file, preset: str, overrides: list[str]) -> tuple[list | None, str]:

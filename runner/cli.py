@@ -417,14 +417,15 @@ def aggregate(directory: Path = typer.Argument(..., help="A sweep dir (multirun/
     "Draw figures for a run, sweep or probe dir: PNG (150 dpi) and PDF.  "
     "[dim]e.g. is-study plot multirun/ladder --kind stability --style paper[/dim]\n\n"
     "Kinds: training (objective and reward vs step), grad-norm (log scale, spikes marked), stability (NaN/inf and "
-    "collapse rate vs staleness; a sweep), threshold (probe bias / variance / MSE vs the upper threshold), mismatch "
-    "(tokens.csv: log-ratios, p_rollout vs p_train, |Δp| by p), masking (masked / clamped fraction and ESS vs "
-    "step). By default every kind the data allows; files are KIND.png and KIND.pdf in --out."))
+    "collapse rate vs staleness; a sweep), presets (probe bias / variance / relative MSE per preset, one band each: "
+    "the default probe), threshold (the same vs the upper threshold, several bands), mismatch (tokens.csv: "
+    "log-ratios, p_rollout vs p_train, |Δp| by p), masking (masked / clamped fraction and ESS vs step). By default "
+    "every kind the data allows; files are KIND.png and KIND.pdf in --out."))
 def plot(
     path: Path = typer.Argument(..., help="A run dir, a sweep dir (or its sweep.csv), or a probe dir.", show_default=False),
     kind: Optional[List[str]] = typer.Option(None, "--kind", "-k", help="Figure kind(s), repeated or comma-separated; default: all that apply."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: PATH/figures)."),
-    style: str = typer.Option("default", "--style", help="default | paper (one column, 3.3 in wide, fonts for LaTeX)."),
+    style: str = typer.Option("default", "--style", help="default | paper (3.3 or 7 in wide, at most 3 rows, fonts for LaTeX)."),
 ) -> None:
     from analysis import load_dataset, plots, style as styles
 
@@ -446,12 +447,13 @@ def plot(
     "For a run, sweep or probe dir: the verdict per correction, the command that produced it, the config's "
     "differences from the defaults, a results table and the figures (drawn into PATH/figures if missing); "
     "OVERRIDES filter a sweep's jobs (correction=tis mismatch.staleness=0,8). For a case file: the repro card, "
-    "inputs, expected vs actual and the invariant that broke.  "
+    "inputs, expected vs actual and the invariant that broke, for correction=PRESET or else for every preset of the "
+    "file's expect: list.  "
     "[dim]e.g. is-study report openrlhf-seq-mask-tis correction=openrlhf-bc71bb1/seq-mask-tis[/dim]"))
 def report(
     path: str = typer.Argument(..., help="A run / sweep / probe dir, a sweep.csv, a case file or a shipped case name.", show_default=False),
     overrides: Optional[List[str]] = typer.Argument(None, help="Case file: Hydra overrides (correction=...). Dir: filters key=value[,value].", show_default=False),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Report file; '-' = stdout. Default: PATH/report.md (a case card: stdout)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Report file; '-' = stdout. Default: PATH/report.md (a case file: ./NAME-report.md)."),
 ) -> None:
     from analysis import report as reports
 
@@ -459,11 +461,11 @@ def report(
     case_path = reports.case_file(path)
     if case_path is None:
         text, dest = reports.build(path, overrides, out)
-    else:  # the card is computed here, in runner, and only formatted by analysis
-        from runner.case_card import build_card
+    else:  # the cards are computed here, in runner, and only formatted by analysis
+        from runner.case_card import build_cards
 
-        dest = reports.destination(out, None)
-        text = reports.case_report(build_card(case_path, overrides), overrides, shown=path)
+        dest = reports.destination(out, reports.case_report_path(case_path))
+        text = reports.case_report(build_cards(case_path, overrides), overrides, shown=path)
     reports.write(text, dest)
     if dest is not None:
         typer.echo(str(dest))

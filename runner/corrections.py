@@ -39,7 +39,9 @@ CHOICES = {
     # ignore: masked positions are replaced before any arithmetic, so NaN/inf padding cannot leak.
     # multiply: released code's `x * mask`, where NaN·0 = NaN leaks. zero-logratio: TRL's
     # log-ratio is zeroed at padding (ratio 1), the loss is still reduced by multiplication.
-    "padding": ("ignore", "multiply", "zero-logratio"),
+    # masked-sum: as multiply, but a token-mean reduction first replaces masked values by 0, as verl's
+    # masked_sum does (torch.where), so NaN padding leaves the loss finite (not its gradient there).
+    "padding": ("ignore", "multiply", "zero-logratio", "masked-sum"),
 }
 
 

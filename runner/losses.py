@@ -141,10 +141,13 @@ class _WeightedPPO(torch.autograd.Function):
 
 
 def reduce(per_token: torch.Tensor, mask: torch.Tensor, how: str, count: torch.Tensor | None = None,
-           premasked: bool = False) -> torch.Tensor:
+           premasked: bool = False, where_first: bool = False) -> torch.Tensor:
     """Reduce [B, T] to a scalar. An empty mask gives 0 (never 0/0). `premasked` says per_token is
     already exactly 0 wherever mask is 0 (our presets sanitise first), so no multiply is needed;
-    released code multiplies by the mask, and its faithful presets do the same (NaN·0 = NaN)."""
+    released code multiplies by the mask, and its faithful presets do the same (NaN·0 = NaN).
+    `where_first`: token-mean selects the masked-in values before multiplying (verl's masked_sum)."""
+    if where_first and how == "token-mean":
+        per_token = torch.where(mask > 0, per_token, 0.0)
     masked = per_token if premasked else per_token * mask
     if how == "token-mean":
         return masked.sum() / (mask.sum() if count is None else count).clamp(min=1)
@@ -232,7 +235,8 @@ def policy_loss(
     # Under sanitisation every masked or rejected (where) position is already exactly 0.
     premasked = sanitise and (corr.reject == "where" or red_mask is mask)
     count = red_mask.sum()
-    loss = reduce(per_token, red_mask, spec.effective_reduction, count=count, premasked=premasked)
+    loss = reduce(per_token, red_mask, spec.effective_reduction, count=count, premasked=premasked,
+                  where_first=corr.padding == "masked-sum")
     all_rejected = bool(count == 0)
     out = LossResult(loss=loss, per_token=per_token, correction=cres, all_rejected=all_rejected)
     if metrics:

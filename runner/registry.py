@@ -47,12 +47,14 @@ def _band(data: dict) -> str:
     return f"[{fmt(data.get('low'))}, {fmt(data.get('high'))}]"
 
 
-def _describe(path: Path) -> tuple[str, bool, str]:
+def _describe(path: Path, group: str = "") -> tuple[str, bool, str]:
     text = path.read_text()
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError:
         data = None
+    if isinstance(data, dict) and isinstance(data.get(group), dict) and "description" not in data:
+        data = data[group]  # a `# @package _global_` option (a world's policy file): its own section
     if isinstance(data, dict) and isinstance(data.get("description"), str):
         band = _band(data) if data.get("weight_op", "raw") != "raw" or data.get("filter", "none") != "none" else ""
         return data["description"], bool(data.get("faithful", False)), band
@@ -76,7 +78,7 @@ def _describe(path: Path) -> tuple[str, bool, str]:
 
 def entries(group: str) -> list[Entry]:
     root = conf_dir() / group
-    return [Entry(group, name, *_describe(root / f"{name}.yaml")) for name in group_options(group)]
+    return [Entry(group, name, *_describe(root / f"{name}.yaml", group)) for name in group_options(group)]
 
 
 def presets() -> list[Entry]:

@@ -46,11 +46,24 @@ EVENT_KINDS = ("nonfinite_loss", "nonfinite_grad", "all_rejected", "nonfinite_pa
 
 # probe.csv (study=probe), one row per preset × band
 PROBE_FIGURES = ("bias_norm", "bias_norm_ci", "bias_norm_lo", "bias_norm_hi", "bias_significant",
-                 "bias_norm_debiased", "rel_bias", "variance", "mse", "cosine", "mean_grad_norm", "nonfinite_rate",
-                 "n_finite", "mean_ess", "mean_masked_fraction", "mean_seq_masked_fraction")
+                 "bias_norm_debiased", "rel_bias", "variance", "mse", "rel_mse", "norm_ratio", "cosine",
+                 "mean_grad_norm", "nonfinite_rate", "n_finite", "mean_ess", "mean_masked_fraction",
+                 "mean_seq_masked_fraction", "clamped_fraction", "degenerate")
 PROBE_WORLD = ("seed", "task", "loss", "reduction", "baseline", "staleness", "precision", "logit_noise", "temperature",
                "top_p", "outlier_rate", "outlier_shift", "vocab_size", "seq_len", "prompt_len", "eos_token",
                "group_size", "batch_size", "repeats", "pretrain_steps", "drift_lr", "ci", "ci_level", "objective",
-               "exact_grad_norm", "engine_kl")
+               "exact_grad_norm", "engine_kl", "policy", "reference", "reference_noise")
 PROBE_COLUMNS = ("preset", "faithful", "low", "high", *PROBE_FIGURES, *PROBE_WORLD)
-PROBE_INTEGER = ("bias_significant", "n_finite")
+PROBE_INTEGER = ("bias_significant", "n_finite", "degenerate")
+
+# A probe arm is degenerate when it learns (almost) nothing: it masks at least this fraction of the
+# tokens, or its mean estimate is shorter than this fraction of ‖∇J‖. Such an arm can still have the
+# lowest MSE (when ‖∇J‖² is below one batch's variance, returning ~0 "wins"), so it is flagged in
+# probe.csv and never starred or picked as the best arm.
+DEGENERATE_MASKED = 0.9
+DEGENERATE_NORM_RATIO = 0.1
+
+
+def is_degenerate(masked_fraction: float, norm_ratio: float) -> bool:
+    """The rule above; a NaN figure (no finite batch) does not make an arm degenerate by itself."""
+    return bool(masked_fraction >= DEGENERATE_MASKED or norm_ratio < DEGENERATE_NORM_RATIO)

@@ -164,7 +164,7 @@ def bench_sft(tiny: bool) -> list[dict]:
 def _default_policy() -> dict:
     import yaml
 
-    return yaml.safe_load((REPO / "conf" / "policy" / "transformer.yaml").read_text())
+    return yaml.safe_load((REPO / "conf" / "policy" / "transformer.yaml").read_text())["policy"]
 
 
 # ------------------------------------------------------------------- teacher-forced forward+backward

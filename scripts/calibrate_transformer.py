@@ -30,7 +30,7 @@ def main() -> None:
 
     import torch
 
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
     from runner.tasks import make_task
     from runner.worlds.precision import Precision
     from runner.worlds.registry import make_world

@@ -212,9 +212,10 @@ def test_masking_figure(run_dir):
     from analysis import load_dataset, plots
 
     fig = plots.masking_figure(load_dataset(run_dir))
-    _check_common(fig, 3, "is-study run")
+    _check_common(fig, 2, "is-study run")  # the as-shipped preset never clamps: no clamped panel
     labels = [ax.get_ylabel() for ax in _visible_axes(fig)]
-    assert "masked" in labels[0] and "clamped" in labels[1] and "ESS" in labels[2]
+    assert "masked" in labels[0] and "ESS" in labels[1]
+    assert "no token clamped in any run (panel left out)" in fig._suptitle.get_text().replace("\n", " ")
     assert all(len(_series(ax)) == 1 for ax in _visible_axes(fig))
 
 
@@ -304,7 +305,9 @@ def test_plot_command_kinds_and_paper_style(probe_dir, run_dir, tmp_path, monkey
     code, out, err = _cli("plot", str(run_dir), "-k", "training,masking", "-o", str(tmp_path / "two"))
     assert code == 0 and len(out.split()) == 4
     assert sorted(saved) == ["masking", "threshold", "training"]
-    assert _series_labels(saved["masking"]) == [[BUG]] * 3  # masked, clamped, ESS: the one run each
+    # masked and ESS, the one run each: its clamped fraction is 0 in every run (the unclamped seed bug),
+    # which the figure says in its title instead of drawing a flat row
+    assert _series_labels(saved["masking"]) == [[BUG]] * 2
 
 
 def test_plot_command_errors_exit_2(run_dir, tmp_path):
@@ -387,21 +390,54 @@ def test_report_sweep_and_filters(sweep_dir, tmp_path):
 def test_report_probe(probe_dir):
     code, out, err = _cli("report", str(probe_dir), "-o", "-")
     assert code == 0, err
-    assert "| preset" in out and "bias_norm" in out and "lowest MSE" in out
+    assert "| preset" in out and "bias_norm" in out and "lowest relative MSE" in out and "rel_mse" in out
     assert "threshold.png" in out and _links_exist(out, Path.cwd())
 
 
 def test_report_case_card():
-    code, out, err = _cli("report", "openrlhf-seq-mask-tis", f"correction={BUG}")
+    code, out, err = _cli("report", "openrlhf-seq-mask-tis", f"correction={BUG}", "--out", "-")
     assert code == 0, err
     assert "**Verdict: BROKEN.** Invariant 1 (finite loss and gradient) fails in accepted-extreme, rejected-extreme; invariant 2" in out
     assert "## Expected vs actual" in out and "match the file's expected results" in out
     assert re.search(r"\| rejected-extreme +\| loss +\| nan +\| nan +\| ✓", out)  # expected vs actual
     assert "| -2.402585092994046 " in out  # the inputs, at full precision
-    code, out, err = _cli("report", "openrlhf-seq-mask-tis", "correction=seq-mask-tis")
-    assert code == 0 and "**Verdict: OK.**" in out and "✗" not in out
+    code, out, err = _cli("report", "openrlhf-seq-mask-tis", "correction=seq-mask-tis", "-o", "-")
+    assert code == 0 and "**Verdict: OK.** Checked: invariant 1 in all 3 cases, invariant 2 in 1 of 3" in out
+    assert "expected results match in all 3 cases" in out and "✗" not in out
     code, _, err = _cli("report", "no-such-case-file")
     assert code == 2 and "no such file" in err
+
+
+def test_report_case_file_covers_its_expect_list(tmp_path, monkeypatch):
+    """`is-study report FILE` without correction= reports on every preset of the file's expect: list,
+    in the file NAME-report.md of the current directory (it says where), never with a verdict it did
+    not check: the bug presets are BROKEN, `none` is OK with invariant 2 said to be n/a."""
+    monkeypatch.chdir(tmp_path)
+    case = REPO / "conf" / "cases" / "openrlhf-seq-mask-tis.yaml"
+    code, out, err = _cli("report", str(case))
+    assert code == 0, err
+    dest = tmp_path / "openrlhf-seq-mask-tis-report.md"
+    assert out.strip() == str(dest)
+    text = dest.read_text()
+    import yaml
+
+    presets = [e["preset"] for e in yaml.safe_load(case.read_text())["expect"]]
+    assert len(presets) == 13
+    for preset in presets:
+        assert f"## correction={preset}\n" in text and f"| `{preset}` " in text
+    rows = dict(re.findall(r"\| `([^`]+)` +\| \*\*(\w+)\*\*", text))
+    assert rows[BUG] == rows["openrlhf-bc71bb1/icepop"] == rows["openrlhf-0.11/seq-mask"] == "BROKEN"
+    assert rows["seq-mask-tis"] == rows["none"] == "OK"
+    assert "invariant 2 n/a (no filter and no veto: nothing is rejected)" in text
+    # A file without an expect: list and no correction= asks for one.
+    bare = tmp_path / "bare.yaml"
+    bare.write_text("cases:\n  - {log_probs: [[0.0]], old_log_probs: [[0.0]], rollout_log_probs: [[0.0]], "
+                    "advantages: [[1.0]]}\n")
+    code, _, err = _cli("report", str(bare))
+    assert code == 2 and "correction=" in err and len(err.strip().splitlines()) == 1
+    # A preset without an expect entry is OK on its invariants only, and says so.
+    code, out, err = _cli("report", str(bare), "correction=tis", "-o", "-")
+    assert code == 0 and "not compared with expected results (bare.yaml has no `expect:` list)" in out
 
 
 def test_report_unwritable_out(run_dir, tmp_path):

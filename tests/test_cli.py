@@ -136,3 +136,30 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, needle):
     assert res.returncode == 2, res.stderr
     lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("is-study: error:") and needle in lines[0], res.stderr
+
+
+@pytest.mark.parametrize("override,suggestion", [
+    ("train.step=10", "did you mean train.steps?"),
+    ("trian.steps=10", "did you mean train.steps?"),
+    ("mismatch.stalenes=2", "did you mean mismatch.staleness?"),
+    ("rollout.seqlen=8", "did you mean rollout.seq_len?"),
+    ("correction.hgh=2", "did you mean correction.high?"),
+    ("probe.repeat=3", "probe.* keys belong to study=probe"),
+])
+def test_unknown_key_suggests_the_nearest(cli, tmp_path, override, suggestion):
+    """`is-study run train.step=10`: one line naming the key and the nearest real one; nothing is made."""
+    code, _, err = cli("run", override, f"hydra.run.dir={tmp_path / 'r'}")
+    _one_line_error(code, err, f"unknown key '{override.split('=')[0]}'", suggestion)
+    assert not (tmp_path / "r").exists()
+
+
+def test_unknown_key_of_the_probe_study_is_suggested_too(cli):
+    code, _, err = cli("show", "study=probe", "probe.repeat=3")
+    _one_line_error(code, err, "unknown key 'probe.repeat'; did you mean probe.repeats?")
+
+
+def test_an_unknown_probe_key_under_study_probe_is_not_sent_to_study_probe(cli):
+    code, _, err = cli("run", "study=probe", "probe.nope_key=3")
+    assert code == 2 and err.strip() == "is-study: error: config: unknown key 'probe.nope_key'"
+    code, _, err = cli("run", "probe.repeats=3")
+    assert code == 2 and "probe.* keys belong to study=probe" in err

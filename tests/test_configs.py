@@ -51,14 +51,18 @@ def _spec_copy() -> Path | None:
     return None
 
 
-PRESET_ROW = re.compile(r"^\|\s*`(?P<name>[^`]+)`\s*(?:\[(?P<band>[^\]]*)\])?\s*\|", flags=re.M)
+# a row whose first cell is `name`, its band [low, high] either right after the name (the spec's form) or
+# alone in the next cell (docs/corrections.md's table)
+PRESET_ROW = re.compile(r"^\|\s*`(?P<name>[^`]+)`\s*(?:\[(?P<band>[^\]]*)\])?\s*\|"
+                        r"(?:\s*\[(?P<band_cell>[^\]]*)\]\s*\|)?", flags=re.M)
 
 
 def preset_table(markdown: str) -> dict[str, tuple[float | None, float | None] | None]:
-    """The presets of the spec's `## Presets` section (up to the next `## ` heading): every table
-    row whose first cell is a `name`, optionally followed by its default band [low, high] (— or
-    None for no bound). name → (low, high), or None where the row gives no band."""
-    section = re.search(r"^## Presets[ \t]*\n(.*?)(?=^## |\Z)", markdown, flags=re.M | re.S)
+    """The presets of the spec's presets section (`## Presets`, or a numbered `## 3. The presets`, up to the
+    next `## ` heading): every table row whose first cell is a `name`, with its default band [low, high]
+    after the name or in the next cell (— or None for no bound). name → (low, high), or None where the row
+    gives no band."""
+    section = re.search(r"^## (?:\d+\. )?(?:The )?[Pp]resets[ \t]*\n(.*?)(?=^## |\Z)", markdown, flags=re.M | re.S)
     if section is None:
         raise ValueError("no `## Presets` section")
 
@@ -68,7 +72,7 @@ def preset_table(markdown: str) -> dict[str, tuple[float | None, float | None] |
 
     table = {}
     for row in PRESET_ROW.finditer(section.group(1)):
-        band = row.group("band")
+        band = row.group("band") or row.group("band_cell")
         if band is None:
             table[row.group("name")] = None
         else:

@@ -80,3 +80,29 @@ def test_the_fast_path_still_serves_finite_inputs():
         coef = res.correction.coef
         ((ppo_per_token(lp_ref, old, adv) * coef).sum() / mask.sum()).backward()
         torch.testing.assert_close(lp.grad, lp_ref.grad, atol=1e-7, rtol=1e-5)
+
+
+def test_verl_presets_reduce_padding_as_the_released_masked_sum():
+    """verl 0.9.1's token-mean is masked_sum (torch.where(mask, x, 0)) / mask.sum(): NaN padding leaves the
+    loss finite. The numbers were recorded from the released compute_policy_loss_vanilla fed by
+    compute_rollout_correction_weights (token IcePop [0.5, 5]) through `is-study case --target`:
+    loss −1.0484347343444824, gradient [−0.40713429, −0.36839026, −0.27291024, 0], NaN at the padded
+    position only when the padded advantage is NaN."""
+    lp = torch.tensor([[-1.0, -2.0, -1.5, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    released_grad = torch.tensor([[-0.4071342945098877, -0.3683902621269226, -0.2729102373123169, 0.0]])
+    nan = float("nan")
+    cases = {  # name: (old, roll, adv, NaN at the padded gradient)
+        "nan-padding": ([[-1.1, -1.9, -1.4, nan]], [[-1.2, -2.1, -1.3, nan]], [[1.0, 1.0, 1.0, 1.0]], False),
+        "nan-advantage": ([[-1.1, -1.9, -1.4, -1.0]], [[-1.2, -2.1, -1.3, -1.0]], [[1.0, 1.0, 1.0, nan]], True),
+    }
+    for name, (old, roll, adv, nan_grad) in cases.items():
+        leaf = lp.clone().requires_grad_(True)
+        res = policy_loss(LossSpec(), load_preset("verl/icepop"), leaf, torch.tensor(old), torch.tensor(roll),
+                          torch.tensor(adv), mask)
+        res.loss.backward()
+        assert res.loss.item() == pytest.approx(-1.0484347343444824, abs=1e-7), name
+        torch.testing.assert_close(leaf.grad[:, :3], released_grad[:, :3], atol=1e-7, rtol=0)
+        assert math.isnan(leaf.grad[0, 3].item()) == nan_grad, name
+        if not nan_grad:
+            assert leaf.grad[0, 3].item() == 0.0

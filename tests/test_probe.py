@@ -48,11 +48,11 @@ def test_outputs_columns_and_rows(tmp_path):
     assert sorted(p.name for p in run_dir.iterdir()) == ["DONE", "probe.csv", "summary.json"]
     assert list(df.columns) == list(COLUMNS)
     presets = default_preset_names()
-    assert presets == own_presets() + [n for n in faithful_presets() if n.startswith("openrlhf")]
-    assert len(presets) == 13 and len(df) == 13 * 2  # one row per preset × band
+    assert presets == own_presets() + faithful_presets()  # every preset, by default
+    assert len(presets) == 22 and len(df) == 22 * 2  # one row per preset × band
     assert list(df.preset) == [p for p in presets for _ in bands]
-    assert df.low.isna().tolist() == [False, True] * 13 and (df.high == [5.0, 2.0] * 13).all()
-    assert (df.faithful == [int(p.startswith("openrlhf")) for p in presets for _ in bands]).all()
+    assert df.low.isna().tolist() == [False, True] * 22 and (df.high == [5.0, 2.0] * 22).all()
+    assert (df.faithful == [int(p in faithful_presets()) for p in presets for _ in bands]).all()
     first = df.iloc[0]
     assert (first.seed, first.staleness, first.precision, first.seq_len, first.vocab_size) == (0, 1, "bf16", 6, 16)
     assert (first.repeats, first.batch_size, first.group_size, first.pretrain_steps) == (4, 64, 8, 2)
@@ -63,7 +63,7 @@ def test_outputs_columns_and_rows(tmp_path):
         assert df[col].notna().all() and (df[col].abs() < 1e3).all(), col
     assert ((df.bias_norm_lo <= df.bias_norm) & (df.bias_norm <= df.bias_norm_hi)).all()
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["study"] == "probe" and summary["status"] == "ok" and summary["n_arms"] == 26
+    assert summary["study"] == "probe" and summary["status"] == "ok" and summary["n_arms"] == 44
     assert summary["world"]["objective"] == pytest.approx(first.objective)
 
 
@@ -118,11 +118,39 @@ def test_vectorised_path_matches_reference(world_name):
         for k, arm in enumerate(arms):
             m = apply_correction(arm.correction, batch.old, batch.roll, batch.mask, lp=batch.old).metrics
             for ours, theirs in ((fast.ess, "ess"), (fast.masked, "token_masked_fraction"),
-                                 (fast.seq_masked, "seq_masked_fraction")):
+                                 (fast.seq_masked, "seq_masked_fraction"), (fast.clamped, "clamped_fraction")):
                 torch.testing.assert_close(ours[k], torch.tensor(m[theirs]), atol=1e-5, rtol=0, equal_nan=True,
                                            msg=f"{arm.preset} {arm.low} {arm.high} {theirs}")
     if world_name.startswith("outliers"):
         assert not f_ok.all()  # the faithful presets' inf·0 = NaN is reproduced, not hidden
+
+
+def test_degenerate_arms_are_flagged_and_never_best(tmp_path):
+    """The default world: ‖∇J‖² is below one batch's variance, so geo-mask, which masks ~96% of the
+    tokens, has the lowest raw MSE (relative MSE ≈ 1: it barely moves). It is flagged degenerate and
+    summary.json's best_mse picks the best arm that learns; relative MSE = MSE / ‖∇J‖²."""
+    df, run_dir = probe(tmp_path, ["probe.repeats=60", "probe.n_boot=100", "probe.presets=[tis,geo-mask,seq-tis]"])
+    geo, tis = row(df, "geo-mask"), row(df, "tis")
+    assert geo.mean_masked_fraction > 0.9 and geo.degenerate == 1
+    assert geo.mse < tis.mse and geo.mse == df.mse.min()  # the trap: raw MSE rewards doing nothing
+    assert tis.degenerate == 0 and row(df, "seq-tis").degenerate == 0
+    g2 = df.exact_grad_norm.iloc[0] ** 2
+    assert (df.rel_mse - df.mse / g2).abs().max() < 1e-9 and 0.8 < geo.rel_mse < 1.2
+    assert geo.norm_ratio < 0.5 and 0.5 < tis.norm_ratio < 2
+    best = json.loads((run_dir / "summary.json").read_text())["best_mse"]
+    assert best["preset"] != "geo-mask" and best["mse"] == df[df.degenerate == 0].mse.min()
+    assert json.loads((run_dir / "summary.json").read_text())["n_degenerate"] == 1
+
+
+def test_clamped_fraction_shows_truncation(tmp_path):
+    """probe.csv's clamped_fraction: TIS at a tight band clamps tokens and masks none; IcePop at the
+    same band masks and clamps none; the untruncated `none` does neither."""
+    df, _ = probe(tmp_path, ["probe.repeats=8", "probe.n_boot=100", "mismatch.staleness=8",
+                             "probe.presets=[none,tis,icepop]", "probe.bands=[[0.9,1.1]]"])
+    tis, icepop, none = row(df, "tis"), row(df, "icepop"), row(df, "none")
+    assert tis.clamped_fraction > 0.3 and tis.mean_masked_fraction == 0
+    assert icepop.clamped_fraction == 0 and icepop.mean_masked_fraction > 0.3
+    assert none.clamped_fraction == 0 and none.mean_masked_fraction == 0
 
 
 # ----------------------------------------------------------------------------- unbiasedness
@@ -132,7 +160,7 @@ def test_on_policy_every_preset_is_unbiased(tmp_path, seed, ci):
     estimate is unbiased: ‖mean − ∇J‖ lies inside its 95% CI radius (300 batches × 64 rollouts;
     the radius is ~10% of ‖∇J‖, so a (1 − 1/G) scale error would show: see the next test)."""
     df, _ = probe(tmp_path, ["mismatch=none", f"seed={seed}", "probe.repeats=300", f"probe.ci={ci}"])
-    assert len(df) == 13
+    assert len(df) == 22
     assert (df.bias_norm <= df.bias_norm_ci).all() and (df.bias_norm_lo == 0).all()
     assert (df.bias_significant == 0).all() and (df.nonfinite_rate == 0).all()
     assert df.bias_norm_ci.max() < 0.15 * df.exact_grad_norm.iloc[0]

@@ -191,3 +191,18 @@ def test_the_same_seed_on_cuda_gives_the_same_metrics(tmp_path, world):
     _, b = train(tmp_path, args, "b")
     assert (a / "metrics.csv").read_bytes() == (b / "metrics.csv").read_bytes()
     assert json.loads((a / "summary.json").read_text())["device"].startswith("cuda")
+
+
+def test_the_transformers_monte_carlo_objective_agrees_with_a_ten_times_larger_one():
+    """J of a small transformer (partial credit, so J is not 0) by 512 rollouts against 5120 rollouts
+    on another stream: within 3 standard errors of their difference."""
+    from runner.studies.train import load
+
+    s = load(compose(["policy=transformer", "policy.sft.steps=0", "policy.n_layer=1", "policy.d_model=16",
+                      "policy.n_head=2", "task.values=8", "task.partial_credit=true", "rollout.seq_len=6",
+                      "device=cpu"]))
+    params = s.world.init_params(torch.Generator().manual_seed(0))
+    small, small_se = MonteCarloObjective(s.world, s.task, samples=512, seed=0)(params)
+    large, large_se = MonteCarloObjective(s.world, s.task, samples=5120, seed=1)(params)
+    assert 0.005 < float(large) < 0.98 and float(small_se) > 0
+    assert abs(float(small) - float(large)) < 3 * math.hypot(float(small_se), float(large_se))

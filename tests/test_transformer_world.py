@@ -294,7 +294,7 @@ def test_a_write_that_fails_leaves_no_file(tmp_path):
 
 # ------------------------------------------------------------------------------------------- shape
 def test_default_world_from_the_config():
-    from runner import hydra_app
+    from runner.hydra_app import app as hydra_app
 
     cfg = hydra_app.to_container(hydra_app.compose(["policy=transformer"]))
     assert cfg["task"]["name"] == "sort" and cfg["rollout"]["seq_len"] == 32
@@ -374,3 +374,25 @@ def test_bench_runs_at_tiny_size(tmp_path):
     for row in rows:
         assert set(row) == {"name", "value", "target", "pass", "detail"}
         assert row["value"] > 0 and (row["pass"] is not None or row["target"] == "info"), row
+
+
+def test_a_joblib_sweep_trains_one_shared_warm_start_once(tmp_path):
+    """4 jobs on 2 joblib workers, all needing the same warm start: one job trains it (under the lock),
+    the others wait and load it; the cache holds one checkpoint and no temporary file."""
+    from tests.conftest import run_cli
+
+    cache = tmp_path / "cache"
+    sweep_dir = tmp_path / "sweep"
+    code, _, err = run_cli("sweep", "policy=transformer", "seed=0,1,2,3", "policy.n_layer=1", "policy.d_model=16",
+                           "policy.n_head=2", "task.values=8", "rollout.seq_len=6", "rollout.batch_size=2",
+                           "rollout.group_size=2", "train.steps=2", "train.objective_samples=16",
+                           "policy.sft.steps=30", "policy.sft.eval_samples=32", f"policy.sft.cache_dir={cache}",
+                           "device=cpu", f"hydra.sweep.dir={sweep_dir}", "--launcher", "joblib", "--jobs", "2")
+    assert code == 0, err
+    summaries = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/summary.json"))]
+    assert len(summaries) == 4
+    caches = sorted(s["world"]["warm_start"]["cache"] for s in summaries)
+    assert caches == ["hit", "hit", "hit", "trained"], caches
+    checkpoints = list((cache / "transformer-sft").glob("*.pt"))
+    assert len(checkpoints) == 1 and not list((cache / "transformer-sft").glob("*.tmp*"))
+    assert len({s["world"]["warm_start"]["checkpoint"] for s in summaries}) == 1

@@ -63,6 +63,49 @@ def _unknown_option_message(exc: BaseException) -> str | None:
     return f"unknown {group} {option!r}; valid: {', '.join(valid)}"
 
 
+def _config_keys(node: Any, prefix: str = "") -> list[str]:
+    """Every dotted key under a DictConfig node, leaves and sections alike, without resolving."""
+    from omegaconf import DictConfig
+
+    out = []
+    for key in node.keys() if isinstance(node, DictConfig) else ():
+        full = f"{prefix}.{key}" if prefix else str(key)
+        out.append(full)
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_missing() and not child._is_none():
+            out.extend(_config_keys(child, full))
+    return out
+
+
+def _unknown_key_message(exc: BaseException) -> str | None:
+    """Hydra says "Could not override 'train.step'. To append to your config use +train.step=10";
+    say which key is unknown and the nearest real one (a typo is the usual cause)."""
+    import difflib
+
+    text = str(exc)
+    marker = "Could not override '"
+    if marker not in text:
+        return None
+    key = text.split(marker, 1)[1].split("'", 1)[0]
+    message = f"unknown key {key!r}"
+    parent = getattr(exc.__cause__, "parent_node", None)
+    if parent is None:
+        return message
+    keys = [k for k in _config_keys(parent._get_root()) if not k.startswith("hydra.") or key.startswith("hydra.")]
+    keys = [k for k in keys if not key.startswith(k + ".")]  # not the section the key is in
+    scored = sorted(((difflib.SequenceMatcher(None, key, k).ratio(), k) for k in keys), reverse=True)
+    near = [k for score, k in scored if score >= max(0.75, scored[0][0] - 0.05)] if scored else []
+    if near:
+        return f"{message}; did you mean {' or '.join(near[:2])}?"
+    section = key.split(".", 1)[0]
+    if section in _STUDY_SECTIONS and not any(k == section or k.startswith(section + ".") for k in keys):
+        return f"{message}: {section}.* keys belong to study={_STUDY_SECTIONS[section]}"
+    return message
+
+
+_STUDY_SECTIONS = {"probe": "probe"}  # config sections that only one study's config brings
+
+
 @contextlib.contextmanager
 def translated_errors() -> Iterator[None]:
     from hydra.errors import HydraException
@@ -73,7 +116,7 @@ def translated_errors() -> Iterator[None]:
     except UserError:
         raise
     except (HydraException, OmegaConfBaseException) as exc:
-        msg = _unknown_option_message(exc) or _first_line(exc)
+        msg = _unknown_option_message(exc) or _unknown_key_message(exc) or _first_line(exc)
         raise UserError(f"config: {msg}") from None
 
 

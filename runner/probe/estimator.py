@@ -76,9 +76,10 @@ def plan(arms: list[Arm]) -> list[PresetGroup]:
 def band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor,
                       full: bool = False):
     """`apply_correction` for one preset and its K bands at once, at lp = old: (coef, reduction
-    mask, keep or None), each broadcastable to [K, B, T] (a sequence-level factor stays [.., B, 1]
-    until it is used). The band-free parts (log-ratios, raw weight, filter statistic, veto) are
-    computed once. `full`: the mask is all ones, so the padding wheres are skipped."""
+    mask, keep or None, changed or None), each broadcastable to [K, B, T] (a sequence-level factor
+    stays [.., B, 1] until it is used); `changed` is where the clamp changed the weight (None for a
+    preset that does not clamp). The band-free parts (log-ratios, raw weight, filter statistic,
+    veto) are computed once. `full`: the mask is all ones, so the padding wheres are skipped."""
     corr = group.correction
     inside = None if full and corr.veto is None else mask > 0
     lr = old - roll  # decoupled; bypass (lp − roll) is the same at lp = old
@@ -104,6 +105,7 @@ def band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Tensor,
         weight = raw.clamp(max=group.high)
     else:
         weight = raw
+    changed = weight != raw if weight is not raw else None
 
     keep = None
     if corr.filter != "none":
@@ -133,7 +135,7 @@ def band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Tensor,
             red_mask = mask * keep.to(mask.dtype)
     if corr.padding == "ignore" and not full:
         coef = torch.where(inside, coef, 0.0)
-    return coef, red_mask, keep
+    return coef, red_mask, keep, changed
 
 
 def reduction_weights(red_mask: torch.Tensor, reduction: str, n_seq: int) -> torch.Tensor:
@@ -160,6 +162,7 @@ class Estimates:
     ess: torch.Tensor | None  # [K]: (Σw)² / (n·Σw²) over masked-in tokens (as correction_metrics)
     masked: torch.Tensor | None  # [K]: the fraction of masked-in tokens rejected
     seq_masked: torch.Tensor | None  # [K]: the fraction of non-empty sequences with every token rejected
+    clamped: torch.Tensor | None = None  # [K]: the fraction of masked-in tokens kept with a clamped weight
 
 
 def score_sums(world, params: Params, batch, weights: torch.Tensor) -> torch.Tensor:
@@ -193,9 +196,9 @@ def fast_estimates(groups: list[PresetGroup], n_arms: int, batch, world, params:
         n_tok = n_in.clamp(min=1)
         nonempty = inside.any(-1)
         n_seq = nonempty.sum().clamp(min=1)
-        ess, masked, seq_masked = (torch.zeros(n_arms) for _ in range(3))
+        ess, masked, seq_masked, clamped = (torch.zeros(n_arms) for _ in range(4))
     for group in groups:
-        coef, red_mask, keep = band_coefficients(group, batch.old, batch.roll, mask, full)
+        coef, red_mask, keep, changed = band_coefficients(group, batch.old, batch.roll, mask, full)
         base = shared if red_mask is mask else batch.adv * reduction_weights(red_mask, reduction, B)
         i, j = group.index[0], group.index[-1] + 1
         contiguous = group.index == tuple(range(i, j))
@@ -215,13 +218,18 @@ def fast_estimates(groups: list[PresetGroup], n_arms: int, batch, world, params:
                 kept = (keep.expand(len(idx), B, T) & inside)
                 masked[idx] = (n_in - kept.sum((-2, -1))) / n_tok
                 seq_masked[idx] = (nonempty & ~kept.any(-1)).sum(-1) / n_seq
+            if changed is not None:  # as metrics.csv's clamped_fraction: kept tokens the clamp changed
+                hit = changed.expand(len(idx), B, T) & inside
+                if keep is not None:
+                    hit = hit & keep.expand(len(idx), B, T)
+                clamped[idx] = hit.sum((-2, -1)) / n_tok
     grad = score_sums(world, params, batch, weights)
     scale = scale_for(reduction, seq_len)
     if scale != 1:
         grad = grad * scale
     if not metrics:
         return Estimates(grad=grad, ess=None, masked=None, seq_masked=None)
-    return Estimates(grad=grad, ess=ess, masked=masked, seq_masked=seq_masked)
+    return Estimates(grad=grad, ess=ess, masked=masked, seq_masked=seq_masked, clamped=clamped)
 
 
 def reference_estimates(arms: list[Arm], batch, world, params: Params, spec: LossSpec, seq_len: int) -> torch.Tensor:

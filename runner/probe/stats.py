@@ -15,6 +15,10 @@ would apply. With fewer than 2 finite batches the figures are NaN.
                  by tr(Cov)/n on average
 - variance       tr of the sample covariance of one batch's estimate (unbiased, n − 1)
 - mse            mean over batches of ‖x̂ − ∇J‖² (one batch's MSE = bias² + variance)
+- rel_mse        mse / ‖∇J‖²: 1 is the MSE of the estimator that always returns 0, so an arm at
+                 or above 1 does no better than not updating at all
+- norm_ratio     ‖x̄‖ / ‖∇J‖: near 0 when the arm's mean update vanishes (everything masked), which
+                 can win on MSE when ‖∇J‖² is smaller than one batch's variance
 - cosine         cos(x̄, ∇J);  mean_grad_norm = mean ‖x̂‖;  rel_bias = bias_norm / ‖∇J‖
 """
 
@@ -26,8 +30,10 @@ import torch
 
 
 def summarise(est: torch.Tensor, grad: torch.Tensor, ci: str, level: float, n_boot: int,
-              generator: torch.Generator) -> dict[str, torch.Tensor]:
-    """est [R, K, D] (any float dtype), grad [D] → dict of [K] float64 tensors."""
+              generator: torch.Generator, grad_noise: float = 0.0) -> dict[str, torch.Tensor]:
+    """est [R, K, D] (any float dtype), grad [D] → dict of [K] float64 tensors. `grad_noise`: the
+    estimated norm of grad's own error when grad is a Monte Carlo reference (0 when exact); it widens
+    every bias CI radius, so a bias is called significant only beyond both uncertainties."""
     est = est.to(torch.float64)
     grad = grad.to(torch.float64).reshape(-1)
     R, K, D = est.shape
@@ -45,7 +51,7 @@ def summarise(est: torch.Tensor, grad: torch.Tensor, ci: str, level: float, n_bo
     g_norm = grad.norm()
     cosine = (mean @ grad) / (mean.norm(dim=-1) * g_norm).clamp(min=torch.finfo(torch.float64).tiny)
     grad_norm = torch.where(finite, x.norm(dim=-1), 0.0).sum(0) / n.clamp(min=1)
-    radius = _radius(dev, f, n, ci, level, n_boot, generator)
+    radius = _radius(dev, f, n, ci, level, n_boot, generator) + grad_noise
     ok = n >= 2
     nan = torch.full((K,), math.nan, dtype=torch.float64)
 
@@ -62,6 +68,8 @@ def summarise(est: torch.Tensor, grad: torch.Tensor, ci: str, level: float, n_bo
         "rel_bias": keep(bias_norm / g_norm if g_norm > 0 else nan),
         "variance": keep(variance),
         "mse": keep(mse),
+        "rel_mse": keep(mse / g_norm ** 2 if g_norm > 0 else nan),
+        "norm_ratio": keep(mean.norm(dim=-1) / g_norm if g_norm > 0 else nan),
         "cosine": keep(cosine),
         "mean_grad_norm": keep(grad_norm),
         "nonfinite_rate": 1.0 - n / R,

@@ -8,7 +8,8 @@ the mismatch, so worlds that differ only in staleness or precision share θ and 
 
 Staleness k is realised as k optimizer steps of drift: θ' is θ after k steps of the configured
 optimiser (`train.optimizer`, lr `probe.drift_lr` or `train.lr`, `train.grad_clip`, fresh state)
-DESCENDING the exact J. So θ is k exact-gradient ascent steps ahead of the engine's weights, as if
+DESCENDING J (the exact ∇J, or where a world has none a fresh Monte Carlo reference gradient each
+step, runner/probe/reference.py). So θ is k ascent steps ahead of the engine's weights, as if
 the trainer had made k updates since it last synced the engine: the engine samples from θ' (in its
 precision, with its noise, top-p and faults), the trainer recomputes `old` under θ in fp32. k = 0
 gives θ' = θ, and with fp32, no noise and no faults roll == old.
@@ -31,7 +32,8 @@ from runner.training.config import Setup, load
 from runner.training.loop import Trainer
 from runner.training.optim import Optimizer, clip_, global_norm
 from runner.worlds.engine import Engine, Mismatch
-from runner.worlds.protocol import Params, exact_gradient, flat
+from runner.probe.reference import reference_gradient
+from runner.worlds.protocol import Params, exact_gradient, flat, unflat
 
 # The probe's sampling streams are its own, so pretraining does not shift which tokens it draws.
 STREAM_OFFSET = 1 << 32
@@ -54,11 +56,13 @@ class World:
     probe: ProbeSettings
     params: Params  # the trainer's θ (float32)
     engine_params: Params  # θ', k drift steps behind
-    objective: float  # exact J(θ)
-    grad: torch.Tensor  # [P] float64: exact ∇J(θ), flat
+    objective: float  # J(θ): exact, or the reference rollouts' mean reward
+    grad: torch.Tensor  # [P] float64: ∇J(θ), flat: exact, or a Monte Carlo reference (runner/probe/reference.py)
     engine: Engine
     batch_size: int  # rollouts per batch (N)
     group_size: int
+    reference: str = "exact"  # exact | monte-carlo
+    reference_noise: float = 0.0  # the estimated norm of grad's error (0 when exact)
 
     @property
     def policy(self):
@@ -99,16 +103,18 @@ def initial_params(setup: Setup, steps: int) -> Params:
     return params
 
 
-def drift(params: Params, setup: Setup, steps: int, lr: float) -> Params:
-    """θ after `steps` optimizer steps descending the exact J (see the module docstring), with the
-    configured optimizer and its clipping formula."""
+def drift(params: Params, setup: Setup, steps: int, lr: float, reference_rollouts: int = 4096,
+          chunk: int = 64) -> Params:
+    """θ after `steps` optimizer steps descending J (see the module docstring), with the configured
+    optimizer and its clipping formula: the exact ∇J, or a fresh Monte Carlo reference each step."""
     th = {name: p.detach().clone() for name, p in params.items()}
     if steps == 0:
         return th
     opt = Optimizer(th, setup.train.optimizer, lr)
     solver = setup.world.exact
-    for _ in range(steps):
-        _, grads = exact_gradient(solver, th)
+    for step in range(steps):
+        grads = exact_gradient(solver, th)[1] if solver is not None else \
+            unflat(reference_gradient(setup, th, reference_rollouts, chunk, seed_offset=1 + step).grad, th)
         for name, p in th.items():  # minimising J: the optimizer steps against ∇J
             p.grad = grads[name].to(p.dtype)
         if setup.train.grad_clip is not None:
@@ -129,8 +135,6 @@ def validate(cfg: Mapping[str, Any]) -> tuple[Setup, ProbeSettings, int]:
     if setup.adv_std_norm:
         raise UserError("probe: rollout.adv_std_norm=true biases the estimate of ∇J; the probe sets its "
                         "advantage with probe.baseline (rloo | group-mean | none)")
-    if setup.world.exact is None:
-        raise UserError(f"probe: policy={setup.world.name} with task={setup.task.name} has no exact objective")
     G = setup.group_size
     if probe.baseline != "none" and G < 2:
         raise UserError(f"probe.baseline={probe.baseline} needs rollout.group_size >= 2, got {G}")
@@ -144,8 +148,14 @@ def validate(cfg: Mapping[str, Any]) -> tuple[Setup, ProbeSettings, int]:
 def build(setup: Setup, probe: ProbeSettings, batch_size: int) -> World:
     params = initial_params(setup, probe.pretrain_steps)
     k = setup.mismatch.staleness
-    engine_params = drift(params, setup, k, probe.drift_lr if probe.drift_lr is not None else setup.train.lr)
-    objective, grads = exact_gradient(setup.world.exact, params)
-    return World(setup=setup, probe=probe, params=params, engine_params=engine_params, objective=float(objective),
-                 grad=flat(grads), engine=Engine(setup.world, setup.mismatch), batch_size=batch_size,
-                 group_size=setup.group_size)
+    engine_params = drift(params, setup, k, probe.drift_lr if probe.drift_lr is not None else setup.train.lr,
+                          probe.reference_rollouts, batch_size)
+    if setup.world.exact is not None:
+        objective, grads = exact_gradient(setup.world.exact, params)
+        objective, grad, reference, noise = float(objective), flat(grads), "exact", 0.0
+    else:
+        ref = reference_gradient(setup, params, probe.reference_rollouts, batch_size)
+        objective, grad, reference, noise = ref.objective, ref.grad, "monte-carlo", ref.noise
+    return World(setup=setup, probe=probe, params=params, engine_params=engine_params, objective=objective,
+                 grad=grad, engine=Engine(setup.world, setup.mismatch), batch_size=batch_size,
+                 group_size=setup.group_size, reference=reference, reference_noise=noise)

@@ -209,6 +209,7 @@ class Run:
             "objective": "monte-carlo" if trainer.objective_fn.monte_carlo else "exact",
             "objective_every": s.train.objective_every,
             "device": str(s.device),
+            "world": s.world.summary(),  # its shape, and a warm start's measurements where it has one
             "wall_s": round(time.perf_counter() - self.writer.t0, 3),
         }
 

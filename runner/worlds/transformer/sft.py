@@ -35,7 +35,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import torch
 import torch.nn.functional as F
@@ -44,9 +44,7 @@ from runner.config_checks import as_float, as_int, check_keys
 from runner.errors import UserError
 from runner.worlds.precision import FP32, Precision
 from runner.worlds.transformer.model import init_params
-
-if TYPE_CHECKING:
-    from runner.worlds.transformer.world import TransformerWorld
+from runner.worlds.protocol import World  # the transformer world, typed by its protocol (no import circle)
 
 CACHE_VERSION = 1  # bump when the model, the teacher or the training loop changes what SFT produces
 FORK_ENTROPY = 0.3  # nats: a token whose next-token distribution is at least this spread is a fork
@@ -93,7 +91,7 @@ def cache_root(cfg: SFTConfig) -> Path:
     return Path(base) / "is-study"
 
 
-def cache_identity(world: "TransformerWorld", device: torch.device) -> dict[str, Any]:
+def cache_identity(world: World, device: torch.device) -> dict[str, Any]:
     """Everything that determines the checkpoint (the cache folder and eval size excepted)."""
     task = world.task
     sft = dataclasses.asdict(world.sft)
@@ -114,7 +112,7 @@ def cache_key(identity: Mapping[str, Any]) -> str:
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:20]
 
 
-def warm_start(world: "TransformerWorld", device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def warm_start(world: World, device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """(θ₀ on `device`, the warm start's record for summary.json): loaded from the cache, or
     trained now under the lock and cached."""
     from filelock import FileLock
@@ -149,7 +147,7 @@ def _load(path: Path, device: torch.device) -> tuple[dict[str, torch.Tensor], di
     return blob["params"], dict(blob["record"])
 
 
-def _train_and_save(world: "TransformerWorld", device: torch.device, identity: Mapping[str, Any],
+def _train_and_save(world: World, device: torch.device, identity: Mapping[str, Any],
                     path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     start, cpu_start = time.perf_counter(), time.process_time()
     params = train(world, device)
@@ -177,7 +175,7 @@ def _atomic_write(path: Path, write) -> None:
 
 
 # ------------------------------------------------------------------------------------- training
-def train(world: "TransformerWorld", device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def train(world: World, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
     """SFT from the random initialisation; returns the trained fp32 params (detached)."""
     cfg, task = world.sft, world.task
     gen = torch.Generator(device=device).manual_seed(cfg.seed)
@@ -240,7 +238,7 @@ class _progress:
 
 # ---------------------------------------------------------------------------------- measurement
 @torch.no_grad()
-def sample(world: "TransformerWorld", params: dict[str, torch.Tensor], prompts: torch.Tensor,
+def sample(world: World, params: dict[str, torch.Tensor], prompts: torch.Tensor,
            generator: torch.Generator, precision: Precision = FP32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A minimal engine: (tokens [N, T], mask [N, T], the sampler's log-probs of them [N, T] in
     fp32, 0 at padding), sampling at temperature 1 with the cached sampler in `precision`. The
@@ -264,7 +262,7 @@ def sample(world: "TransformerWorld", params: dict[str, torch.Tensor], prompts: 
 
 
 @torch.no_grad()
-def measure(world: "TransformerWorld", params: dict[str, torch.Tensor], n: int | None = None,
+def measure(world: World, params: dict[str, torch.Tensor], n: int | None = None,
             seed: int | None = None) -> dict[str, float]:
     """The warm start's accuracy and entropy profile, from n fp32 samples on held-out prompts
     (their own seed, apart from SFT's data)."""

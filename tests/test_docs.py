@@ -1,0 +1,126 @@
+"""The documentation says what the code does: docs/corrections.md's preset table against the preset
+files, its worked cases against `is-study case`, every logged column defined; the README and the
+gallery agree with each other, with the scripts and with figures/VERDICTS.md."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import run_cli
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "corrections.md"
+README = REPO / "README.md"
+GALLERY = REPO / "docs" / "gallery.md"
+
+
+def _rows(text: str, header_start: str) -> list[list[str]]:
+    """The body rows of the first Markdown table whose header row starts with `header_start`."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
+    rows = []
+    for line in lines[start + 2:]:
+        if not line.startswith("|"):
+            break
+        rows.append([c.strip() for c in line.strip().strip("|").split("|")])
+    return rows
+
+
+def _band(v) -> str:
+    return "—" if v is None else f"{v:g}"
+
+
+def test_preset_table_matches_the_preset_files():
+    from runner import registry
+
+    rows = {r[0].strip("`"): r for r in _rows(DOC.read_text(), "| preset | band [low, high] |")}
+    names = registry.own_presets() + registry.faithful_presets()
+    assert sorted(rows) == sorted(names) and len(names) == 22
+    for name in names:
+        cfg = yaml.safe_load((registry.conf_dir() / "correction" / f"{name}.yaml").read_text())
+        expected = [f"[{_band(cfg['low'])}, {_band(cfg['high'])}]",
+                    "—" if cfg["log_clamp"] is None else f"{cfg['log_clamp']:g}", cfg["weight"], cfg["weight_op"],
+                    cfg["filter"], "—" if cfg["filter_log_clamp"] is None else f"{cfg['filter_log_clamp']:g}",
+                    "yes" if cfg["filter_inverted"] else "no", cfg["band_space"], cfg["reject"], cfg["denominator"],
+                    cfg["padding"]]
+        assert rows[name][1:] == expected, name
+        assert cfg["ratio"] == "decoupled" and cfg["veto"] is None  # what the table's preamble says
+        assert f"- **`{name}`**" in DOC.read_text()  # and a sentence on what it computes
+
+
+def _number(text: str) -> float:
+    text = text.replace("−", "-").strip()
+    special = {"NaN": math.nan, "-inf": -math.inf, "inf": math.inf}
+    return special[text] if text in special else float(text)
+
+
+def test_worked_cases_are_what_is_study_case_gives():
+    rows = _rows(DOC.read_text(), "| preset | accepted-moderate |")
+    assert len(rows) == 10
+    for row in rows:
+        preset = row[0].strip("`")
+        code, out, err = run_cli("case", "openrlhf-seq-mask-tis", f"correction={preset}", "--json")
+        assert code == 0, err
+        data = json.loads(out)
+        cases = data if isinstance(data, list) else data["cases"]
+        for cell, case in zip(row[1:], cases):
+            want, got = _number(cell), float(case["loss"])
+            assert (math.isnan(want) and math.isnan(got)) or want == pytest.approx(got, abs=1e-6), (preset, cell, got)
+
+
+def test_every_logged_column_is_defined():
+    from runner.schema import CORRECTION_METRICS, LOSS_METRICS, PROBE_FIGURES
+
+    text = DOC.read_text()
+    defined = set()
+    for line in text.splitlines():
+        if line.startswith("| `"):
+            defined |= set(re.findall(r"`([a-z0-9_]+)`", line.split("|")[1]))
+    missing = [c for c in (*CORRECTION_METRICS, *LOSS_METRICS, *PROBE_FIGURES) if c not in defined]
+    assert not missing, missing
+    assert "can be negative" in text and "unbiased" in text  # kl_k1 / chi2 under 0 are not bugs
+
+
+def test_docs_explain_the_settings():
+    text = DOC.read_text()
+    for heading in ("`old`, `roll` and `lp` under staleness", "`mismatch.precision` in each world",
+                    "Why train and probe use different reductions", "Why IcePop's tight band masks 100% in the probe"):
+        assert heading in text, heading
+
+
+def test_readme_ships_its_own_maths_and_links_exist():
+    text = README.read_text()
+    assert "../shared" not in text and "docs/corrections.md" in text
+    for doc in (README, GALLERY, DOC):
+        for link in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", doc.read_text()):
+            if "://" in link:
+                continue
+            assert (doc.parent / link).exists(), (doc.name, link)
+
+
+def test_figures_sh_time_is_quoted_the_same_everywhere():
+    header = (REPO / "scripts" / "figures.sh").read_text()
+    seconds = re.search(r"default size: (\d+) s measured on an idle 2-core machine", header).group(1)
+    for doc in (README, GALLERY):
+        quoted = re.findall(r"figures\.sh`? (?:takes |rebuilds them at the default size in )?about (\d+) s", doc.read_text())
+        assert quoted and set(quoted) == {seconds}, (doc.name, quoted, seconds)
+
+
+def test_readme_claims_agree_with_verdicts():
+    """The README's summary of which claims hold is figures/VERDICTS.md's."""
+    verdicts = (REPO / "figures" / "VERDICTS.md").read_text()
+    found = dict(re.findall(r"- \*\*(\d)\. [^*]+\*\* .*?: \*\*(holds|does not hold|inconclusive)\*\*", verdicts))
+    assert len(found) == 6
+    section = README.read_text().split("## The literature's claims, checked", 1)[1].split("\n## ", 1)[0]
+    holds_text = section.split("**Hold**", 1)[1].split("**Do not hold**", 1)[0]
+    fails_text = section.split("**Do not hold**", 1)[1]
+    assert set(re.findall(r"\b(\d)\b", holds_text)) == {k for k, v in found.items() if v == "holds"}
+    assert set(re.findall(r"claims? (\d)(?: and (\d))?", fails_text)) != set()
+    named = {n for pair in re.findall(r"claims? (\d)(?: and (\d))?", fails_text) for n in pair if n}
+    assert named == {k for k, v in found.items() if v != "holds"}
