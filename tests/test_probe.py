@@ -277,3 +277,63 @@ def test_bench_tiny_smoke(monkeypatch, capsys):
     assert bench_probe.main() == 0
     out = capsys.readouterr().out
     assert "ratio slow/fast" in out and "agreement: max |fast − slow|" in out
+
+
+# ------------------------------------------------------------------------------ summarise, by hand
+def test_summarise_golden_values():
+    """Every figure of runner.probe.stats.summarise on estimates small enough to do by hand: arm 0 has
+    4 finite batches, arm 1 two (a NaN and an inf batch dropped), arm 2 one (every figure NaN)."""
+    from runner.probe.stats import summarise
+
+    nan, inf = math.nan, math.inf
+    est = torch.tensor([[[1.0, 0.0], [0.0, 0.0], [nan, 0.0]],
+                        [[3.0, 0.0], [nan, 0.0], [nan, 0.0]],
+                        [[1.0, 2.0], [2.0, 2.0], [nan, 0.0]],
+                        [[3.0, 2.0], [inf, 1.0], [1.0, 1.0]]])  # [R=4, K=3, D=2]
+    grad = torch.tensor([1.0, 1.0])
+    s = summarise(est, grad, "clt", 0.9, 500, torch.Generator().manual_seed(0))
+    # arm 0: mean (2, 1), bias (1, 0); deviations (±1, ±1): tr Cov = 8/3; ‖x − ∇J‖² = 1, 5, 1, 5
+    # arm 1: mean (1, 1) = ∇J; tr Cov = (2 + 2)/1; ‖x − ∇J‖² = 2, 2
+    expected = {
+        "bias_norm": [1.0, 0.0], "variance": [8 / 3, 4.0], "mse": [3.0, 2.0],
+        "rel_bias": [1 / math.sqrt(2), 0.0], "rel_mse": [1.5, 1.0],
+        "norm_ratio": [math.sqrt(5 / 2), 1.0], "cosine": [3 / math.sqrt(10), 1.0],
+        "mean_grad_norm": [(1 + 3 + math.sqrt(5) + math.sqrt(13)) / 4, math.sqrt(2)],
+        "bias_norm_debiased": [math.sqrt(1 / 3), 0.0],  # sqrt(max(0, bias² − tr Cov / n))
+        "nonfinite_rate": [0.0, 0.5, 0.75], "n_finite": [4.0, 2.0, 1.0],
+    }
+    for name, values in expected.items():
+        assert s[name][:len(values)].tolist() == pytest.approx(values, rel=1e-12, abs=1e-15), name
+    r = s["bias_norm_ci"][:2]
+    assert bool((r > 0).all())
+    assert s["bias_norm_hi"][:2].tolist() == pytest.approx((torch.tensor([1.0, 0.0]) + r).tolist(), rel=1e-12)
+    assert s["bias_norm_lo"][0].item() == pytest.approx(max(0.0, 1.0 - r[0].item()), rel=1e-12)
+    assert s["bias_norm_lo"][1].item() == 0.0
+    assert s["bias_significant"][:2].tolist() == [float(1.0 > r[0].item()), 0.0]
+    for name, value in s.items():  # arm 2: one finite batch, so no figure but the counts
+        if name not in ("nonfinite_rate", "n_finite"):
+            assert math.isnan(value[2].item()), name
+    # a Monte Carlo reference's own error widens every radius by exactly its size
+    wide = summarise(est, grad, "clt", 0.9, 500, torch.Generator().manual_seed(0), grad_noise=0.25)
+    assert (wide["bias_norm_ci"][:2] - r).tolist() == pytest.approx([0.25, 0.25], rel=1e-12)
+    # ∇J = 0: the relative figures are NaN, the cosine 0 (never 0/0)
+    flat = summarise(est, torch.zeros(2), "clt", 0.9, 50, torch.Generator().manual_seed(0))
+    assert all(math.isnan(flat[k][0].item()) for k in ("rel_bias", "rel_mse", "norm_ratio"))
+    assert flat["cosine"][:2].tolist() == [0.0, 0.0]
+
+
+def test_radius_clt_and_bootstrap_quantiles():
+    """The CI radius against its definition. CLT, D = 1: x̄* − x̄ ~ N(0, s²/n), so the 0.95 quantile of
+    |x̄* − x̄| is 1.95996·s/√n (here s² = 20/3, n = 4 finite of 5: 2.5303), to 2% with 100k draws.
+    Bootstrap of {0, 2, NaN}: the finite resampled mean is off by 1 (14/27), 1/3 (6/27) or 0 (7/27),
+    so its 0.9 quantile is exactly 1 and its 0.4 quantile exactly 1/3 (counting the NaN batch in the
+    denominator would give 2/3 at 0.9)."""
+    from runner.probe.stats import summarise
+
+    x = torch.tensor([0.0, 2.0, 4.0, 6.0, math.nan]).reshape(5, 1, 1)
+    r = summarise(x, torch.zeros(1), "clt", 0.95, 100_000, torch.Generator().manual_seed(1))["bias_norm_ci"]
+    assert r.item() == pytest.approx(1.959964 * math.sqrt(20 / 3 / 4), rel=0.02)
+    b = torch.tensor([0.0, 2.0, math.nan]).reshape(3, 1, 1)
+    for level, radius in ((0.9, 1.0), (0.4, 1 / 3)):
+        got = summarise(b, torch.zeros(1), "bootstrap", level, 4000, torch.Generator().manual_seed(2))["bias_norm_ci"]
+        assert got.item() == pytest.approx(radius, rel=1e-12), level
