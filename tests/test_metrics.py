@@ -265,3 +265,70 @@ def test_ppo_clip_fraction_counts_masked_in_tokens_only(padding):
     assert out.metrics["ppo_clip_fraction"] == pytest.approx(2 / 3)
     empty = policy_loss(LossSpec(), Correction(padding=padding), lp, old, old, adv, torch.zeros(1, 5))
     assert empty.metrics["ppo_clip_fraction"] == 0.0
+
+
+# ----------------------------------------------------------------------------- golden values, both backends
+@pytest.fixture(params=["numpy", "torch"])
+def backend(request, monkeypatch):
+    """apply_correction's metrics from one backend: the hand-computed values below hold for both."""
+    from runner import metrics
+
+    if request.param == "torch":
+        monkeypatch.setattr(metrics, "NUMPY_MAX_ELEMENTS", -1)
+    return request.param
+
+
+def test_hand_values_hold_in_both_backends(backend):
+    test_weight_moments_ess_and_clamping()
+    test_divergence_metrics()
+    test_masked_fractions_for_a_sequence_filter()
+
+
+def test_an_empty_batch_gives_every_metric_zero(backend):
+    """A batch with no masked-in token (non-empty shape, and 0 rows): every metric exactly 0, the
+    extremes included (never ±inf from a max over nothing, nor a 0/0)."""
+    from runner import metrics
+
+    for shape in ((2, 3), (0, 3)):
+        z = torch.zeros(shape)
+        m = apply_correction(TIS, z - 1.0, z - 2.0, z).metrics
+        assert m == {name: 0.0 for name in metrics.METRIC_NAMES}, shape
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_equal_weights_give_std_zero_and_ess_exactly_one(which):
+    """11 weights of 1.3 in float32: torch's float32 sums give (Σw)²/(n·Σw²) = 1 + 3.6e-7, so ESS is
+    1 only because it is capped there, and the variance rounds to ≤ 0, so the std is 0."""
+    from runner import metrics
+
+    coef, z, m = torch.full((1, 11), 1.3), torch.zeros(1, 11), torch.ones(1, 11)
+    out = metrics.correction_metrics(Correction(), z, z, m, z, coef, coef, coef, None, backend=which)
+    assert out["ess"] == 1.0 and out["is_weight_std"] == 0.0
+    assert out["is_weight_min"] == out["is_weight_max"] == pytest.approx(1.3, rel=1e-7)
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_a_nan_weight_makes_the_weight_moments_nan(which):
+    """A NaN coefficient (a faithful preset's 0·inf) must show as NaN in mean, std and ESS, not be
+    hidden as 0."""
+    from runner import metrics
+
+    coef = torch.tensor([[1.0, math.nan, 2.0]])
+    z, m = torch.zeros(1, 3), torch.ones(1, 3)
+    out = metrics.correction_metrics(Correction(), z, z, m, z, coef, coef, coef, None, backend=which)
+    assert math.isnan(out["is_weight_mean"]) and math.isnan(out["is_weight_std"])
+
+
+def test_the_safety_bound_on_the_mismatch_metrics(backend):
+    """One token at old − roll = −20.5 among three at 0: k1 uses the log-ratio as is (20.5/4), while
+    k3 and χ² use it bounded at −20: k3 = (e^−20 − 1 + 20)/4, χ²_token = (e^−40 − 1)/4, and the
+    sequence's L = −20.5 is bounded too: χ²_seq = e^−40 − 1. (Unbounded, k3 would be 19.5/4.)"""
+    old = torch.tensor([[-20.5, -1.0, -1.0, -1.0]])
+    roll = torch.tensor([[0.0, -1.0, -1.0, -1.0]])
+    m = apply_correction(TIS, old, roll, torch.ones(1, 4)).metrics
+    assert m["kl_k1"] == pytest.approx(20.5 / 4, rel=1e-6)
+    assert m["kl_k3"] == pytest.approx((math.exp(-20) - 1 + 20) / 4, rel=1e-6)
+    assert m["chi2_token"] == pytest.approx((math.exp(-40) - 1) / 4, rel=1e-6)
+    assert m["chi2_seq"] == pytest.approx(math.exp(-40) - 1, rel=1e-6)
+    assert m["log_ppl_diff"] == pytest.approx(-20.5 / 4, rel=1e-6)
+    assert m["max_abs_prob_diff"] == pytest.approx(1 - math.exp(-20.5), rel=1e-6)
