@@ -126,13 +126,13 @@ def test_gspo_and_reinforce():
 # ----------------------------------------------------------------------------- the two backends
 @functools.lru_cache(maxsize=1)
 def _all_presets() -> tuple[Correction, ...]:
-    """Every preset, composed once per process (a Correction is frozen): composing 22 configs cost
-    each backend test more than its arithmetic, and a mutation run repeats these tests per mutant."""
+    """Every preset, read once per process (a Correction is frozen) from its YAML, as `correction=NAME`
+    composes it (test_configs checks the two agree): composing 22 configs with Hydra took 4-8 s,
+    more than the arithmetic, and a mutation run repeats these tests for every mutant."""
     from runner import registry
-    from runner.hydra_app import app as hydra_app
+    from runner.probe.settings import load_preset
 
-    return tuple(Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={e.name}"]).correction))
-                 for e in registry.presets())
+    return tuple(load_preset(e.name) for e in registry.presets())
 
 
 def _batch(kind: str, B: int = 6, T: int = 9):
