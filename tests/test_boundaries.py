@@ -123,6 +123,11 @@ def test_the_geometric_weight_no_preset_uses():
     coef = apply_correction(geo, old, roll, mask).coef
     assert coef[0].tolist() == pytest.approx([math.exp(0.1), math.exp(0.1), 0.0], rel=1e-6)
     assert coef[1].tolist() == pytest.approx([math.exp(20), math.exp(20), 0.0], rel=1e-6)
+    # a one-token sequence: G is its own lr (|y| = 1; a count floored at 2 would halve it), and an
+    # empty one gets 0, not 0/0
+    one = apply_correction(geo, torch.tensor([[0.4, 0.0], [0.0, 0.0]]), torch.zeros(2, 2),
+                           torch.tensor([[1.0, 0.0], [0.0, 0.0]])).coef
+    assert one.tolist() == [[pytest.approx(math.exp(0.4), rel=1e-6), 0.0], [0.0, 0.0]]
 
 
 def test_an_integer_or_bool_mask_is_taken_as_float():
