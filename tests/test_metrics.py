@@ -332,3 +332,72 @@ def test_the_safety_bound_on_the_mismatch_metrics(backend):
     assert m["chi2_seq"] == pytest.approx(math.exp(-40) - 1, rel=1e-6)
     assert m["log_ppl_diff"] == pytest.approx(-20.5 / 4, rel=1e-6)
     assert m["max_abs_prob_diff"] == pytest.approx(1 - math.exp(-20.5), rel=1e-6)
+
+
+def _metrics(corr, old, roll, mask, coef, raw=None, weight=None, keep=None, backend="numpy"):
+    """correction_metrics on hand-made intermediates; lr = old − roll with padding at 0 (as under
+    padding=ignore)."""
+    from runner import metrics
+
+    lr = torch.where(mask > 0, old - roll, 0.0)
+    raw = coef if raw is None else raw
+    return metrics.correction_metrics(corr, old, roll, mask, lr, raw, raw if weight is None else weight,
+                                      coef, keep, backend=backend)
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_an_inf_weight_leaves_the_minimum_over_masked_in_tokens(which):
+    """Weights [inf, 2 | padding 0]: the max is inf, the min 2 (the padding's 0 must not win, also on
+    the path an inf maximum takes)."""
+    z, mask = torch.zeros(1, 3), torch.tensor([[1.0, 1.0, 0.0]])
+    m = _metrics(TIS, z, z, mask, torch.tensor([[math.inf, 2.0, 0.0]]), backend=which)
+    assert (m["is_weight_min"], m["is_weight_max"]) == (2.0, math.inf)
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_clamped_tokens_are_counted_where_kept_and_only_for_a_clamp(which):
+    """A token filter with a clamped weight: tokens 1 and 2 of 4 were clamped, token 2 then rejected,
+    so 1 of 4 counts. With weight_op = raw nothing is clamped, even where raw is NaN (NaN ≠ NaN)."""
+    corr = Correction(name="x", weight="sequence", weight_op="clamp", filter="token", low=0.5, high=2.0)
+    z, mask = torch.zeros(1, 4), torch.ones(1, 4)
+    raw = torch.tensor([[1.0, 3.0, 0.1, 1.5]])
+    weight = torch.tensor([[1.0, 2.0, 0.5, 1.5]])
+    keep = torch.tensor([[True, True, False, True]])
+    m = _metrics(corr, z, z, mask, weight * keep, raw=raw, weight=weight, keep=keep, backend=which)
+    assert m["clamped_fraction"] == 0.25 and m["token_masked_fraction"] == 0.25
+    raw_nan = torch.tensor([[1.0, math.nan, 2.0, 1.0]])
+    m = _metrics(Correction(name="is", weight="token"), z, z, mask, raw_nan, backend=which)
+    assert m["clamped_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_a_tiny_mismatch_gives_an_accurate_probability_difference(which):
+    """old − roll = 2^−20 at p ≈ e^−1: p_old − p_roll = p_roll·expm1(lr) = 3.5e-7 to float32 precision,
+    where exp(old) − exp(roll) in float32 loses about 10% (the two exps agree to 7 digits)."""
+    old = torch.tensor([[-1.0, -1.0]])
+    roll = old - torch.tensor([[2.0 ** -20, 0.0]])
+    exact = math.exp(roll[0, 0].item()) * math.expm1(2.0 ** -20)
+    m = _metrics(TIS, old, roll, torch.ones(1, 2), torch.ones(1, 2), backend=which)
+    assert m["max_abs_prob_diff"] == pytest.approx(exact, rel=1e-5)
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_a_nan_probability_difference_counts_as_zero_and_padding_as_nothing(which):
+    """A NaN masked-in old log-prob counts 0 in max |p_old − p_roll|; padding whose probabilities differ
+    by 0.9 counts for nothing: the metric is the other masked-in token's 0.1."""
+    old = torch.tensor([[math.nan, math.log(0.5), math.log(0.95)]])
+    roll = torch.tensor([[-1.0, math.log(0.4), math.log(0.05)]])
+    m = _metrics(TIS, old, roll, torch.tensor([[1.0, 1.0, 0.0]]), torch.ones(1, 3), backend=which)
+    assert m["max_abs_prob_diff"] == pytest.approx(0.1, rel=1e-5)
+
+
+def test_float64_inputs_keep_float64_precision():
+    """The torch backend's scratch buffer takes the inputs' dtype: in float64 the minimum weight 1/3
+    comes back to 1e-15 (a float32 buffer would round it to 1e-8)."""
+    coef = torch.tensor([[1 / 3, 0.7, 0.0]], dtype=torch.float64)
+    z, mask = torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    old = torch.tensor([[-1.0, -1.0, 0.0]], dtype=torch.float64)
+    roll = old - torch.tensor([[1e-9, 0.0, 0.0]], dtype=torch.float64)
+    m = _metrics(Correction(name="is", weight="token"), old, roll, mask, coef, backend="torch")
+    assert m["is_weight_min"] == pytest.approx(1 / 3, rel=1e-15)
+    assert m["kl_k3"] == pytest.approx((1e-9) ** 2 / 2 / 2, rel=1e-6)  # k3 ≈ lr²/2, over 2 tokens
