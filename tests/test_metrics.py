@@ -289,7 +289,7 @@ def test_an_empty_batch_gives_every_metric_zero(backend):
     extremes included (never ±inf from a max over nothing, nor a 0/0)."""
     from runner import metrics
 
-    for shape in ((2, 3), (0, 3)):
+    for shape in ((2, 3), (0, 3), (2, 0)):
         z = torch.zeros(shape)
         m = apply_correction(TIS, z - 1.0, z - 2.0, z).metrics
         assert m == {name: 0.0 for name in metrics.METRIC_NAMES}, shape
@@ -401,3 +401,16 @@ def test_float64_inputs_keep_float64_precision():
     m = _metrics(Correction(name="is", weight="token"), old, roll, mask, coef, backend="torch")
     assert m["is_weight_min"] == pytest.approx(1 / 3, rel=1e-15)
     assert m["kl_k3"] == pytest.approx((1e-9) ** 2 / 2 / 2, rel=1e-6)  # k3 ≈ lr²/2, over 2 tokens
+
+
+def test_nonfinite_data_raises_no_numpy_warning():
+    """NaN/inf are data in the faithful presets (0·inf, inf − inf): the NumPy backend computes on them
+    silently, every preset, rather than warning on each logged step."""
+    import warnings
+
+    old, roll, mask = _batch("extreme")
+    old = torch.where(torch.arange(9) == 8, torch.nan, old)  # NaN on masked-in tokens of the full row
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for corr in _all_presets():
+            apply_correction(corr, old, roll, mask, lp=old + 0.05)
