@@ -414,3 +414,29 @@ def test_nonfinite_data_raises_no_numpy_warning():
         warnings.simplefilter("error")
         for corr in _all_presets():
             apply_correction(corr, old, roll, mask, lp=old + 0.05)
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_one_token_and_small_weights(which):
+    """One masked-in token of weight 0.5 (n = 1, Σw² = 0.25 < 1): mean = min = max = 0.5, std 0, ESS 1.
+    Weights [0.5, 1.5]: std 0.5 (a variance below 1 still has its square root), ESS 4/5."""
+    z = torch.zeros(1, 3)
+    m = _metrics(TIS, z, z, torch.tensor([[0.0, 1.0, 0.0]]), torch.tensor([[0.0, 0.5, 0.0]]), backend=which)
+    assert [m[k] for k in ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess")] == \
+        [0.5, 0.0, 0.5, 0.5, 1.0]
+    m = _metrics(TIS, z, z, torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[0.5, 1.5, 0.0]]), backend=which)
+    assert (m["is_weight_mean"], m["is_weight_std"], m["ess"]) == (1.0, 0.5, pytest.approx(0.8, rel=1e-7))
+
+
+def test_an_explicit_backend_is_the_one_used(monkeypatch):
+    """backend='torch' on a small batch and 'numpy' on any are obeyed, not re-chosen by size."""
+    from runner import metrics
+
+    calls = []
+    for name in ("_totals_numpy", "_totals_torch"):
+        original = getattr(metrics, name)
+        monkeypatch.setattr(metrics, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a))
+    z = torch.zeros(1, 2)
+    for which in ("torch", "numpy"):
+        _metrics(TIS, z, z, torch.ones(1, 2), torch.ones(1, 2), backend=which)
+    assert calls == ["_totals_torch", "_totals_numpy"]
