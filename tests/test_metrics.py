@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -192,7 +193,7 @@ def test_the_auto_backend_switches_on_size():
 
     tis = Correction(name="tis", weight="token", weight_op="clamp", low=0.5, high=5.0)
     calls = []
-    for B in (2, metrics.NUMPY_MAX_ELEMENTS // 8 + 1):
+    for B in (2, metrics.NUMPY_MAX_ELEMENTS // 8, metrics.NUMPY_MAX_ELEMENTS // 8 + 1):  # 16, 16384, 16392
         old, roll, mask = _batch("padded", B=B, T=8)
         original_numpy, original_torch = metrics._totals_numpy, metrics._totals_torch
         metrics._totals_numpy = lambda *a: calls.append("numpy") or original_numpy(*a)
@@ -201,7 +202,7 @@ def test_the_auto_backend_switches_on_size():
             apply_correction(tis, old, roll, mask)
         finally:
             metrics._totals_numpy, metrics._totals_torch = original_numpy, original_torch
-    assert calls == ["numpy", "torch"]
+    assert calls == ["numpy", "numpy", "torch"]
 
 
 @pytest.mark.parametrize("kind", ["padded", "nan-padding", "extreme"])
@@ -370,14 +371,16 @@ def test_clamped_tokens_are_counted_where_kept_and_only_for_a_clamp(which):
     assert m["clamped_fraction"] == 0.0
 
 
+@pytest.mark.parametrize("padding", ["ignore", "zero-logratio"])
 @pytest.mark.parametrize("which", ["numpy", "torch"])
-def test_a_tiny_mismatch_gives_an_accurate_probability_difference(which):
+def test_a_tiny_mismatch_gives_an_accurate_probability_difference(which, padding):
     """old − roll = 2^−20 at p ≈ e^−1: p_old − p_roll = p_roll·expm1(lr) = 3.5e-7 to float32 precision,
     where exp(old) − exp(roll) in float32 loses about 10% (the two exps agree to 7 digits)."""
     old = torch.tensor([[-1.0, -1.0]])
     roll = old - torch.tensor([[2.0 ** -20, 0.0]])
     exact = math.exp(roll[0, 0].item()) * math.expm1(2.0 ** -20)
-    m = _metrics(TIS, old, roll, torch.ones(1, 2), torch.ones(1, 2), backend=which)
+    tis = replace(TIS, padding=padding)  # both paddings leave lr = old − roll, so it is reused
+    m = _metrics(tis, old, roll, torch.ones(1, 2), torch.ones(1, 2), backend=which)
     assert m["max_abs_prob_diff"] == pytest.approx(exact, rel=1e-5)
 
 
@@ -439,4 +442,5 @@ def test_an_explicit_backend_is_the_one_used(monkeypatch):
     z = torch.zeros(1, 2)
     for which in ("torch", "numpy"):
         _metrics(TIS, z, z, torch.ones(1, 2), torch.ones(1, 2), backend=which)
-    assert calls == ["_totals_torch", "_totals_numpy"]
+    metrics.correction_metrics_by_group(TIS, z, z, torch.ones(1, 2), z, z, z, z, None, groups=[slice(0, 1)])
+    assert calls == ["_totals_torch", "_totals_numpy", "_totals_numpy"]  # the default is auto: small → NumPy
