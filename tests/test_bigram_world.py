@@ -14,6 +14,7 @@ from runner.training.advantages import grpo_advantages
 from runner.worlds.bigram.world import BigramWorld
 from runner.worlds.engine import Engine, Mismatch, ParamHistory
 from runner.worlds.protocol import exact_gradient
+from runner.worlds.precision import Precision
 
 COUNT = {"name": "target-count", "targets": [0, 1, 2, 3]}
 THRESHOLD = {"name": "target-threshold", "targets": [0, 1, 2, 3], "min_count": 6}
@@ -232,6 +233,26 @@ def test_mismatch_config_errors(cfg, match):
             "outlier_rate": 0.0, "outlier_shift": -1000.0}
     with pytest.raises(UserError, match=match):
         Mismatch.from_config({**base, **cfg})
+
+
+def test_mismatch_config_edges_are_accepted_and_read_field_by_field():
+    """Each field from its own key, at the edges of its range: staleness 0, σ 0, top_p 1, outlier_rate 0
+    and 1, an infinite outlier shift, a small temperature; logprobs and router_replay default to
+    compute and false when absent. Just past each open edge is rejected (top_p 0, temperature 0)."""
+    cfg = {"staleness": 3, "precision": "fp16", "logit_noise": 0.25, "temperature": 0.01, "top_p": 1.0,
+           "outlier_rate": 1.0, "outlier_shift": -math.inf}
+    m = Mismatch.from_config(cfg)
+    assert m == Mismatch(staleness=3, precision="fp16", logit_noise=0.25, temperature=0.01, top_p=1.0,
+                         outlier_rate=1.0, outlier_shift=-math.inf, router_replay=False, logprobs="compute")
+    edges = {**cfg, "staleness": 0, "logit_noise": 0.0, "top_p": 0.001, "outlier_rate": 0.0, "outlier_shift": 5.0,
+             "router_replay": True, "logprobs": "fp32"}
+    assert Mismatch.from_config(edges) == Mismatch(staleness=0, precision="fp16", logit_noise=0.0, temperature=0.01,
+                                                   top_p=0.001, outlier_rate=0.0, outlier_shift=5.0,
+                                                   router_replay=True, logprobs="fp32")
+    assert Mismatch.from_config(edges).compute_precision == Precision("fp16", router_fp32=True)
+    for key, value in (("top_p", 0.0), ("temperature", 0.0), ("outlier_shift", math.nan), ("logprobs", "fp16")):
+        with pytest.raises(UserError, match=key):
+            Mismatch.from_config({**cfg, key: value})
 
 
 @pytest.mark.parametrize("rollout,task,match", [
