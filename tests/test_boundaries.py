@@ -112,6 +112,20 @@ def test_the_veto_threshold_is_strict():
     assert never.coef.tolist() == [[0.5] * 3] * 2 and never.metrics["seq_masked_fraction"] == 0.0
 
 
+def test_the_veto_combines_with_a_filter_and_ignores_padding():
+    """IcePop [0.5, 2] with veto 1e-3 (threshold ln 1e-3 = −6.9). Row 0: lr [0.1, 1.5, 0 | pad −10]: the
+    filter drops ρ = e^1.5, nothing vetoes (the −10 is padding, which under `padding: multiply` keeps
+    its lr): coef [e^0.1, 0, 1, 0]. Row 1: lr [0.1, 0, −10, 0]: vetoed, every token 0, though ρ = e^0.1
+    and 1 pass the filter. A veto must not undo the filter's rejections, nor reject what it kept."""
+    corr = Correction(name="icepop-veto", weight="token", filter="token", low=0.5, high=2.0, veto=1e-3,
+                      padding="multiply")
+    old = torch.tensor([[0.1, 1.5, 0.0, -10.0], [0.1, 0.0, -10.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    res = apply_correction(corr, old, torch.zeros(2, 4), mask)
+    assert res.coef.tolist() == [[pytest.approx(math.exp(0.1), rel=1e-6), 0.0, 1.0, 0.0], [0.0] * 4]
+    assert res.keep.tolist() == [[True, False, True, False], [False] * 4]  # the padded −10 is outside the band
+
+
 def test_the_geometric_weight_no_preset_uses():
     """weight = geometric: ρ_geo = exp(G_i), G_i the mean masked-in lr, on every token of the
     sequence (0 at padding); with a log clamp c, exp(clamp(G_i, ±c)). lr = [0.3, −0.1 | pad] gives
