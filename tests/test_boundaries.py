@@ -19,6 +19,7 @@ from runner import registry
 from runner.corrections import Correction, apply_correction
 from runner.hydra_app import app as hydra_app
 from runner.losses import LossSpec, policy_loss
+from runner.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -286,3 +287,19 @@ def test_a_bypass_coefficient_is_detached_from_lp():
 
     (split,) = apply_correction_split(bypass_tis, roll, roll, torch.ones(1, 2), [slice(0, 1)], lp=lp)
     assert split.coef.tolist() == [pytest.approx([math.exp(0.2)] * 2, rel=1e-6)]
+
+
+def test_correction_validation_checks_every_number_and_key():
+    """Every numeric field is checked, also after one that is null (low null, high −1 is an error);
+    an unknown key is a UserError naming it, not a TypeError; without a filter, keep is a bool
+    all-True [B, T] (callers negate and combine it)."""
+    for fields, needle in (({"low": None, "high": -1.0}, "high must be non-negative"),
+                           ({"veto": math.nan}, "veto must be a number or null"),
+                           ({"log_clamp": None, "filter_log_clamp": -2.0}, "filter_log_clamp must be non-negative"),
+                           ({"low": 2.0, "high": 1.0}, r"low \(2.0\) > correction.high")):
+        with pytest.raises(UserError, match=needle):
+            Correction(name="x", weight="token", **fields).validate()
+    with pytest.raises(UserError, match="unknown key.*nmae"):
+        Correction.from_config({"name": "x", "nmae": "y"})
+    keep = apply_correction(Correction(name="is", weight="token"), ON_POLICY, ON_POLICY, FULL).keep
+    assert keep.dtype == torch.bool and keep.tolist() == [[True] * 3] * 2
