@@ -89,6 +89,22 @@ def test_spike_window_edges_and_final_quarter():
     assert stats.final_of(list(range(7))) == 5.5  # ceil(7/4) = 2 updates: 5, 6
 
 
+def test_run_summaries_take_missing_values_as_nan_and_warn_about_nothing():
+    """A missing value (None, as a JSON null arrives) is NaN: left out of the mean and the objective, a
+    spike in the grad norms. One value has no SE, quietly (no NumPy 'degrees of freedom' warning)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m, se, n = stats.mean_se([1.0, None, 3.0])
+        assert (m, n) == (2.0, 2) and se == pytest.approx(1.0, rel=1e-12)  # sd √2, SE √2/√2
+        assert math.isnan(stats.mean_se([5.0])[1])
+        assert stats.spikes_of([1.0, None, 1.0]) == 1
+        assert stats.drawdown_of([0.5, None, 0.2]) == pytest.approx(0.3)
+        assert stats.final_of([None, 3.0]) == 3.0 and stats.final_of([4.0]) == 4.0
+        assert math.isnan(stats.final_of([None]))
+
+
 def test_numbers_in_statements():
     assert [stats.sig(v) for v in (None, math.inf, -math.inf, math.nan, 0.0)] == ["nan", "∞", "−∞", "nan", "0"]
     # plain from 1e-3 up to (not including) 1e4, else an exponent without its leading zero
