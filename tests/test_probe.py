@@ -281,41 +281,44 @@ def test_bench_tiny_smoke(monkeypatch, capsys):
 
 # ------------------------------------------------------------------------------ summarise, by hand
 def test_summarise_golden_values():
-    """Every figure of runner.probe.stats.summarise on estimates small enough to do by hand: arm 0 has
-    4 finite batches, arm 1 two (a NaN and an inf batch dropped), arm 2 one (every figure NaN)."""
+    """Every figure of runner.probe.stats.summarise on estimates small enough to do by hand, ∇J = (0.5, 1):
+    arm 0 has 4 finite batches, arm 1 two (a NaN and an inf batch dropped), arm 2 one (every figure
+    NaN), arm 3 four batches all exactly ∇J (bias 0 = radius 0: not significant)."""
     from runner.probe.stats import summarise
 
     nan, inf = math.nan, math.inf
-    est = torch.tensor([[[1.0, 0.0], [0.0, 0.0], [nan, 0.0]],
-                        [[3.0, 0.0], [nan, 0.0], [nan, 0.0]],
-                        [[1.0, 2.0], [2.0, 2.0], [nan, 0.0]],
-                        [[3.0, 2.0], [inf, 1.0], [1.0, 1.0]]])  # [R=4, K=3, D=2]
-    grad = torch.tensor([1.0, 1.0])
+    est = torch.tensor([[[1.0, 0.0], [0.0, 0.0], [nan, 0.0], [0.5, 1.0]],
+                        [[3.0, 0.0], [nan, 0.0], [nan, 0.0], [0.5, 1.0]],
+                        [[1.0, 2.0], [2.0, 2.0], [nan, 0.0], [0.5, 1.0]],
+                        [[3.0, 2.0], [inf, 1.0], [1.0, 1.0], [0.5, 1.0]]])  # [R=4, K=4, D=2]
+    grad = torch.tensor([0.5, 1.0])
     s = summarise(est, grad, "clt", 0.9, 500, torch.Generator().manual_seed(0))
-    # arm 0: mean (2, 1), bias (1, 0); deviations (±1, ±1): tr Cov = 8/3; ‖x − ∇J‖² = 1, 5, 1, 5
-    # arm 1: mean (1, 1) = ∇J; tr Cov = (2 + 2)/1; ‖x − ∇J‖² = 2, 2
+    # arm 0: mean (2, 1), bias (1.5, 0); deviations (±1, ±1): tr Cov = 8/3; ‖x − ∇J‖² = 1.25, 7.25, 1.25, 7.25
+    # arm 1: mean (1, 1), bias (0.5, 0); tr Cov = (2 + 2)/1; ‖x − ∇J‖² = 1.25, 3.25
+    g2 = 1.25  # ‖∇J‖²
     expected = {
-        "bias_norm": [1.0, 0.0], "variance": [8 / 3, 4.0], "mse": [3.0, 2.0],
-        "rel_bias": [1 / math.sqrt(2), 0.0], "rel_mse": [1.5, 1.0],
-        "norm_ratio": [math.sqrt(5 / 2), 1.0], "cosine": [3 / math.sqrt(10), 1.0],
-        "mean_grad_norm": [(1 + 3 + math.sqrt(5) + math.sqrt(13)) / 4, math.sqrt(2)],
-        "bias_norm_debiased": [math.sqrt(1 / 3), 0.0],  # sqrt(max(0, bias² − tr Cov / n))
-        "nonfinite_rate": [0.0, 0.5, 0.75], "n_finite": [4.0, 2.0, 1.0],
+        "bias_norm": [1.5, 0.5, nan, 0.0], "variance": [8 / 3, 4.0, nan, 0.0], "mse": [4.25, 2.25, nan, 0.0],
+        "rel_bias": [1.5 / math.sqrt(g2), 0.5 / math.sqrt(g2), nan, 0.0], "rel_mse": [4.25 / g2, 2.25 / g2, nan, 0.0],
+        "norm_ratio": [2.0, math.sqrt(2 / g2), nan, 1.0], "cosine": [0.8, 1.5 / math.sqrt(2.5), nan, 1.0],
+        "mean_grad_norm": [(1 + 3 + math.sqrt(5) + math.sqrt(13)) / 4, math.sqrt(2), nan, math.sqrt(g2)],
+        "bias_norm_debiased": [math.sqrt(2.25 - 2 / 3), 0.0, nan, 0.0],  # sqrt(max(0, bias² − tr Cov / n))
+        "nonfinite_rate": [0.0, 0.5, 0.75, 0.0], "n_finite": [4.0, 2.0, 1.0, 4.0],
     }
     for name, values in expected.items():
-        assert s[name][:len(values)].tolist() == pytest.approx(values, rel=1e-12, abs=1e-15), name
-    r = s["bias_norm_ci"][:2]
-    assert bool((r > 0).all())
-    assert s["bias_norm_hi"][:2].tolist() == pytest.approx((torch.tensor([1.0, 0.0]) + r).tolist(), rel=1e-12)
-    assert s["bias_norm_lo"][0].item() == pytest.approx(max(0.0, 1.0 - r[0].item()), rel=1e-12)
-    assert s["bias_norm_lo"][1].item() == 0.0
-    assert s["bias_significant"][:2].tolist() == [float(1.0 > r[0].item()), 0.0]
+        assert s[name].tolist() == pytest.approx(values, rel=1e-12, abs=1e-15, nan_ok=True), name
+    r = s["bias_norm_ci"]
+    assert bool((r[:2] > 0).all()) and r[3].item() == 0.0  # identical batches: no spread at all
+    bias = torch.tensor([1.5, 0.5], dtype=torch.float64)
+    assert s["bias_norm_hi"][:2].tolist() == pytest.approx((bias + r[:2]).tolist(), rel=1e-12)
+    assert s["bias_norm_lo"][:2].tolist() == pytest.approx((bias - r[:2]).clamp(min=0).tolist(), rel=1e-12)
+    assert s["bias_significant"].tolist()[:2] == [float(1.5 > r[0].item()), float(0.5 > r[1].item())]
+    assert s["bias_significant"][3].item() == 0.0  # 0 > 0 is false: no bias shown
     for name, value in s.items():  # arm 2: one finite batch, so no figure but the counts
         if name not in ("nonfinite_rate", "n_finite"):
             assert math.isnan(value[2].item()), name
     # a Monte Carlo reference's own error widens every radius by exactly its size
     wide = summarise(est, grad, "clt", 0.9, 500, torch.Generator().manual_seed(0), grad_noise=0.25)
-    assert (wide["bias_norm_ci"][:2] - r).tolist() == pytest.approx([0.25, 0.25], rel=1e-12)
+    assert (wide["bias_norm_ci"][[0, 1, 3]] - r[[0, 1, 3]]).tolist() == pytest.approx([0.25] * 3, rel=1e-12)
     # ∇J = 0: the relative figures are NaN, the cosine 0 (never 0/0)
     flat = summarise(est, torch.zeros(2), "clt", 0.9, 50, torch.Generator().manual_seed(0))
     assert all(math.isnan(flat[k][0].item()) for k in ("rel_bias", "rel_mse", "norm_ratio"))
