@@ -319,6 +319,11 @@ def test_summarise_golden_values():
     # a Monte Carlo reference's own error widens every radius by exactly its size
     wide = summarise(est, grad, "clt", 0.9, 500, torch.Generator().manual_seed(0), grad_noise=0.25)
     assert (wide["bias_norm_ci"][[0, 1, 3]] - r[[0, 1, 3]]).tolist() == pytest.approx([0.25] * 3, rel=1e-12)
+    # a small ∇J (norm 0.56 < 1) = half of arm 3's constant estimate: bias = ∇J, so rel_bias = rel_mse = 1,
+    # norm_ratio 2, cosine 1
+    half = summarise(est, grad / 2, "clt", 0.9, 50, torch.Generator().manual_seed(0))
+    assert [half[k][3].item() for k in ("rel_bias", "rel_mse", "norm_ratio", "cosine")] == \
+        pytest.approx([1.0, 1.0, 2.0, 1.0], rel=1e-12)
     # ∇J = 0: the relative figures are NaN, the cosine 0 (never 0/0)
     flat = summarise(est, torch.zeros(2), "clt", 0.9, 50, torch.Generator().manual_seed(0))
     assert all(math.isnan(flat[k][0].item()) for k in ("rel_bias", "rel_mse", "norm_ratio"))
