@@ -342,6 +342,26 @@ def test_radius_clt_and_bootstrap_quantiles():
     r = summarise(x, torch.zeros(1), "clt", 0.95, 100_000, torch.Generator().manual_seed(1))["bias_norm_ci"]
     assert r.item() == pytest.approx(1.959964 * math.sqrt(20 / 3 / 4), rel=0.02)
     b = torch.tensor([0.0, 2.0, math.nan]).reshape(3, 1, 1)
-    for level, radius in ((0.9, 1.0), (0.4, 1 / 3)):
+    # a resample with one finite batch is off by that batch's whole deviation (1, not 1/2), so the 0.6
+    # quantile is 1 (P(< 1) = 13/27)
+    for level, radius in ((0.9, 1.0), (0.6, 1.0), (0.4, 1 / 3)):
         got = summarise(b, torch.zeros(1), "bootstrap", level, 4000, torch.Generator().manual_seed(2))["bias_norm_ci"]
         assert got.item() == pytest.approx(radius, rel=1e-12), level
+    # one draw is one draw: its norm, 0 or 1 here
+    one = summarise(b, torch.zeros(1), "bootstrap", 0.5, 1, torch.Generator().manual_seed(2))["bias_norm_ci"]
+    assert one.item() in (0.0, 1.0)
+
+
+def test_radius_draws_only_from_the_given_generator():
+    """The CI radius is reproducible from the probe's own generator, whatever the global RNG did."""
+    from runner.probe.stats import summarise
+
+    est = torch.randn(7, 2, 3, generator=torch.Generator().manual_seed(5))
+    radii = []
+    with torch.random.fork_rng():  # the global stream is moved here, and restored for the other tests
+        for global_seed in (0, 1):
+            torch.manual_seed(global_seed)
+            for ci in ("bootstrap", "clt"):
+                radii.append(summarise(est, torch.zeros(3), ci, 0.9, 300,
+                                       torch.Generator().manual_seed(3))["bias_norm_ci"])
+    assert torch.equal(radii[0], radii[2]) and torch.equal(radii[1], radii[3])
