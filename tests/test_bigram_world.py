@@ -231,8 +231,10 @@ def test_grpo_advantages():
 def test_mismatch_config_errors(cfg, match):
     base = {"staleness": 0, "precision": "fp32", "logit_noise": 0.0, "temperature": 1.0, "top_p": 1.0,
             "outlier_rate": 0.0, "outlier_shift": -1000.0}
-    with pytest.raises(UserError, match=match):
+    with pytest.raises(UserError, match=match) as err:
         Mismatch.from_config({**base, **cfg})
+    # the message names its section: mismatch.KEY for a bad value, mismatch for an unknown key
+    assert str(err.value).startswith("mismatch" + ("" if match == "unknown key" else f".{match}")), str(err.value)
 
 
 def test_mismatch_config_edges_are_accepted_and_read_field_by_field():

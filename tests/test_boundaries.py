@@ -295,6 +295,8 @@ def test_correction_validation_checks_every_number_and_key():
     all-True [B, T] (callers negate and combine it)."""
     for fields, needle in (({"low": None, "high": -1.0}, "high must be non-negative"),
                            ({"veto": math.nan}, "veto must be a number or null"),
+                           ({"low": "0.5"}, "low must be a number or null"),
+                           ({"high": True}, "high must be a number or null"),
                            ({"log_clamp": None, "filter_log_clamp": -2.0}, "filter_log_clamp must be non-negative"),
                            ({"low": 2.0, "high": 1.0}, r"low \(2.0\) > correction.high")):
         with pytest.raises(UserError, match=needle):

@@ -174,7 +174,10 @@ def test_precision_rounding_golden_values():
     act = fp8.activations(torch.tensor([[1.0, 0.3], [64.0, 19.2]]))
     assert act.dtype == torch.bfloat16 and act.tolist() == [[1.0, 0.28515625], [64.0, 18.25]]
     assert fp8.activations(torch.zeros(1, 2)).tolist() == [[0.0, 0.0]]
-    assert fp8.cast(torch.tensor([0.3, 1 / 3, 500.0])).tolist() == [0.3125, 0.34375, 448.0]
+    # activations of [batch, token, feature]: still one scale per token (the last dim), not per feature
+    assert fp8.activations(torch.tensor([[[1.0, 0.3], [64.0, 19.2]]])).tolist() == [[[1.0, 0.28515625], [64.0, 18.25]]]
+    cast = fp8.cast(torch.tensor([0.3, 1 / 3, 500.0]))
+    assert cast.dtype == torch.bfloat16 and cast.tolist() == [0.3125, 0.34375, 448.0]  # fp8 values, bf16 compute
     assert Precision("bf16").cast(torch.tensor([1 / 3])).tolist() == [0.333984375]  # 8 mantissa bits
     assert Precision("bf16").activations(torch.tensor([1 / 3])).tolist() == [0.333984375]
     assert Precision("fp16").weights(torch.tensor([1 / 3])).tolist() == [0.333251953125]  # 11 bits
