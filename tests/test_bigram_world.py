@@ -225,6 +225,10 @@ def test_grpo_advantages():
     ({"temperature": 0.0}, "temperature"),
     ({"logit_noise": -0.1}, "logit_noise"),
     ({"outlier_rate": 2.0}, "outlier_rate"),
+    ({"outlier_rate": -0.1}, "outlier_rate"),
+    ({"outlier_shift": float("nan")}, "outlier_shift"),
+    ({"router_replay": "yes"}, "router_replay"),
+    ({"logprobs": "fp16"}, "logprobs"),
     ({"staleness": 1.5}, "staleness"),
     ({"stalenes": 1}, "unknown key"),
 ])

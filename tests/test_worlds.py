@@ -209,3 +209,7 @@ def test_engine_processing_golden_values():
     assert process(torch.Generator().manual_seed(0), logit_noise=0.5) == \
         pytest.approx(torch.log_softmax(logits + 0.5 * z, -1).tolist(), abs=1e-6)
     assert process(top_p=1.0, temperature=1.0) == pytest.approx(torch.log_softmax(logits, -1).tolist(), abs=0)
+    # σ = 0 draws nothing: the generator's stream (which also samples the tokens) is left untouched
+    g = torch.Generator().manual_seed(4)
+    process(g, logit_noise=0.0)
+    assert torch.equal(torch.rand(3, generator=g), torch.rand(3, generator=torch.Generator().manual_seed(4)))
