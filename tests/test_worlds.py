@@ -209,6 +209,13 @@ def test_engine_processing_golden_values():
     assert process(torch.Generator().manual_seed(0), logit_noise=0.5) == \
         pytest.approx(torch.log_softmax(logits + 0.5 * z, -1).tolist(), abs=1e-6)
     assert process(top_p=1.0, temperature=1.0) == pytest.approx(torch.log_softmax(logits, -1).tolist(), abs=0)
+    # top_p = 1 drops nothing, not even a token whose probability underflows to 0 in float32 (e^−200)
+    engine = Engine.__new__(Engine)
+    engine.mismatch, engine.dtype = Mismatch(top_p=1.0), torch.float32
+    assert engine.process(torch.tensor([0.0, -200.0])).tolist() == [0.0, -200.0]
+    # the noise is added in the engine's dtype: a bf16 engine's log-probs stay bf16
+    engine.mismatch, engine.dtype = Mismatch(logit_noise=0.5), torch.bfloat16
+    assert engine.process(logits, torch.Generator().manual_seed(0)).dtype == torch.bfloat16
     # σ = 0 draws nothing: the generator's stream (which also samples the tokens) is left untouched
     g = torch.Generator().manual_seed(4)
     process(g, logit_noise=0.0)
