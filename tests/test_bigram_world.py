@@ -14,6 +14,7 @@ from runner.training.advantages import grpo_advantages
 from runner.worlds.bigram.world import BigramWorld
 from runner.worlds.engine import Engine, Mismatch, ParamHistory
 from runner.worlds.protocol import exact_gradient
+from runner.worlds.precision import Precision
 
 COUNT = {"name": "target-count", "targets": [0, 1, 2, 3]}
 THRESHOLD = {"name": "target-threshold", "targets": [0, 1, 2, 3], "min_count": 6}
@@ -224,14 +225,40 @@ def test_grpo_advantages():
     ({"temperature": 0.0}, "temperature"),
     ({"logit_noise": -0.1}, "logit_noise"),
     ({"outlier_rate": 2.0}, "outlier_rate"),
+    ({"outlier_rate": -0.1}, "outlier_rate"),
+    ({"outlier_shift": float("nan")}, "outlier_shift"),
+    ({"router_replay": "yes"}, "router_replay"),
+    ({"logprobs": "fp16"}, "logprobs"),
     ({"staleness": 1.5}, "staleness"),
     ({"stalenes": 1}, "unknown key"),
 ])
 def test_mismatch_config_errors(cfg, match):
     base = {"staleness": 0, "precision": "fp32", "logit_noise": 0.0, "temperature": 1.0, "top_p": 1.0,
             "outlier_rate": 0.0, "outlier_shift": -1000.0}
-    with pytest.raises(UserError, match=match):
+    with pytest.raises(UserError, match=match) as err:
         Mismatch.from_config({**base, **cfg})
+    # the message names its section: mismatch.KEY for a bad value, mismatch for an unknown key
+    assert str(err.value).startswith("mismatch" + ("" if match == "unknown key" else f".{match}")), str(err.value)
+
+
+def test_mismatch_config_edges_are_accepted_and_read_field_by_field():
+    """Each field from its own key, at the edges of its range: staleness 0, σ 0, top_p 1, outlier_rate 0
+    and 1, an infinite outlier shift, a small temperature; logprobs and router_replay default to
+    compute and false when absent. Just past each open edge is rejected (top_p 0, temperature 0)."""
+    cfg = {"staleness": 3, "precision": "fp16", "logit_noise": 0.25, "temperature": 0.01, "top_p": 1.0,
+           "outlier_rate": 1.0, "outlier_shift": -math.inf}
+    m = Mismatch.from_config(cfg)
+    assert m == Mismatch(staleness=3, precision="fp16", logit_noise=0.25, temperature=0.01, top_p=1.0,
+                         outlier_rate=1.0, outlier_shift=-math.inf, router_replay=False, logprobs="compute")
+    edges = {**cfg, "staleness": 0, "logit_noise": 0.0, "top_p": 0.001, "outlier_rate": 0.0, "outlier_shift": 5.0,
+             "router_replay": True, "logprobs": "fp32"}
+    assert Mismatch.from_config(edges) == Mismatch(staleness=0, precision="fp16", logit_noise=0.0, temperature=0.01,
+                                                   top_p=0.001, outlier_rate=0.0, outlier_shift=5.0,
+                                                   router_replay=True, logprobs="fp32")
+    assert Mismatch.from_config(edges).compute_precision == Precision("fp16", router_fp32=True)
+    for key, value in (("top_p", 0.0), ("temperature", 0.0), ("outlier_shift", math.nan), ("logprobs", "fp16")):
+        with pytest.raises(UserError, match=key):
+            Mismatch.from_config({**cfg, key: value})
 
 
 @pytest.mark.parametrize("rollout,task,match", [

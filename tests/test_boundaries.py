@@ -19,6 +19,7 @@ from runner import registry
 from runner.corrections import Correction, apply_correction
 from runner.hydra_app import app as hydra_app
 from runner.losses import LossSpec, policy_loss
+from runner.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -112,6 +113,20 @@ def test_the_veto_threshold_is_strict():
     assert never.coef.tolist() == [[0.5] * 3] * 2 and never.metrics["seq_masked_fraction"] == 0.0
 
 
+def test_the_veto_combines_with_a_filter_and_ignores_padding():
+    """IcePop [0.5, 2] with veto 1e-3 (threshold ln 1e-3 = −6.9). Row 0: lr [0.1, 1.5, 0 | pad −10]: the
+    filter drops ρ = e^1.5, nothing vetoes (the −10 is padding, which under `padding: multiply` keeps
+    its lr): coef [e^0.1, 0, 1, 0]. Row 1: lr [0.1, 0, −10, 0]: vetoed, every token 0, though ρ = e^0.1
+    and 1 pass the filter. A veto must not undo the filter's rejections, nor reject what it kept."""
+    corr = Correction(name="icepop-veto", weight="token", filter="token", low=0.5, high=2.0, veto=1e-3,
+                      padding="multiply")
+    old = torch.tensor([[0.1, 1.5, 0.0, -10.0], [0.1, 0.0, -10.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
+    res = apply_correction(corr, old, torch.zeros(2, 4), mask)
+    assert res.coef.tolist() == [[pytest.approx(math.exp(0.1), rel=1e-6), 0.0, 1.0, 0.0], [0.0] * 4]
+    assert res.keep.tolist() == [[True, False, True, False], [False] * 4]  # the padded −10 is outside the band
+
+
 def test_the_geometric_weight_no_preset_uses():
     """weight = geometric: ρ_geo = exp(G_i), G_i the mean masked-in lr, on every token of the
     sequence (0 at padding); with a log clamp c, exp(clamp(G_i, ±c)). lr = [0.3, −0.1 | pad] gives
@@ -123,6 +138,11 @@ def test_the_geometric_weight_no_preset_uses():
     coef = apply_correction(geo, old, roll, mask).coef
     assert coef[0].tolist() == pytest.approx([math.exp(0.1), math.exp(0.1), 0.0], rel=1e-6)
     assert coef[1].tolist() == pytest.approx([math.exp(20), math.exp(20), 0.0], rel=1e-6)
+    # a one-token sequence: G is its own lr (|y| = 1; a count floored at 2 would halve it), and an
+    # empty one gets 0, not 0/0
+    one = apply_correction(geo, torch.tensor([[0.4, 0.0], [0.0, 0.0]]), torch.zeros(2, 2),
+                           torch.tensor([[1.0, 0.0], [0.0, 0.0]])).coef
+    assert one.tolist() == [[pytest.approx(math.exp(0.4), rel=1e-6), 0.0], [0.0, 0.0]]
 
 
 def test_an_integer_or_bool_mask_is_taken_as_float():
@@ -267,3 +287,21 @@ def test_a_bypass_coefficient_is_detached_from_lp():
 
     (split,) = apply_correction_split(bypass_tis, roll, roll, torch.ones(1, 2), [slice(0, 1)], lp=lp)
     assert split.coef.tolist() == [pytest.approx([math.exp(0.2)] * 2, rel=1e-6)]
+
+
+def test_correction_validation_checks_every_number_and_key():
+    """Every numeric field is checked, also after one that is null (low null, high −1 is an error);
+    an unknown key is a UserError naming it, not a TypeError; without a filter, keep is a bool
+    all-True [B, T] (callers negate and combine it)."""
+    for fields, needle in (({"low": None, "high": -1.0}, "high must be non-negative"),
+                           ({"veto": math.nan}, "veto must be a number or null"),
+                           ({"low": "0.5"}, "low must be a number or null"),
+                           ({"high": True}, "high must be a number or null"),
+                           ({"log_clamp": None, "filter_log_clamp": -2.0}, "filter_log_clamp must be non-negative"),
+                           ({"low": 2.0, "high": 1.0}, r"low \(2.0\) > correction.high")):
+        with pytest.raises(UserError, match=needle):
+            Correction(name="x", weight="token", **fields).validate()
+    with pytest.raises(UserError, match="unknown key.*nmae"):
+        Correction.from_config({"name": "x", "nmae": "y"})
+    keep = apply_correction(Correction(name="is", weight="token"), ON_POLICY, ON_POLICY, FULL).keep
+    assert keep.dtype == torch.bool and keep.tolist() == [[True] * 3] * 2

@@ -62,6 +62,64 @@ def test_run_summaries():
     assert stats.final_of(list(range(8))) == pytest.approx(6.5)  # the last quarter: 6, 7
 
 
+def test_mean_se_and_effect_edges():
+    """The edges of the shared test, each where a flipped comparison or a changed count changes the verdict."""
+    m, se, n = stats.mean_se([1.0, 2.0, 3.0, float("nan")])  # the NaN is dropped; sd (n − 1) = 1, SE = 1/√3
+    assert (m, n) == (2.0, 3) and se == pytest.approx(1 / math.sqrt(3), rel=1e-12)
+    m, se, n = stats.mean_se([5.0])
+    assert (m, n) == (5.0, 1) and math.isnan(se)
+    m, se, n = stats.mean_se([])
+    assert n == 0 and math.isnan(m) and math.isnan(se)
+    # mean exactly at the margin with SE 0: holds (mean ≥ margin); a strict > would make it inconclusive
+    assert stats.effect([1.0, 1.0, 1.0], margin=1.0) == HOLDS
+    # mean − 2 SE = 0 = mean + 2 SE = margin: neither significant (> 0) nor ruled out (< margin)
+    assert stats.effect([0.0, 0.0, 0.0], margin=0.0) == UNSURE
+    assert stats.effect([1.0, 1.2], margin=0.5) == HOLDS  # two seeds suffice: 1.1 − 2·0.1 > 0
+    # mean 1.5, SE 0.645: 2.3 SE from 0, so significant at 2 SE (not at 3)
+    assert stats.effect([0.0, 1.0, 2.0, 3.0], margin=0.1) == HOLDS
+    assert stats.all_of([]) == UNSURE and stats.any_of([]) == UNSURE  # no parts: nothing shown either way
+
+
+def test_spike_window_edges_and_final_quarter():
+    # the trailing median needs 3 earlier norms, and excludes the update itself
+    assert stats.spikes_of([1.0, 1.0, 1.0, 10.0]) == 1
+    assert stats.spikes_of([1.0, 1.0, 10.0]) == 0
+    # zero norms are left out of the median: with them the median of the 8 before 15 would be 0.5 (a
+    # spike); without, it is 4 (15 < 20, none)
+    assert stats.spikes_of([0.0, 0.0, 0.0, 0.0, 1.0, 4.0, 4.0, 4.0, 15.0]) == 0
+    assert math.isnan(stats.drawdown_of([float("nan")])) and math.isnan(stats.final_of([]))
+    assert stats.drawdown_of([3.0, 2.0, 1.0]) == 2.0 and stats.drawdown_of([1.0, 2.0, 3.0]) == 0.0
+    assert stats.final_of([1.0, 2.0]) == 2.0  # ceil(2/4) = 1 update
+    assert stats.final_of(list(range(7))) == 5.5  # ceil(7/4) = 2 updates: 5, 6
+
+
+def test_run_summaries_take_missing_values_as_nan_and_warn_about_nothing():
+    """A missing value (None, as a JSON null arrives) is NaN: left out of the mean and the objective, a
+    spike in the grad norms. One value has no SE, quietly (no NumPy 'degrees of freedom' warning)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        m, se, n = stats.mean_se([1.0, None, 3.0])
+        assert (m, n) == (2.0, 2) and se == pytest.approx(1.0, rel=1e-12)  # sd √2, SE √2/√2
+        assert math.isnan(stats.mean_se([5.0])[1])
+        assert stats.spikes_of([1.0, None, 1.0]) == 1
+        assert stats.drawdown_of([0.5, None, 0.2]) == pytest.approx(0.3)
+        assert stats.final_of([None, 3.0]) == 3.0 and stats.final_of([4.0]) == 4.0
+        assert math.isnan(stats.final_of([None]))
+
+
+def test_numbers_in_statements():
+    assert [stats.sig(v) for v in (None, math.inf, -math.inf, math.nan, 0.0)] == ["nan", "∞", "−∞", "nan", "0"]
+    # plain from 1e-3 up to (not including) 1e4, else an exponent without its leading zero
+    assert [stats.sig(v) for v in (1e-3, 9.9e-4, 123.456, -0.5, 1e4, 12345.0, 2.5e-7)] == \
+        ["0.001", "9.90e-4", "123", "-0.5", "1.00e4", "1.23e4", "2.50e-7"]
+    assert [stats.sig(v, 2) for v in (9.9e-4, 12345.0, 0.04567)] == ["9.9e-4", "1.2e4", "0.046"]
+    assert stats.plus_minus(1.234, 0.0567) == "1.23 ± 0.057" and stats.plus_minus(1.0, math.nan) == "1"
+    assert stats.as_float("2.5") == 2.5
+    assert all(math.isnan(stats.as_float(v)) for v in (None, "", "x"))
+
+
 # ----------------------------------------------------------------------------------------- 1. TIS tames mismatch
 def _tis_runs(collapse_ppo, collapse_tis, drop_ppo, drop_tis, seeds=4, setting="bf16", j=0.9):
     """Runs of plain PPO and TIS: the first `collapse_*` seeds collapse (at step 40 + 10·seed)."""

@@ -38,8 +38,12 @@ def test_every_config_composes(group, name):
     cfg = hydra_app.compose([f"{group}={name}"])
     container = hydra_app.to_container(cfg)
     assert container["seed"] is not None
-    Correction.from_config(container["correction"])
+    corr = Correction.from_config(container["correction"])
     LossSpec.from_config(container["loss"])
+    if group == "correction":  # the YAML read alone (the probe, the metrics tests) is what composes
+        from runner.probe.settings import load_preset
+
+        assert load_preset(name) == corr
 
 
 def _spec_copy() -> Path | None:

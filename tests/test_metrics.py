@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -126,13 +127,13 @@ def test_gspo_and_reinforce():
 # ----------------------------------------------------------------------------- the two backends
 @functools.lru_cache(maxsize=1)
 def _all_presets() -> tuple[Correction, ...]:
-    """Every preset, composed once per process (a Correction is frozen): composing 22 configs cost
-    each backend test more than its arithmetic, and a mutation run repeats these tests per mutant."""
+    """Every preset, read once per process (a Correction is frozen) from its YAML, as `correction=NAME`
+    composes it (test_configs checks the two agree): composing 22 configs with Hydra took 4-8 s,
+    more than the arithmetic, and a mutation run repeats these tests for every mutant."""
     from runner import registry
-    from runner.hydra_app import app as hydra_app
+    from runner.probe.settings import load_preset
 
-    return tuple(Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={e.name}"]).correction))
-                 for e in registry.presets())
+    return tuple(load_preset(e.name) for e in registry.presets())
 
 
 def _batch(kind: str, B: int = 6, T: int = 9):
@@ -192,7 +193,7 @@ def test_the_auto_backend_switches_on_size():
 
     tis = Correction(name="tis", weight="token", weight_op="clamp", low=0.5, high=5.0)
     calls = []
-    for B in (2, metrics.NUMPY_MAX_ELEMENTS // 8 + 1):
+    for B in (2, metrics.NUMPY_MAX_ELEMENTS // 8, metrics.NUMPY_MAX_ELEMENTS // 8 + 1):  # 16, 16384, 16392
         old, roll, mask = _batch("padded", B=B, T=8)
         original_numpy, original_torch = metrics._totals_numpy, metrics._totals_torch
         metrics._totals_numpy = lambda *a: calls.append("numpy") or original_numpy(*a)
@@ -201,7 +202,7 @@ def test_the_auto_backend_switches_on_size():
             apply_correction(tis, old, roll, mask)
         finally:
             metrics._totals_numpy, metrics._totals_torch = original_numpy, original_torch
-    assert calls == ["numpy", "torch"]
+    assert calls == ["numpy", "numpy", "torch"]
 
 
 @pytest.mark.parametrize("kind", ["padded", "nan-padding", "extreme"])
@@ -240,6 +241,7 @@ def test_metrics_off_computes_no_metrics():
     lp = OLD.clone().requires_grad_(True)
     out = policy_loss(LossSpec(), TIS, lp, OLD, ROLL, torch.ones(2, 4), MASK, metrics=False)
     assert out.metrics == {} and out.tokens is None and out.clipped_tokens is None
+    assert out.correction.metrics == {}  # the correction evaluated inside policy_loss computed none either
 
 
 def test_groups_must_tile_the_batch():
@@ -264,3 +266,181 @@ def test_ppo_clip_fraction_counts_masked_in_tokens_only(padding):
     assert out.metrics["ppo_clip_fraction"] == pytest.approx(2 / 3)
     empty = policy_loss(LossSpec(), Correction(padding=padding), lp, old, old, adv, torch.zeros(1, 5))
     assert empty.metrics["ppo_clip_fraction"] == 0.0
+
+
+# ----------------------------------------------------------------------------- golden values, both backends
+@pytest.fixture(params=["numpy", "torch"])
+def backend(request, monkeypatch):
+    """apply_correction's metrics from one backend: the hand-computed values below hold for both."""
+    from runner import metrics
+
+    if request.param == "torch":
+        monkeypatch.setattr(metrics, "NUMPY_MAX_ELEMENTS", -1)
+    return request.param
+
+
+def test_hand_values_hold_in_both_backends(backend):
+    test_weight_moments_ess_and_clamping()
+    test_divergence_metrics()
+    test_masked_fractions_for_a_sequence_filter()
+
+
+def test_an_empty_batch_gives_every_metric_zero(backend):
+    """A batch with no masked-in token (non-empty shape, and 0 rows): every metric exactly 0, the
+    extremes included (never ±inf from a max over nothing, nor a 0/0)."""
+    from runner import metrics
+
+    for shape in ((2, 3), (0, 3), (2, 0)):
+        z = torch.zeros(shape)
+        m = apply_correction(TIS, z - 1.0, z - 2.0, z).metrics
+        assert m == {name: 0.0 for name in metrics.METRIC_NAMES}, shape
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_equal_weights_give_std_zero_and_ess_exactly_one(which):
+    """11 weights of 1.3 in float32: torch's float32 sums give (Σw)²/(n·Σw²) = 1 + 3.6e-7, so ESS is
+    1 only because it is capped there, and the variance rounds to ≤ 0, so the std is 0."""
+    from runner import metrics
+
+    coef, z, m = torch.full((1, 11), 1.3), torch.zeros(1, 11), torch.ones(1, 11)
+    out = metrics.correction_metrics(Correction(), z, z, m, z, coef, coef, coef, None, backend=which)
+    assert out["ess"] == 1.0 and out["is_weight_std"] == 0.0
+    assert out["is_weight_min"] == out["is_weight_max"] == pytest.approx(1.3, rel=1e-7)
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_a_nan_weight_makes_the_weight_moments_nan(which):
+    """A NaN coefficient (a faithful preset's 0·inf) must show as NaN in mean, std and ESS, not be
+    hidden as 0."""
+    from runner import metrics
+
+    coef = torch.tensor([[1.0, math.nan, 2.0]])
+    z, m = torch.zeros(1, 3), torch.ones(1, 3)
+    out = metrics.correction_metrics(Correction(), z, z, m, z, coef, coef, coef, None, backend=which)
+    assert math.isnan(out["is_weight_mean"]) and math.isnan(out["is_weight_std"])
+
+
+def test_the_safety_bound_on_the_mismatch_metrics(backend):
+    """One token at old − roll = −20.5 among three at 0: k1 uses the log-ratio as is (20.5/4), while
+    k3 and χ² use it bounded at −20: k3 = (e^−20 − 1 + 20)/4, χ²_token = (e^−40 − 1)/4, and the
+    sequence's L = −20.5 is bounded too: χ²_seq = e^−40 − 1. (Unbounded, k3 would be 19.5/4.)"""
+    old = torch.tensor([[-20.5, -1.0, -1.0, -1.0]])
+    roll = torch.tensor([[0.0, -1.0, -1.0, -1.0]])
+    m = apply_correction(TIS, old, roll, torch.ones(1, 4)).metrics
+    assert m["kl_k1"] == pytest.approx(20.5 / 4, rel=1e-6)
+    assert m["kl_k3"] == pytest.approx((math.exp(-20) - 1 + 20) / 4, rel=1e-6)
+    assert m["chi2_token"] == pytest.approx((math.exp(-40) - 1) / 4, rel=1e-6)
+    assert m["chi2_seq"] == pytest.approx(math.exp(-40) - 1, rel=1e-6)
+    assert m["log_ppl_diff"] == pytest.approx(-20.5 / 4, rel=1e-6)
+    assert m["max_abs_prob_diff"] == pytest.approx(1 - math.exp(-20.5), rel=1e-6)
+
+
+def _metrics(corr, old, roll, mask, coef, raw=None, weight=None, keep=None, backend="numpy"):
+    """correction_metrics on hand-made intermediates; lr = old − roll with padding at 0 (as under
+    padding=ignore)."""
+    from runner import metrics
+
+    lr = torch.where(mask > 0, old - roll, 0.0)
+    raw = coef if raw is None else raw
+    return metrics.correction_metrics(corr, old, roll, mask, lr, raw, raw if weight is None else weight,
+                                      coef, keep, backend=backend)
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_an_inf_weight_leaves_the_minimum_over_masked_in_tokens(which):
+    """Weights [inf, 2 | padding 0]: the max is inf, the min 2 (the padding's 0 must not win, also on
+    the path an inf maximum takes)."""
+    z, mask = torch.zeros(1, 3), torch.tensor([[1.0, 1.0, 0.0]])
+    m = _metrics(TIS, z, z, mask, torch.tensor([[math.inf, 2.0, 0.0]]), backend=which)
+    assert (m["is_weight_min"], m["is_weight_max"]) == (2.0, math.inf)
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_clamped_tokens_are_counted_where_kept_and_only_for_a_clamp(which):
+    """A token filter with a clamped weight: tokens 1 and 2 of 4 were clamped, token 2 then rejected,
+    so 1 of 4 counts. With weight_op = raw nothing is clamped, even where raw is NaN (NaN ≠ NaN)."""
+    corr = Correction(name="x", weight="sequence", weight_op="clamp", filter="token", low=0.5, high=2.0)
+    z, mask = torch.zeros(1, 4), torch.ones(1, 4)
+    raw = torch.tensor([[1.0, 3.0, 0.1, 1.5]])
+    weight = torch.tensor([[1.0, 2.0, 0.5, 1.5]])
+    keep = torch.tensor([[True, True, False, True]])
+    m = _metrics(corr, z, z, mask, weight * keep, raw=raw, weight=weight, keep=keep, backend=which)
+    assert m["clamped_fraction"] == 0.25 and m["token_masked_fraction"] == 0.25
+    raw_nan = torch.tensor([[1.0, math.nan, 2.0, 1.0]])
+    m = _metrics(Correction(name="is", weight="token"), z, z, mask, raw_nan, backend=which)
+    assert m["clamped_fraction"] == 0.0
+
+
+@pytest.mark.parametrize("padding", ["ignore", "zero-logratio"])
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_a_tiny_mismatch_gives_an_accurate_probability_difference(which, padding):
+    """old − roll = 2^−20 at p ≈ e^−1: p_old − p_roll = p_roll·expm1(lr) = 3.5e-7 to float32 precision,
+    where exp(old) − exp(roll) in float32 loses about 10% (the two exps agree to 7 digits)."""
+    old = torch.tensor([[-1.0, -1.0]])
+    roll = old - torch.tensor([[2.0 ** -20, 0.0]])
+    exact = math.exp(roll[0, 0].item()) * math.expm1(2.0 ** -20)
+    tis = replace(TIS, padding=padding)  # both paddings leave lr = old − roll, so it is reused
+    m = _metrics(tis, old, roll, torch.ones(1, 2), torch.ones(1, 2), backend=which)
+    assert m["max_abs_prob_diff"] == pytest.approx(exact, rel=1e-5)
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_a_nan_probability_difference_counts_as_zero_and_padding_as_nothing(which):
+    """A NaN masked-in old log-prob counts 0 in max |p_old − p_roll|; padding whose probabilities differ
+    by 0.9 counts for nothing: the metric is the other masked-in token's 0.1."""
+    old = torch.tensor([[math.nan, math.log(0.5), math.log(0.95)]])
+    roll = torch.tensor([[-1.0, math.log(0.4), math.log(0.05)]])
+    m = _metrics(TIS, old, roll, torch.tensor([[1.0, 1.0, 0.0]]), torch.ones(1, 3), backend=which)
+    assert m["max_abs_prob_diff"] == pytest.approx(0.1, rel=1e-5)
+
+
+def test_float64_inputs_keep_float64_precision():
+    """The torch backend's scratch buffer takes the inputs' dtype: in float64 the minimum weight 1/3
+    comes back to 1e-15 (a float32 buffer would round it to 1e-8)."""
+    coef = torch.tensor([[1 / 3, 0.7, 0.0]], dtype=torch.float64)
+    z, mask = torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    old = torch.tensor([[-1.0, -1.0, 0.0]], dtype=torch.float64)
+    roll = old - torch.tensor([[1e-9, 0.0, 0.0]], dtype=torch.float64)
+    m = _metrics(Correction(name="is", weight="token"), old, roll, mask, coef, backend="torch")
+    assert m["is_weight_min"] == pytest.approx(1 / 3, rel=1e-15)
+    assert m["kl_k3"] == pytest.approx((1e-9) ** 2 / 2 / 2, rel=1e-6)  # k3 ≈ lr²/2, over 2 tokens
+
+
+def test_nonfinite_data_raises_no_numpy_warning():
+    """NaN/inf are data in the faithful presets (0·inf, inf − inf): the NumPy backend computes on them
+    silently, every preset, rather than warning on each logged step."""
+    import warnings
+
+    old, roll, mask = _batch("extreme")
+    old = torch.where(torch.arange(9) == 8, torch.nan, old)  # NaN on masked-in tokens of the full row
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for corr in _all_presets():
+            apply_correction(corr, old, roll, mask, lp=old + 0.05)
+
+
+@pytest.mark.parametrize("which", ["numpy", "torch"])
+def test_one_token_and_small_weights(which):
+    """One masked-in token of weight 0.5 (n = 1, Σw² = 0.25 < 1): mean = min = max = 0.5, std 0, ESS 1.
+    Weights [0.5, 1.5]: std 0.5 (a variance below 1 still has its square root), ESS 4/5."""
+    z = torch.zeros(1, 3)
+    m = _metrics(TIS, z, z, torch.tensor([[0.0, 1.0, 0.0]]), torch.tensor([[0.0, 0.5, 0.0]]), backend=which)
+    assert [m[k] for k in ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess")] == \
+        [0.5, 0.0, 0.5, 0.5, 1.0]
+    m = _metrics(TIS, z, z, torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[0.5, 1.5, 0.0]]), backend=which)
+    assert (m["is_weight_mean"], m["is_weight_std"], m["ess"]) == (1.0, 0.5, pytest.approx(0.8, rel=1e-7))
+
+
+def test_an_explicit_backend_is_the_one_used(monkeypatch):
+    """backend='torch' on a small batch and 'numpy' on any are obeyed, not re-chosen by size."""
+    from runner import metrics
+
+    calls = []
+    for name in ("_totals_numpy", "_totals_torch"):
+        original = getattr(metrics, name)
+        monkeypatch.setattr(metrics, name, lambda *a, _f=original, _n=name: calls.append(_n) or _f(*a))
+    z = torch.zeros(1, 2)
+    for which in ("torch", "numpy"):
+        _metrics(TIS, z, z, torch.ones(1, 2), torch.ones(1, 2), backend=which)
+    metrics.correction_metrics_by_group(TIS, z, z, torch.ones(1, 2), z, z, z, z, None, groups=[slice(0, 1)])
+    assert calls == ["_totals_torch", "_totals_numpy", "_totals_numpy"]  # the default is auto: small → NumPy

@@ -26,6 +26,12 @@ def test_every_group_is_mutated_and_its_tests_exist():
             assert glob in cfg["only_mutate"], path
             assert pattern == path.rstrip("/").removesuffix(".py").replace("/", ".") + ".*"
         assert target in (80, 90)
+    # a part of a group (worlds' modules, run alone) names files the group covers, by the same rule
+    for pattern, paths, target in script.PARTS.values():
+        for path in paths:
+            assert (REPO / path).exists() and path.startswith("runner/worlds/"), path
+            assert pattern == path.rstrip("/").removesuffix(".py").replace("/", ".") + ".*"
+        assert target == script.GROUPS["worlds"][2]
     tests = [a for a in cfg["pytest_add_cli_args_test_selection"] if a.startswith("tests/")]
     assert tests and all((REPO / t).is_file() for t in tests), tests
 

@@ -277,3 +277,91 @@ def test_bench_tiny_smoke(monkeypatch, capsys):
     assert bench_probe.main() == 0
     out = capsys.readouterr().out
     assert "ratio slow/fast" in out and "agreement: max |fast − slow|" in out
+
+
+# ------------------------------------------------------------------------------ summarise, by hand
+def test_summarise_golden_values():
+    """Every figure of runner.probe.stats.summarise on estimates small enough to do by hand, ∇J = (0.5, 1):
+    arm 0 has 4 finite batches, arm 1 two (a NaN and an inf batch dropped), arm 2 one (every figure
+    NaN), arm 3 four batches all exactly ∇J (bias 0 = radius 0: not significant)."""
+    from runner.probe.stats import summarise
+
+    nan, inf = math.nan, math.inf
+    est = torch.tensor([[[1.0, 0.0], [0.0, 0.0], [nan, 0.0], [0.5, 1.0]],
+                        [[3.0, 0.0], [nan, 0.0], [nan, 0.0], [0.5, 1.0]],
+                        [[1.0, 2.0], [2.0, 2.0], [nan, 0.0], [0.5, 1.0]],
+                        [[3.0, 2.0], [inf, 1.0], [1.0, 1.0], [0.5, 1.0]]])  # [R=4, K=4, D=2]
+    grad = torch.tensor([0.5, 1.0])
+    s = summarise(est, grad, "clt", 0.9, 500, torch.Generator().manual_seed(0))
+    # arm 0: mean (2, 1), bias (1.5, 0); deviations (±1, ±1): tr Cov = 8/3; ‖x − ∇J‖² = 1.25, 7.25, 1.25, 7.25
+    # arm 1: mean (1, 1), bias (0.5, 0); tr Cov = (2 + 2)/1; ‖x − ∇J‖² = 1.25, 3.25
+    g2 = 1.25  # ‖∇J‖²
+    expected = {
+        "bias_norm": [1.5, 0.5, nan, 0.0], "variance": [8 / 3, 4.0, nan, 0.0], "mse": [4.25, 2.25, nan, 0.0],
+        "rel_bias": [1.5 / math.sqrt(g2), 0.5 / math.sqrt(g2), nan, 0.0], "rel_mse": [4.25 / g2, 2.25 / g2, nan, 0.0],
+        "norm_ratio": [2.0, math.sqrt(2 / g2), nan, 1.0], "cosine": [0.8, 1.5 / math.sqrt(2.5), nan, 1.0],
+        "mean_grad_norm": [(1 + 3 + math.sqrt(5) + math.sqrt(13)) / 4, math.sqrt(2), nan, math.sqrt(g2)],
+        "bias_norm_debiased": [math.sqrt(2.25 - 2 / 3), 0.0, nan, 0.0],  # sqrt(max(0, bias² − tr Cov / n))
+        "nonfinite_rate": [0.0, 0.5, 0.75, 0.0], "n_finite": [4.0, 2.0, 1.0, 4.0],
+    }
+    for name, values in expected.items():
+        assert s[name].tolist() == pytest.approx(values, rel=1e-12, abs=1e-15, nan_ok=True), name
+    r = s["bias_norm_ci"]
+    assert bool((r[:2] > 0).all()) and r[3].item() == 0.0  # identical batches: no spread at all
+    bias = torch.tensor([1.5, 0.5], dtype=torch.float64)
+    assert s["bias_norm_hi"][:2].tolist() == pytest.approx((bias + r[:2]).tolist(), rel=1e-12)
+    assert s["bias_norm_lo"][:2].tolist() == pytest.approx((bias - r[:2]).clamp(min=0).tolist(), rel=1e-12)
+    assert s["bias_significant"].tolist()[:2] == [float(1.5 > r[0].item()), float(0.5 > r[1].item())]
+    assert s["bias_significant"][3].item() == 0.0  # 0 > 0 is false: no bias shown
+    for name, value in s.items():  # arm 2: one finite batch, so no figure but the counts
+        if name not in ("nonfinite_rate", "n_finite"):
+            assert math.isnan(value[2].item()), name
+    # a Monte Carlo reference's own error widens every radius by exactly its size
+    wide = summarise(est, grad, "clt", 0.9, 500, torch.Generator().manual_seed(0), grad_noise=0.25)
+    assert (wide["bias_norm_ci"][[0, 1, 3]] - r[[0, 1, 3]]).tolist() == pytest.approx([0.25] * 3, rel=1e-12)
+    # a small ∇J (norm 0.56 < 1) = half of arm 3's constant estimate: bias = ∇J, so rel_bias = rel_mse = 1,
+    # norm_ratio 2, cosine 1
+    half = summarise(est, grad / 2, "clt", 0.9, 50, torch.Generator().manual_seed(0))
+    assert [half[k][3].item() for k in ("rel_bias", "rel_mse", "norm_ratio", "cosine")] == \
+        pytest.approx([1.0, 1.0, 2.0, 1.0], rel=1e-12)
+    # ∇J = 0: the relative figures are NaN, the cosine 0 (never 0/0)
+    flat = summarise(est, torch.zeros(2), "clt", 0.9, 50, torch.Generator().manual_seed(0))
+    assert all(math.isnan(flat[k][0].item()) for k in ("rel_bias", "rel_mse", "norm_ratio"))
+    assert flat["cosine"][:2].tolist() == [0.0, 0.0]
+
+
+def test_radius_clt_and_bootstrap_quantiles():
+    """The CI radius against its definition. CLT, D = 1: x̄* − x̄ ~ N(0, s²/n), so the 0.95 quantile of
+    |x̄* − x̄| is 1.95996·s/√n (here s² = 20/3, n = 4 finite of 5: 2.5303), to 2% with 100k draws.
+    Bootstrap of {0, 2, NaN}: the finite resampled mean is off by 1 (14/27), 1/3 (6/27) or 0 (7/27),
+    so its 0.9 quantile is exactly 1 and its 0.4 quantile exactly 1/3 (counting the NaN batch in the
+    denominator would give 2/3 at 0.9)."""
+    from runner.probe.stats import summarise
+
+    x = torch.tensor([0.0, 2.0, 4.0, 6.0, math.nan]).reshape(5, 1, 1)
+    r = summarise(x, torch.zeros(1), "clt", 0.95, 100_000, torch.Generator().manual_seed(1))["bias_norm_ci"]
+    assert r.item() == pytest.approx(1.959964 * math.sqrt(20 / 3 / 4), rel=0.02)
+    b = torch.tensor([0.0, 2.0, math.nan]).reshape(3, 1, 1)
+    # a resample with one finite batch is off by that batch's whole deviation (1, not 1/2), so the 0.6
+    # quantile is 1 (P(< 1) = 13/27)
+    for level, radius in ((0.9, 1.0), (0.6, 1.0), (0.4, 1 / 3)):
+        got = summarise(b, torch.zeros(1), "bootstrap", level, 4000, torch.Generator().manual_seed(2))["bias_norm_ci"]
+        assert got.item() == pytest.approx(radius, rel=1e-12), level
+    # one draw is one draw: its norm, 0 or 1 here
+    one = summarise(b, torch.zeros(1), "bootstrap", 0.5, 1, torch.Generator().manual_seed(2))["bias_norm_ci"]
+    assert one.item() in (0.0, 1.0)
+
+
+def test_radius_draws_only_from_the_given_generator():
+    """The CI radius is reproducible from the probe's own generator, whatever the global RNG did."""
+    from runner.probe.stats import summarise
+
+    est = torch.randn(7, 2, 3, generator=torch.Generator().manual_seed(5))
+    radii = []
+    with torch.random.fork_rng():  # the global stream is moved here, and restored for the other tests
+        for global_seed in (0, 1):
+            torch.manual_seed(global_seed)
+            for ci in ("bootstrap", "clt"):
+                radii.append(summarise(est, torch.zeros(3), ci, 0.9, 300,
+                                       torch.Generator().manual_seed(3))["bias_norm_ci"])
+    assert torch.equal(radii[0], radii[2]) and torch.equal(radii[1], radii[3])

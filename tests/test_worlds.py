@@ -158,3 +158,65 @@ def test_outliers_are_injected_on_generated_tokens_only(name):
     assert torch.equal(faulty.outliers, faulty.mask > 0)
     assert torch.equal(faulty.roll[padding], torch.zeros(int(padding.sum())))
     assert torch.equal(faulty.roll[~padding], clean.roll[~padding] - 7.0)
+
+
+# ------------------------------------------------------------------------------ precision, by hand
+def test_precision_rounding_golden_values():
+    """What each precision makes of a few numbers, worked out by hand from the formats.
+    fp8 (e4m3, 3 mantissa bits) weights, one scale amax/448 per tensor: 0.3 → 0.3·448 = 134.4, which
+    e4m3 rounds to 128 (steps of 16 in [128, 256)), → 128/448 = 0.2857, then bfloat16 0.28515625.
+    Activations: one scale per token, so a row that is 64× another (exact in binary) rounds to 64× it;
+    a scale over the whole tensor would round the small row on a 64× coarser grid. cast: unscaled,
+    0.3 → 0.3125 (steps of 1/32), 1/3 → 0.34375, 500 → 448 (e4m3's largest finite)."""
+    fp8 = Precision("fp8")
+    assert fp8.weights(torch.tensor([1.0, 0.5, 0.3, -0.3])).tolist() == [1.0, 0.5, 0.28515625, -0.28515625]
+    assert fp8.weights(torch.zeros(3)).tolist() == [0.0, 0.0, 0.0]  # amax 0: scale 1, not 0/0
+    act = fp8.activations(torch.tensor([[1.0, 0.3], [64.0, 19.2]]))
+    assert act.dtype == torch.bfloat16 and act.tolist() == [[1.0, 0.28515625], [64.0, 18.25]]
+    assert fp8.activations(torch.zeros(1, 2)).tolist() == [[0.0, 0.0]]
+    # activations of [batch, token, feature]: still one scale per token (the last dim), not per feature
+    assert fp8.activations(torch.tensor([[[1.0, 0.3], [64.0, 19.2]]])).tolist() == [[[1.0, 0.28515625], [64.0, 18.25]]]
+    cast = fp8.cast(torch.tensor([0.3, 1 / 3, 500.0]))
+    assert cast.dtype == torch.bfloat16 and cast.tolist() == [0.3125, 0.34375, 448.0]  # fp8 values, bf16 compute
+    assert Precision("bf16").cast(torch.tensor([1 / 3])).tolist() == [0.333984375]  # 8 mantissa bits
+    assert Precision("bf16").activations(torch.tensor([1 / 3])).tolist() == [0.333984375]
+    assert Precision("fp16").weights(torch.tensor([1 / 3])).tolist() == [0.333251953125]  # 11 bits
+    assert Precision("fp32").weights(torch.tensor([1 / 3])).item() == torch.tensor(1 / 3).item()
+    assert [Precision(p).exact for p in ("fp32", "bf16", "fp16", "fp8")] == [True, False, False, False]
+    with pytest.raises(ValueError, match="fp4"):
+        Precision("fp4")
+
+
+def test_engine_processing_golden_values():
+    """Engine.process on p = [1/8, 1/8, 1/4, 1/2] (exact in binary). top_p = 0.75 drops the tokens whose
+    ascending cumulative mass is ≤ 0.25, the boundary included: 1/8 and the second 1/8 (cumulative
+    exactly 0.25) go, and [1/4, 1/2] renormalise to [1/3, 2/3]. top_p = 0.01 keeps the most likely token
+    alone. Temperature 2 is the softmax of logits/2. Noise σ = 0.5 adds 0.5·z, z from the generator."""
+    logits = torch.log(torch.tensor([0.125, 0.125, 0.25, 0.5]))
+    inf = math.inf
+
+    def process(generator=None, **mismatch):
+        engine = Engine.__new__(Engine)  # process needs only the mismatch and the log-softmax dtype
+        engine.mismatch, engine.dtype = Mismatch(**mismatch), torch.float32
+        return engine.process(logits, generator).tolist()
+
+    assert process(top_p=0.75) == [-inf, -inf, pytest.approx(math.log(1 / 3), abs=1e-6),
+                                   pytest.approx(math.log(2 / 3), abs=1e-6)]
+    assert process(top_p=0.01) == [-inf, -inf, -inf, 0.0]
+    assert process(temperature=2.0) == pytest.approx(torch.log_softmax(logits / 2, -1).tolist(), abs=1e-6)
+    assert process(temperature=2.0)[3] == pytest.approx(math.log(math.sqrt(0.5) / (2 * math.sqrt(0.125) + 0.5 + math.sqrt(0.5))), abs=1e-6)
+    z = torch.randn(4, generator=torch.Generator().manual_seed(0))
+    assert process(torch.Generator().manual_seed(0), logit_noise=0.5) == \
+        pytest.approx(torch.log_softmax(logits + 0.5 * z, -1).tolist(), abs=1e-6)
+    assert process(top_p=1.0, temperature=1.0) == pytest.approx(torch.log_softmax(logits, -1).tolist(), abs=0)
+    # top_p = 1 drops nothing, not even a token whose probability underflows to 0 in float32 (e^−200)
+    engine = Engine.__new__(Engine)
+    engine.mismatch, engine.dtype = Mismatch(top_p=1.0), torch.float32
+    assert engine.process(torch.tensor([0.0, -200.0])).tolist() == [0.0, -200.0]
+    # the noise is added in the engine's dtype: a bf16 engine's log-probs stay bf16
+    engine.mismatch, engine.dtype = Mismatch(logit_noise=0.5), torch.bfloat16
+    assert engine.process(logits, torch.Generator().manual_seed(0)).dtype == torch.bfloat16
+    # σ = 0 draws nothing: the generator's stream (which also samples the tokens) is left untouched
+    g = torch.Generator().manual_seed(4)
+    process(g, logit_noise=0.0)
+    assert torch.equal(torch.rand(3, generator=g), torch.rand(3, generator=torch.Generator().manual_seed(4)))
