@@ -5,10 +5,11 @@
 # writes figures/WORLD/verdicts.json and figures/VERDICTS.md: one table, claim × world → holds / does not hold /
 # inconclusive with the key numbers, then every verdict in full (the rules are in analysis/claims/).
 #
-#   bash scripts/figures.sh          default size: 909 s measured on the 2-core machine while two other jobs shared
-#                                    it (load average 4–5; 869 CPU-seconds, so ≈ 450–500 s on 2 idle cores, an
-#                                    estimate): bigram 146 s, mlp 326 s, transformer 406 s (its SFT warm starts cached)
-#                                    A second run, at load 3.6–4.5: 884 s (153 + 308 + 393), 842 CPU-seconds.
+#   bash scripts/figures.sh          default size: 449 s measured on the 2-core machine, idle but for its own
+#                                    2 workers (2026-12-01, load average 1.6–2.7): bigram 66 s, mlp 153 s,
+#                                    transformer 202 s, with the transformer's SFT warm start cached (in a fresh
+#                                    cache it is trained once first: 1.5–3 min more). Shared with other jobs the
+#                                    same run took 721 s (load 3.5) and 884–909 s (load 4–5, 842–869 CPU-seconds).
 #   bash scripts/figures.sh --full   paper size (figures/full/WORLD/): more seeds, steps, lengths, repeats
 #
 # Environment: FIGURES_WORLDS (space-separated worlds, default "bigram mlp transformer"), FIGURES_ONLY (space-
