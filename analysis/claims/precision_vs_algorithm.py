@@ -172,9 +172,16 @@ def precision_figure(traj, verdict: Verdict, style: str, world: str = "", baseli
             ax.axhline(floor, color="0.4", linestyle="--", linewidth=0.9)
             ax.text(0.02, floor, " Monte Carlo noise floor", transform=ax.get_yaxis_transform(), va="bottom",
                     fontsize="x-small", color="0.35")
+    from matplotlib.ticker import MaxNLocator
+
+    last_step = int(traj["step"].max()) if len(traj) else 0
     for ax in (ax_g, ax_s):
         ax.set_yscale("log")
         ax.set_xlabel("training step")
+        # Steps are whole numbers, and the axis spans the whole run: a lone evaluation (a short run whose
+        # step-0 gap is 0, off the log axis) must not fill the panel with fractional steps around it.
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlim(-0.02 * max(last_step, 1), last_step * 1.02 + (0 if last_step else 1))
     ax_g.set_ylabel(r"$|J_{\mathrm{prec}} - J_{\mathrm{fp32}}|$ of plain PPO")
     ax_g.set_title("(a) distance to the fp32 run (mean over seeds)", fontsize="medium")
     ax_s.set_ylabel(r"$\max_c J_c - \min_c J_c$ over the corrections")
