@@ -132,9 +132,11 @@ def bench_memory(tiny: bool) -> list[dict]:
     return [
         _row(f"KV cache bytes, T={t2} over T={t1} (N={N})", c2 / c1, f"= {(t2 + 17) / (t1 + 17):.2f}x (prompt + T)",
              abs(c2 / c1 - (t2 + 17) / (t1 + 17)) < 1e-9, f"{c1 / 2**20:.1f} MiB → {c2 / 2**20:.1f} MiB"),
+        # Judged at full size only: at the tiny size the T=32 peak is under 1 MiB, within the allocator's
+        # page-granular noise (two runs on one machine read +0.8 → +8.9 MiB, 11.9×, and +2.8 → +8.9 MiB, 3.2×).
         _row(f"sampling peak memory, T={t2} over T={t1} (N={N}, bf16, fresh processes)", ratio,
-             f"<= {1.5 * growth:.0f}x (linear; quadratic would be {growth ** 2:.0f}x)", ratio <= 1.5 * growth,
-             f"peak +{p1 / 2**20:.1f} MiB → +{p2 / 2**20:.1f} MiB"),
+             "info" if tiny else f"<= {1.5 * growth:.0f}x (linear; quadratic would be {growth ** 2:.0f}x)",
+             None if tiny else ratio <= 1.5 * growth, f"peak +{p1 / 2**20:.1f} MiB → +{p2 / 2**20:.1f} MiB"),
     ]
 
 
