@@ -105,8 +105,9 @@ def lowprob_figure(tok, verdict: Verdict, style: str, world: str = ""):
     precs = [p for p in ("bf16", "fp16", "fp8") if p in found] + [p for p in found if p not in ("bf16", "fp16", "fp8")]
     zeros = 0
     width = 0.8 / max(len(precs), 1)
+    colors = st.dimension_colors("mismatch.precision", precs)  # each precision's colour in every figure
     for i, prec in enumerate(precs):
-        color = st.group_color(i)
+        color = colors[prec]
         b = bins[bins["precision"].astype(str) == prec].sort_values("bin")
         xs = b["bin"].to_numpy(float) + (i - (len(precs) - 1) / 2) * width * 0.5
         ax_b.errorbar(xs, b["mean"], yerr=SIGMAS * b["se"], color=color, marker="o", markersize=4.5, capsize=2.5)

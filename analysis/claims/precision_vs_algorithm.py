@@ -131,7 +131,8 @@ def precision_verdict(traj, baseline: str = "none", reference: str = "fp32", low
                                                  "log_spread_ratio": (mb, sb), "noise_floor": floors}, key=key)
 
 
-PRECISION_COLORS = {"bf16": st.group_color(0), "fp16": st.group_color(1), "fp8": st.group_color(2), "fp32": "#555555"}
+# The colours every figure gives an engine precision (analysis/style.py), so bf16 here is bf16 in the gallery.
+PRECISION_COLORS = st.dimension_colors("mismatch.precision", st.PRECISION_ORDER)
 
 
 def _by_step(ax, series, per: int, color) -> None:
