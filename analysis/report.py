@@ -588,7 +588,7 @@ def _config_diff(ds: Dataset) -> str:
 # ----------------------------------------------------------------------------------------- figures
 def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str]:
     """Markdown image lines for the figures that apply, drawn into PATH/figures[/FILTER] if missing."""
-    from analysis import figures
+    from analysis import figures, plots
 
     avail = figures.availability(ds)
     kinds = [k for k in REPORT_FIGURES if avail.get(k) is None]
@@ -611,7 +611,7 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
         if not png.is_file():
             continue
         rel = Path(os.path.relpath(png.resolve(), base)).as_posix()
-        lines.append(f"![{figures.plots.TITLES[k]}]({rel})\n")
+        lines.append(f"![{plots.TITLES[k]}]({rel})\n")
     return note + lines
 
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from analysis.claims.registry import CLAIMS, WORLDS, claim, evaluate, world
+from analysis.claims.registry import CLAIMS, WORLDS, claim, evaluate, experiment, world
 from analysis.claims.stats import Verdict
 from runner.errors import UserError
 
@@ -96,7 +96,7 @@ def write_world(root: Path, in_world: str, size: str, results: list[tuple[str, V
     for name, v in results:
         data["claims"][name] = {"verdict": v.verdict, "key": v.key, "statement": v.statement,
                                 "figure": str((d / f"{name}.png").relative_to(root)),
-                                "experiment": f"experiment={'' if in_world == 'bigram' else in_world + '/'}{name}",
+                                "experiment": f"experiment={experiment(name, in_world)}",
                                 "written": time.strftime("%Y-%m-%d")}
     if command:
         data["command"] = command
