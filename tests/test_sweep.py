@@ -395,6 +395,44 @@ print("ok")
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
+def test_shared_composition_changes_no_composed_config(basic_sweep, tmp_path, monkeypatch):
+    """runner/hydra_app/reuse.py shares parsed files and merges across a sweep's jobs: every job of the
+    2×2×2 grid (group and value overrides) composes to the same .hydra files and metrics as with
+    Hydra composing each job from scratch."""
+    import contextlib
+
+    monkeypatch.setattr(launch.reuse, "shared_composition", contextlib.nullcontext)
+    d = tmp_path / "unshared"
+    assert sweep.run(sweep.Request(overrides=[*GRID, *TINY, f"hydra.sweep.dir={d}"]), progress=False).ok
+    jobs = sorted(p.name for p in basic_sweep.iterdir() if (p / "DONE").is_file())
+    assert len(jobs) == 8
+    for job in jobs:
+        for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.csv"):
+            assert (d / job / name).read_bytes() == (basic_sweep / job / name).read_bytes(), (job, name)
+        ours = (basic_sweep / job / ".hydra/hydra.yaml").read_text().replace(str(basic_sweep), "SWEEP")
+        hydras = (d / job / ".hydra/hydra.yaml").read_text().replace(str(d), "SWEEP")
+        assert ours == hydras, job
+
+
+def test_shared_files_are_read_again_when_they_change_and_undo_restores_hydra(tmp_path):
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra._internal.core_plugins.file_config_source import FileConfigSource
+
+    original = FileConfigSource.load_config, ConfigLoaderImpl._compose_config_from_defaults_list
+    (tmp_path / "a.yaml").write_text("x: 1\n")
+    source = FileConfigSource(provider="test", path=str(tmp_path))
+    undo = launch.reuse.install()
+    try:
+        first = source.load_config("a")
+        first.config.x = 5  # Hydra mutates what it loads: the next load must not see it
+        assert source.load_config("a").config.x == 1
+        (tmp_path / "a.yaml").write_text("x: 22\n")  # a new size, so a new stamp whatever the clock
+        assert source.load_config("a").config.x == 22
+    finally:
+        undo()
+    assert (FileConfigSource.load_config, ConfigLoaderImpl._compose_config_from_defaults_list) == original
+
+
 def test_a_launcher_error_is_reported_and_the_disk_decides(tmp_path, cli, monkeypatch):
     real = launch.sweep_multirun
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from runner import sweep_job as job_logic
+from runner.hydra_app import reuse
 from runner.hydra_app.app import register_resolvers
 
 # A launcher's worker imports this module to unpickle the task function, before Hydra resolves the
@@ -105,3 +106,4 @@ def sweep_job(cfg: Any) -> Any:
         if worker and not _WORKER_STATE["frozen"]:
             _WORKER_STATE["frozen"] = True
             _freeze_worker_heap()
+            reuse.install()  # this process's later jobs share their compositions (runner/hydra_app/reuse.py)
