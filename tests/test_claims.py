@@ -240,6 +240,26 @@ def test_level_rule_names_a_degenerate_token_is_arm():
     assert level.level_verdict(_probe([0.05, 0.1, 0.2, 0.3, 0.4], exp_var)).parts["token_is_degenerate"] == []
 
 
+def test_level_figure_leaves_a_zero_variance_off_its_log_axis():
+    """At a length where no sampled sequence earns a reward every estimate is 0 (the mlp world at T=256, paper
+    size): its variance, 0, is left out of panel (d)'s log axis instead of a line drawn down to -inf."""
+    import matplotlib.pyplot as plt
+
+    frame = _probe([0.05, 0.1, 0.2, 0.3, 0.4], [math.exp(0.3 * T) for T in (2, 4, 8, 16, 32)])
+    frame.loc[frame["seq_len"] == 32, "variance"] = 0.0
+    fig = level.level_figure(frame, level.level_verdict(frame), "default")
+    try:
+        ax_v = fig.axes[3]
+        assert ax_v.get_yscale() == "log"
+        ys = [np.asarray(line.get_ydata(), dtype=float) for line in ax_v.get_lines()]
+        assert len(ys) == 2 and all(len(y) == 5 for y in ys)  # token-is and seq-is, one point per T
+        for y in ys:
+            assert np.isnan(y[-1]) and (y[:-1] > 0).all()
+        assert ys[0][0] == pytest.approx(1.0) and ys[1][0] == pytest.approx(math.exp(0.6))
+    finally:
+        plt.close(fig)
+
+
 # ----------------------------------------------------------------------------------------- 3. low-probability tokens
 def _tokens(low_is_worse: bool, n=4000, seed=0):
     rng = np.random.default_rng(seed)

@@ -241,8 +241,9 @@ def level_figure(pr, verdict: Verdict, style: str, world: str = ""):
         dead = cur["degenerate"].fillna(0).astype(int).to_numpy() > 0
         any_dead |= bool(dead.any())
         kw = dict(color=lk.color, linestyle=lk.linestyle)
-        for ax, y in ((ax_b, cur["bias_norm"] / g), (ax_c, cur["cosine"]), (ax_n, cur["norm_ratio"]),
-                      (ax_v, cur["variance"] / g ** 2)):
+        # a variance of exactly 0 (every estimate 0: no sampled reward at that T) has no place on a log axis
+        variance = (cur["variance"] / g ** 2).where(cur["variance"] > 0)
+        for ax, y in ((ax_b, cur["bias_norm"] / g), (ax_c, cur["cosine"]), (ax_n, cur["norm_ratio"]), (ax_v, variance)):
             ax.plot(T, y, **kw)
             ax.scatter(T[~dead], y[~dead], color=lk.color, marker=lk.marker, s=16, zorder=3)
             ax.scatter(T[dead], y[dead], facecolors="white", edgecolors=lk.color, marker=lk.marker, s=22, zorder=3)
