@@ -295,3 +295,216 @@ def test_bad_task_and_rollout_values_are_one_line_errors(task, rollout, message)
         world_task = make_task({"name": "count-exact", "targets": [0], "k": 3, **task}, rollout)
         make_world({"name": "mlp"}, rollout, world_task)
     assert "\n" not in str(info.value)
+
+
+# ------------------------------------------------------------------------------------ summary
+@pytest.mark.parametrize("experts,parameters", [(0, 7760), (4, 28332)])
+def test_summary_reports_the_shape_and_counts_the_parameters(experts, parameters):
+    """V = 16, T = 32: J = ⌊log₂ 16⌋ + 1 = 5 frequencies, D = 17 + 2·(1 + 2·5) = 39 features.
+    Dense, hidden 64: 64·39 + 64 + 64·64 + 64 + 16·64 + 16 = 7760. Four experts: each layer adds a
+    router [4, D_in] and holds 4 weight sets, 4·39 + 4·64·39 + 4·64 + 4·64 + 4·64·64 + 4·64 + 1040 = 28332."""
+    world = _world(experts=experts, eos=3, prompt_len=2, init_std=0.5)
+    assert world.summary() == {"policy": "mlp", "vocab_size": 16, "seq_len": 32, "prompt_len": 2, "eos_token": 3,
+                               "layers": 2, "hidden": 64, "experts": experts, "init_std": 0.5, "features": 39,
+                               "parameters": parameters}
+
+
+def test_own_expert_path_takes_an_empty_batch_and_agrees_with_every_expert():
+    """The exact solver's grouped path (batch_invariant=False) on no rows gives [0, V] logits, and on
+    rows that leave the last expert unused gives the batch-invariant path's logits (float64, 1e-12)."""
+    world = _world(experts=4, init_std=1.0)
+    params = {k: v.double() for k, v in _init(world, 3).items()}
+    feats = torch.randn(64, world.net.feature_dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    empty, routes = world.net.forward(params, feats[:0], FP32, batch_invariant=False)
+    assert empty.shape == (0, 16) and [r.expert.numel() for r in routes] == [0, 0]
+    full, full_routes = world.net.forward(params, feats, FP32)
+    rows = full_routes[0].expert < 3
+    assert 0 < int(rows.sum()) < 64
+    grouped, _ = world.net.forward(params, feats[rows], FP32, batch_invariant=False)
+    torch.testing.assert_close(grouped, full[rows], atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_router_scores_are_the_exact_product_sum_rounded_once(dtype):
+    """The batch-invariant router in a low-precision engine: scores = Σ_d x_d·R_ed with the products
+    and the sum in fp32 and one rounding to the compute dtype, so on 512 random rows (D = 39, E = 4)
+    they equal the float64 product-sum rounded to that dtype, bit for bit; the expert is their argmax
+    and the gate, in the compute dtype, softmax(scores)[expert]. (Products rounded to bf16 first
+    change 109 of the 512 bf16 gates.)"""
+    from runner.worlds.mlp.model import Net
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(512, 39, generator=g).to(dtype)
+    router = (torch.randn(4, 39, generator=g) / 39 ** 0.5).to(dtype)
+    route = Net._route(x, router, True)
+    scores = (x.double().unsqueeze(1) * router.double()).sum(-1).to(dtype)  # [N, E]
+    expert = scores.argmax(-1)
+    assert len(set(expert.tolist())) == 4
+    assert route.gate.dtype == dtype
+    assert torch.equal(route.expert, expert)
+    assert torch.equal(route.gate, torch.softmax(scores, -1).gather(-1, expert.unsqueeze(-1)).squeeze(-1))
+
+
+@pytest.mark.parametrize("experts", [0, 4])
+def test_init_draws_each_weight_at_its_scale(experts):
+    """W_l and R_l ~ N(0, 1/fan_in), biases 0, W_out ~ N(0, init_std²) (V = 16, T = 32: D = 39, hidden
+    64, init_std 0.05). The sample std of n draws has a relative sd of 1/√(2n); each is held within 5 of
+    those (the smallest tensor, a router of 4·39 draws, to ±28%), and the mean within 5 sd of 0."""
+    world = _world(experts=experts, init_std=0.05)
+    params = _init(world, 4)
+    E = (experts,) if experts else ()
+    expected = {"layer0.weight": (E + (64, 39), 39 ** -0.5), "layer1.weight": (E + (64, 64), 64 ** -0.5),
+                "out.weight": ((16, 64), 0.05)}
+    if experts:
+        expected.update({"layer0.router": ((4, 39), 39 ** -0.5), "layer1.router": ((4, 64), 64 ** -0.5)})
+    for name, (shape, std) in expected.items():
+        w = params[name]
+        assert tuple(w.shape) == shape, name
+        assert abs(float(w.std()) / std - 1) < 5 / math.sqrt(2 * w.numel()), name
+        assert abs(float(w.mean())) < 5 * std / math.sqrt(w.numel()), name
+    for name in ("layer0.bias", "layer1.bias", "out.bias"):
+        assert tuple(params[name].shape) == {"out.bias": (16,)}.get(name, E + (64,)) and not params[name].any(), name
+    assert sorted(params) == sorted(["out.bias", *expected, "layer0.bias", "layer1.bias"])
+
+
+def test_exact_J_starts_from_bos_when_the_prompt_is_bos_alone():
+    """prompt_len 1: every response starts after BOS (not after a uniform token). V = 3, T = 4, EOS 2,
+    2 experts: J from the recursion equals Σ over all 3⁴ responses of P(response | BOS)·R, to 1e-12."""
+    world = _world(seq_len=4, k=1, experts=2, eos=2, prompt_len=1, vocab=3, hidden=8, init_std=1.0)
+    params = {k: v.double() for k, v in _init(world, 5).items()}
+    responses = torch.tensor(list(itertools.product(range(3), repeat=4)))  # [81, 4]
+    prompts = torch.full((81, 1), 3)
+    logp = torch.log_softmax(world.logits(params, prompts, responses, FP32), -1)
+    seq_prob = logp.gather(-1, responses.unsqueeze(-1)).squeeze(-1).sum(-1).exp()
+    is_eos = (responses == 2).long()
+    mask = ((is_eos.cumsum(-1) - is_eos) == 0).double()
+    total = float((seq_prob * world.task.reward(prompts, responses, mask)).sum())
+    uniform_start = MLPWorld(world.net, prompt_len=2, eos_token=2, task=world.task)
+    assert abs(float(uniform_start.exact.objective(params)) - total) > 1e-3  # the start state matters here
+    assert float(world.exact.objective(params)) == pytest.approx(total, abs=1e-12)
+
+
+@pytest.mark.parametrize("rollout,message", [
+    ({"vocab_size": 1}, r"rollout.vocab_size must be >= 2, got 1"),
+    ({"seq_len": 0}, r"rollout.seq_len must be >= 1, got 0"),
+    ({"eos_token": -1}, r"rollout.eos_token must be >= 0, got -1"),
+    ({"eos_token": 8}, r"rollout.eos_token must be <= 7, got 8"),
+    ({"prompt_len": 0}, r"rollout.prompt_len must be >= 1, got 0"),
+])
+def test_bad_rollout_values_are_one_line_errors(rollout, message):
+    with pytest.raises(UserError, match=message):
+        make_world({"name": "mlp"}, {"vocab_size": 8, "seq_len": 4, **rollout}, None)
+
+
+def test_rollout_edges_are_accepted_and_a_task_vocabulary_must_match():
+    world = make_world({"name": "mlp"}, {"vocab_size": 2, "seq_len": 1, "eos_token": 0}, None)
+    assert (world.vocab_size, world.seq_len, world.eos_token, world.prompt_len, world.exact) == (2, 1, 0, 1, None)
+    sort = make_task({"name": "sort", "values": 5}, {"seq_len": 8})  # 5 values, BOS, SEP and EOS: 8 tokens
+    with pytest.raises(UserError, match=r"task sort has 8 tokens but rollout.vocab_size is 16"):
+        make_world({"name": "mlp"}, {"vocab_size": 16, "seq_len": 8}, sort)
+    assert make_world({"name": "mlp"}, {"vocab_size": 8, "seq_len": 8}, sort).vocab_size == 8
+    from runner.worlds.mlp.model import Net
+
+    direct = MLPWorld(Net(vocab_size=4, seq_len=3))  # the constructor's defaults: a BOS prompt, no EOS
+    assert (direct.prompt_len, direct.eos_token, direct.exact) == (1, None, None)
+
+
+def test_the_maths_runs_on_the_params_device():
+    """PyTorch's meta device (shapes and devices, no data) stands in for a GPU: with the parameters
+    there, the teacher-forced logits, the sampler's and the exact objective come out there too; a
+    tensor the world made on the CPU instead would be refused next to them or surface in the result.
+    (The exact solver's grouped experts need data to group by: its world is dense.)"""
+    prompts = torch.full((4, 2), 5, device="meta")
+    tokens = torch.zeros(4, 6, dtype=torch.long, device="meta")
+    for experts in (2, 0):
+        world = _world(seq_len=6, experts=experts, eos=3, prompt_len=2, vocab=5, hidden=8)
+        params = {k: v.to("meta") for k, v in _init(world).items()}
+        assert world.logits(params, prompts, tokens).device.type == "meta"
+        sampler = world.sampler(params, prompts, Precision("bf16", router_fp32=True))
+        assert sampler.start().device.type == "meta" and sampler.step(tokens[:, 0]).device.type == "meta"
+    assert world.exact.objective(params).device.type == "meta"
+    assert all(column.device.type == "meta" for column in world.exact.states(params))
+
+
+def test_exact_objective_in_the_dtype_asked_for(monkeypatch):
+    """J in the dtype asked for: a float32 J within 1e-5 of float64's (J = 0.2115), a float16 one within
+    1e-3 (its spacing at 0.2 is 2⁻¹³ and every step of the recursion rounds). The solver computes only
+    each row's own expert: the every-expert path of the sampler and trainer is never taken."""
+    from runner.worlds.mlp.model import Net
+
+    world = _world(seq_len=8, k=1, experts=2, eos=3, init_std=1.0)
+    params = _init(world, 2)
+
+    def refuse(*args):
+        raise AssertionError("the exact solver took the batch-invariant path")
+
+    monkeypatch.setattr(Net, "_every_expert", staticmethod(refuse))
+    J16, J32, J64 = (world.exact.objective(params, dtype) for dtype in (torch.float16, torch.float32, torch.float64))
+    assert (J16.dtype, J32.dtype, J64.dtype) == (torch.float16, torch.float32, torch.float64)
+    assert float(J64) == pytest.approx(0.2115, abs=1e-4)
+    assert abs(float(J32) - float(J64)) < 1e-5 and abs(float(J16) - float(J64)) < 1e-3
+
+
+def test_encoding_table_golden_values():
+    """T = 8: J = ⌊log₂ 4⌋ + 1 = 3 frequencies ω = π/8, π/4, π/2, so enc(x) = [x/8, sin(ω·x), cos(ω·x)]:
+    at x = 2, [0.25, sin π/4, 1, 0, cos π/4, 0, −1]; rows for x = 0..8, on the CPU by default."""
+    from runner.worlds.mlp.model import Net
+
+    net = Net(vocab_size=4, seq_len=8)
+    table = net.encoding_table(torch.float64)
+    assert table.shape == (9, 7) and table.dtype == torch.float64 and table.device.type == "cpu"
+    r = math.sqrt(0.5)
+    assert table[2].tolist() == pytest.approx([0.25, r, 1.0, 0.0, r, 0.0, -1.0], abs=1e-15)
+    assert table[0].tolist() == [0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+    assert table[8, 0] == 1.0 and net.feature_dim == 5 + 14
+    assert torch.equal(net.encoding_table(torch.float32), table.float())  # computed in float64, rounded once
+    twelve = Net(vocab_size=4, seq_len=12).encoding_table(torch.float64)  # x/12 is not a float32 number
+    assert twelve[:, 0].tolist() == [x / 12 for x in range(13)]
+
+
+@pytest.mark.parametrize("experts", [0, 3])
+def test_forward_is_the_documented_network(experts):
+    """float64, random non-zero weights and biases: h_l = silu(W_l h + b_l) (experts: softmax(R_l h)[e*] ·
+    silu(W_{l,e*} h + b_{l,e*}), e* = argmax R_l h), logits = W_out h_L + b_out, row by row, to 1e-12;
+    both the batch-invariant path and the exact solver's grouped one."""
+    world = _world(experts=experts, hidden=8)
+    g = torch.Generator().manual_seed(0)
+    params = {k: torch.randn(v.shape, generator=g, dtype=torch.float64) for k, v in _init(world).items()}
+    feats = torch.randn(32, world.net.feature_dim, generator=g, dtype=torch.float64)
+    h = feats
+    for layer in range(2):
+        W, b = params[f"layer{layer}.weight"], params[f"layer{layer}.bias"]
+        if experts:
+            scores = h @ params[f"layer{layer}.router"].T  # [N, E]
+            e = scores.argmax(-1)
+            gate = torch.softmax(scores, -1).gather(-1, e.unsqueeze(-1))
+            h = gate * torch.nn.functional.silu(torch.einsum("nd,nhd->nh", h, W[e]) + b[e])
+        else:
+            h = torch.nn.functional.silu(h @ W.T + b)
+    expected = h @ params["out.weight"].T + params["out.bias"]
+    for batch_invariant in (True, False):
+        logits, routes = world.net.forward(params, feats, FP32, batch_invariant=batch_invariant)
+        torch.testing.assert_close(logits, expected, atol=1e-12, rtol=0)
+        assert len(routes) == (2 if experts else 0)
+
+
+def test_a_replayed_gate_is_applied_in_the_compute_dtype():
+    """Routing replay hands the bf16 engine the fp32 pass's gates; the layer multiplies by the gate
+    rounded to bf16, so two fp32 gates with the same bf16 rounding give the same logits, bit for bit."""
+    from runner.worlds.mlp.model import Route
+
+    world = _world(experts=4, init_std=1.0)
+    params = _init(world, 1)
+    prec = Precision("bf16", router_fp32=True)
+    feats = torch.randn(64, world.net.feature_dim, generator=torch.Generator().manual_seed(0))
+    _, routes = world.net.forward(params, feats, FP32)
+    nudged = []
+    for r in routes:
+        rounded = r.gate.bfloat16().float()
+        assert r.gate.dtype == torch.float32 and not torch.equal(rounded, r.gate)
+        nudged.append(Route(expert=r.expert, gate=rounded))
+    engine = world.net.cast(params, prec)
+    feats16 = feats.bfloat16()
+    a, _ = world.net.forward(engine, feats16, prec, routes)
+    b, _ = world.net.forward(engine, feats16, prec, nudged)
+    assert a.dtype == torch.bfloat16 and torch.equal(a, b)

@@ -9,11 +9,13 @@ scripts/calibrate_transformer.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -396,3 +398,495 @@ def test_a_joblib_sweep_trains_one_shared_warm_start_once(tmp_path):
     checkpoints = list((cache / "transformer-sft").glob("*.pt"))
     assert len(checkpoints) == 1 and not list((cache / "transformer-sft").glob("*.tmp*"))
     assert len({s["world"]["warm_start"]["checkpoint"] for s in summaries}) == 1
+
+
+# ------------------------------------------------------------------------------ by hand: the pieces
+def test_mismatch_summary_and_probability_bins_golden_values():
+    """Five tokens with p_old 0.05, 0.1, 0.3, 0.5, 1 (a bin holds its lower edge; p = 1 falls in the
+    last bin, reported as ending at 1), k3 = 0, 1, 2, 4, 3: mean k3 2, its standard error
+    sd/√5 = √2.5/√5 = √0.5; |Δp| 0.5, 0.1, 0.3, 0.2, 0.3: max 0.5, mean 0.28; |Δ log p| = |old − roll|."""
+    p_old = torch.tensor([0.05, 0.1, 0.3, 0.5, 1.0], dtype=torch.float64)
+    shift = torch.tensor([0.5, -0.25, 0.75, 0.125, -1.0], dtype=torch.float64)
+    tok = {"p_old": p_old, "old": p_old.log(), "roll": p_old.log() + shift,
+           "k3": torch.tensor([0.0, 1, 2, 4, 3], dtype=torch.float64),
+           "abs_dp": torch.tensor([0.5, 0.1, 0.3, 0.2, 0.3], dtype=torch.float64),
+           "entropy": torch.tensor([1.0, 2, 3, 4, 5], dtype=torch.float64)}
+    assert mismatch.summarize(tok) == pytest.approx({
+        "tokens": 5, "kl_k3": 2.0, "kl_k3_se": math.sqrt(0.5), "max_abs_prob_diff": 0.5,
+        "mean_abs_prob_diff": 0.28, "mean_entropy": 3.0}, abs=1e-12)
+    rows = mismatch.by_probability(tok)
+    assert [(r["p_low"], r["p_high"]) for r in rows] == [(0.0, 0.1), (0.1, 0.5), (0.5, 0.9), (0.9, 0.99), (0.99, 1.0)]
+    assert [r["share"] for r in rows] == [0.2, 0.4, 0.2, 0.0, 0.2]
+    assert "kl_k3" not in rows[3]  # an empty bin reports its share only
+    filled = [rows[i] for i in (0, 1, 2, 4)]
+    assert [r["kl_k3"] for r in filled] == pytest.approx([0.0, 1.5, 4.0, 3.0], abs=1e-12)
+    assert [r["mean_abs_dp"] for r in filled] == pytest.approx([0.5, 0.2, 0.2, 0.3], abs=1e-12)
+    assert [r["max_abs_dp"] for r in filled] == pytest.approx([0.5, 0.3, 0.2, 0.3], abs=1e-12)
+    assert [r["mean_abs_dlogp"] for r in filled] == pytest.approx([0.5, 0.5, 0.125, 1.0], abs=1e-12)
+    assert mismatch.by_probability({**tok, "p_old": p_old[:0]})[0]["share"] == 0.0  # no tokens: no 0/0
+    one = {k: v[2:3] for k, v in tok.items()}  # a single token, p_old 0.3: all of it in the second bin
+    assert [r["share"] for r in mismatch.by_probability(one)] == [0.0, 1.0, 0.0, 0.0, 0.0]
+
+
+def test_token_mismatch_is_k3_and_the_probability_gap_of_the_engine_samples(one_thread, tmp_path):
+    """Over the masked-in tokens of the engine's own bf16 samples: old is the fp32 trainer's log-prob,
+    roll the engine's; k3 = e^(old−roll) − 1 − (old−roll) ≥ 0, |Δp| = |e^old − e^roll|."""
+    world = small_world(tmp_path, sft_cfg={"steps": 0}, policy={"init_std": 0.5})
+    params = world.init_params(torch.Generator().manual_seed(0))
+    prompts = world.sample_prompts(16, torch.Generator().manual_seed(1))
+    tok = mismatch.token_mismatch(world, params, prompts, Precision("bf16"), torch.Generator().manual_seed(2))
+    tokens, mask, roll = sft.sample(world, params, prompts, torch.Generator().manual_seed(2), Precision("bf16"))
+    stats = world.token_stats(params, prompts, tokens)
+    on = mask > 0
+    assert int(on.sum()) == tok["k3"].numel() > 16
+    assert torch.equal(tok["old"], stats.logp[on].double()) and torch.equal(tok["roll"], roll[on].double())
+    lr = tok["old"] - tok["roll"]
+    assert float(lr.abs().max()) > 1e-3
+    torch.testing.assert_close(tok["k3"], lr.exp() - 1 - lr, atol=1e-12, rtol=0)
+    assert torch.equal(tok["p_old"], tok["old"].exp())
+    torch.testing.assert_close(tok["abs_dp"], (tok["old"].exp() - tok["roll"].exp()).abs(), atol=1e-15, rtol=0)
+    assert torch.equal(tok["entropy"], stats.entropy[on].double())
+
+
+def test_learning_rate_warms_up_linearly_then_decays_by_a_cosine():
+    """lr 0.01, warm-up 4 of 12 steps: (s + 1)/4 · 0.01 for s < 4, then 0.005·(1 + cos(π(s − 4)/8))."""
+    cfg = sft.SFTConfig(steps=12, lr=0.01, warmup=4)
+    assert [sft._lr(cfg, s) for s in range(4)] == pytest.approx([0.0025, 0.005, 0.0075, 0.01], abs=1e-15)
+    assert [sft._lr(cfg, s) for s in (4, 8, 11)] == pytest.approx(
+        [0.01, 0.005, 0.005 * (1 + math.cos(7 * math.pi / 8))], abs=1e-15)
+    assert sft._lr(sft.SFTConfig(steps=5, lr=0.01, warmup=0), 0) == 0.01  # no warm-up: the decay from the start
+    assert sft._lr(sft.SFTConfig(steps=3, lr=0.01, warmup=3), 3) == 0.01  # a warm-up as long as the run
+
+
+def test_kv_cache_writes_each_layer_and_refuses_past_its_length():
+    """2 layers, room for 5 positions: a prefill of 3 then single steps. Every layer's write returns all
+    positions so far; only the last layer's advances `length`; a sixth position is refused."""
+    cache = KVCache(2, 1, 1, 5, 2, torch.float32, torch.device("cpu"))
+    assert cache.nbytes() == 2 * (2 * 1 * 1 * 5 * 2) * 4
+    k, v = torch.arange(6.0).view(1, 1, 3, 2), -torch.arange(6.0).view(1, 1, 3, 2)
+    k0, v0 = cache.update(0, k, v)
+    assert cache.length == 0 and torch.equal(k0, k) and torch.equal(v0, v)
+    cache.update(1, k + 100, v)
+    assert cache.length == 3
+    for step in (3, 4):
+        new = torch.full((1, 1, 1, 2), float(step))
+        k0, _ = cache.update(0, new, new)
+        k1, v1 = cache.update(1, new, -new)
+        assert k0.shape == (1, 1, step + 1, 2) and torch.equal(k1[:, :, :3], k + 100) and v1[0, 0, step, 0] == -step
+    assert cache.length == 5
+    with pytest.raises(ValueError, match="KV cache full"):
+        cache.update(0, new, new)
+
+
+def test_sft_config_defaults_edges_and_errors(tmp_path, monkeypatch):
+    """Defaults as documented; each bound's edge accepted, one past it refused; the cache folder."""
+    d = sft.SFTConfig.from_config({})
+    assert d == sft.SFTConfig(steps=1000, batch_size=64, lr=3e-3, warmup=100, fork_error=0.1, seed=0,
+                              eval_samples=512, cache_dir=None)
+    edge = sft.SFTConfig.from_config({"steps": 0, "batch_size": 1, "lr": 1e-9, "warmup": 0, "fork_error": 1.0,
+                                      "seed": 0, "eval_samples": 1, "cache_dir": "~/sft"})
+    assert edge == sft.SFTConfig(0, 1, 1e-9, 0, 1.0, 0, 1, "~/sft")
+    assert sft.SFTConfig.from_config({"fork_error": 0.0}).fork_error == 0.0
+    for key, value, message in [("batch_size", 0, "policy.sft.batch_size must be >= 1"),
+                                ("warmup", -1, "policy.sft.warmup must be >= 0"),
+                                ("seed", -1, "policy.sft.seed must be >= 0"),
+                                ("eval_samples", 0, "policy.sft.eval_samples must be >= 1"),
+                                ("fork_error", -0.1, "policy.sft.fork_error must be >= 0"),
+                                ("lr", -1.0, "policy.sft.lr must be > 0"),
+                                ("cache_dir", "", "policy.sft.cache_dir must be a path or null")]:
+        with pytest.raises(UserError, match=message.replace(".", r"\.")):
+            sft.SFTConfig.from_config({key: value})
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert sft.cache_root(edge) == tmp_path / "home" / "sft"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert sft.cache_root(d) == tmp_path / "xdg" / "is-study"
+    monkeypatch.setenv("XDG_CACHE_HOME", "")
+    assert sft.cache_root(d) == tmp_path / "home" / ".cache" / "is-study"
+
+
+def test_summary_reports_the_shape_and_counts_the_parameters(tmp_path):
+    """task=sort with 16 values: V = 19 (BOS, SEP, EOS = 18), prompts of 9 tokens. 1 layer, d 16, 2 heads,
+    2 experts of width 32, context 40: wte 19·16 + wpe 40·16 + ln1 32 + qkv 16·48 + 48 + out 16·16 + 16
+    + ln2 32 + router 16·2 + w_in 2·16·32 + b_in 64 + w_out 2·32·16 + b_out 32 + ln_f 32 = 4304."""
+    world = small_world(tmp_path, sft_cfg={"steps": 0},
+                        policy={"n_layer": 1, "d_model": 16, "n_head": 2, "experts": 2, "context": 40, "mlp_ratio": 2})
+    world.warm_start = {"cache": "hit"}  # left from an earlier init with a warm start: a random init clears it
+    world.init_params(torch.Generator().manual_seed(0))
+    assert world.warm_start == {}
+    assert world.summary() == {"policy": "transformer", "vocab_size": 19, "seq_len": 8, "prompt_len": 9,
+                               "eos_token": 18, "n_layer": 1, "n_head": 2, "d_model": 16, "mlp_ratio": 2,
+                               "context": 40, "experts": 2, "task": "sort", "n_params": 4304}
+    world.warm_start = {"cache": "hit"}  # what init_params records after an SFT warm start
+    assert world.summary()["warm_start"] == {"cache": "hit"}
+
+
+def test_policy_defaults_and_edges_are_accepted(tmp_path):
+    """The defaults (nanoGPT-small-ish: 2 layers, 4 heads, d 64, ratio 4, context 512, dense, init 0.02,
+    1000 SFT steps); every lower bound at its edge (a context of exactly prompt + response, 9 + 8 = 17)
+    and the largest context; one past each edge is refused."""
+    from runner.worlds.transformer.model import Shape
+    from runner.worlds.transformer.world import TransformerWorld
+
+    task = make_task(SMALL_TASK, SMALL_ROLLOUT)
+    default = make_world({"name": "transformer", "sft": {"cache_dir": str(tmp_path)}}, SMALL_ROLLOUT, task)
+    assert default.shape == Shape(vocab_size=19, context=512, n_layer=2, n_head=4, d_model=64, mlp_ratio=4, experts=0)
+    assert default.init_std == 0.02 and default.sft.steps == 1000 and default.warm_start == {}
+    edge = make_world({"name": "transformer", "n_layer": 1, "n_head": 1, "d_model": 1, "mlp_ratio": 1, "context": 17,
+                       "experts": 0, "init_std": 0.0, "sft": {"steps": 0}}, SMALL_ROLLOUT, task)
+    assert edge.shape == Shape(vocab_size=19, context=17, n_layer=1, n_head=1, d_model=1, mlp_ratio=1, experts=0)
+    assert edge.init_std == 0.0
+    assert make_world({"name": "transformer", "context": 65536, "experts": 2, "sft": {"steps": 0}},
+                      SMALL_ROLLOUT, task).shape.context == 65536
+    for policy, message in [({"context": 16}, r"prompt \(9\) \+ rollout.seq_len \(8\) exceeds policy.context \(16\)"),
+                            ({"context": 65537}, "policy.context must be <= 65536, got 65537"),
+                            ({"context": 1}, "policy.context must be >= 2, got 1"),
+                            ({"mlp_ratio": 0}, "policy.mlp_ratio must be >= 1, got 0"),
+                            ({"d_model": 0}, "policy.d_model must be >= 1, got 0"),
+                            ({"n_head": 0}, "policy.n_head must be >= 1, got 0")]:
+        with pytest.raises(UserError, match=message):
+            make_world({"name": "transformer", "sft": {"steps": 0}, **policy}, SMALL_ROLLOUT, task)
+    direct = TransformerWorld(edge.shape, 8, task)  # built without an SFT config: no warm start
+    assert direct.sft.steps == 0 and direct.init_std == 0.02 and (direct.eos_token, direct.prompt_len) == (18, 9)
+
+
+def _reference_logits(shape, p, idx):
+    """nanoGPT's forward written independently with torch.nn.functional (no rounding, no cache)."""
+    F = torch.nn.functional
+    N, t = idx.shape
+    d, H = shape.d_model, shape.n_head
+    x = p["wte"][idx] + p["wpe"][:t]
+    for i in range(shape.n_layer):
+        h = f"h{i}."
+        a = F.layer_norm(x, (d,), p[h + "ln1.w"], p[h + "ln1.b"])
+        q, k, v = (a @ p[h + "attn.w_qkv"] + p[h + "attn.b_qkv"]).split(d, dim=-1)
+        q, k, v = (z.reshape(N, t, H, d // H).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(N, t, d)
+        x = x + y @ p[h + "attn.w_out"] + p[h + "attn.b_out"]
+        m = F.layer_norm(x, (d,), p[h + "ln2.w"], p[h + "ln2.b"])
+        if shape.experts == 0:
+            x = x + F.gelu(m @ p[h + "mlp.w_in"] + p[h + "mlp.b_in"]) @ p[h + "mlp.w_out"] + p[h + "mlp.b_out"]
+        else:
+            gates = torch.softmax(m @ p[h + "mlp.router"], -1)  # [N, t, E]
+            e = gates.argmax(-1)  # [N, t]
+            u = F.gelu(torch.einsum("ntd,ntdf->ntf", m, p[h + "mlp.w_in"][e]) + p[h + "mlp.b_in"][e])
+            out = torch.einsum("ntf,ntfd->ntd", u, p[h + "mlp.w_out"][e]) + p[h + "mlp.b_out"][e]
+            x = x + out * gates.gather(-1, e.unsqueeze(-1))
+    return F.layer_norm(x, (d,), p["ln_f.w"], p["ln_f.b"]) @ p["wte"].T
+
+
+@pytest.mark.parametrize("experts", [0, 4])
+def test_fp32_forward_is_nanogpt(one_thread, tmp_path, experts):
+    """The trainer's float64 teacher-forced logits against nanoGPT's forward written independently
+    (scaled dot-product attention, causal; pre-norm blocks; GELU MLP or top-1 experts scaled by their
+    gate; tied LM head), on random non-zero biases and norms: equal to 1e-10."""
+    world = small_world(tmp_path, sft_cfg={"steps": 0}, policy={"experts": experts, "init_std": 0.5, "n_layer": 2})
+    g = torch.Generator().manual_seed(0)
+    params = {k: (v + 0.3 * torch.randn(v.shape, generator=g)).double() for k, v in world.init_params(g).items()}
+    prompts = world.sample_prompts(8, g)
+    tokens = torch.randint(world.vocab_size, (8, world.seq_len), generator=g)
+    idx = torch.cat([prompts, tokens[:, :-1]], 1)
+    expected = _reference_logits(world.shape, params, idx)[:, prompts.shape[1] - 1:]
+    got = world.logits(params, prompts, tokens)
+    assert got.dtype == torch.float64 and float(got.std()) > 1.0
+    torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)
+
+
+@pytest.mark.parametrize("experts", [0, 4])
+def test_init_is_nanogpts(experts):
+    """nanoGPT's init at std 0.05, 2 layers: N(0, 0.05²) weights, the residual projections (attention
+    and MLP outputs) at 0.05/√(2·2) = 0.025, zero biases, unit norm gains. The sample std of n draws has a
+    relative sd of 1/√(2n): each within 5 of those, each mean within 5 sd of 0."""
+    from runner.worlds.transformer.model import Shape, init_params
+
+    shape = Shape(vocab_size=19, context=40, n_layer=2, n_head=2, d_model=16, mlp_ratio=4, experts=experts)
+    p = init_params(shape, torch.Generator().manual_seed(1), std=0.05)
+    E = (experts,) if experts else ()
+    stds = {"wte": ((19, 16), 0.05), "wpe": ((40, 16), 0.05)}
+    for i in range(2):
+        h = f"h{i}."
+        stds.update({h + "attn.w_qkv": ((16, 48), 0.05), h + "attn.w_out": ((16, 16), 0.025),
+                     h + "mlp.w_in": (E + (16, 64), 0.05), h + "mlp.w_out": (E + (64, 16), 0.025)})
+        if experts:
+            stds[h + "mlp.router"] = ((16, experts), 0.05)
+        for name, size in (("ln1.b", 16), ("attn.b_qkv", 48), ("attn.b_out", 16), ("ln2.b", 16)):
+            assert p[h + name].shape == (size,) and not p[h + name].any(), h + name
+        assert p[h + "mlp.b_in"].shape == E + (64,) and p[h + "mlp.b_out"].shape == E + (16,)
+        assert not p[h + "mlp.b_in"].any() and not p[h + "mlp.b_out"].any()
+        assert torch.equal(p[h + "ln1.w"], torch.ones(16)) and torch.equal(p[h + "ln2.w"], torch.ones(16))
+    assert torch.equal(p["ln_f.w"], torch.ones(16)) and not p["ln_f.b"].any() and p["ln_f.b"].shape == (16,)
+    for name, (size, std) in stds.items():
+        w = p[name]
+        assert tuple(w.shape) == size, name
+        assert abs(float(w.std()) / std - 1) < 5 / math.sqrt(2 * w.numel()), name
+        assert abs(float(w.mean())) < 5 * std / math.sqrt(w.numel()), name
+    default = init_params(shape, torch.Generator().manual_seed(1))  # nanoGPT's std 0.02 unless told
+    assert abs(float(default["wte"].std()) / 0.02 - 1) < 5 / math.sqrt(2 * 19 * 16)
+    assert len(p) == 2 + 2 * (12 + bool(experts)) + 2  # wte, wpe; per layer 12 tensors (+ a router); ln_f
+
+
+def test_a_trained_warm_start_records_its_cost_and_writes_checkpoint_and_sidecar(one_thread, tmp_path):
+    """_train_and_save: SFT's wall and CPU seconds (rounded to 0.01 s, within what the call took), its
+    steps and the measurements; the checkpoint holds the detached params, the record and the identity,
+    and the JSON sidecar the same record and identity."""
+    world = small_world(tmp_path, sft_cfg={"steps": 5, "eval_samples": 16})
+    identity = sft.cache_identity(world, torch.device("cpu"))
+    path = tmp_path / "ckpt.pt"
+    start, cpu_start = time.perf_counter(), time.process_time()
+    params, record = sft._train_and_save(world, torch.device("cpu"), identity, path)
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    assert set(record) == {"sft_seconds", "sft_cpu_seconds", "sft_steps", "accuracy", "accuracy_se",
+                           "confident_fraction", "mean_entropy", "fork_fraction", "mean_response_len", "eval_samples"}
+    assert record["sft_steps"] == 5 and record["eval_samples"] == 16
+    for key, bound in (("sft_seconds", wall), ("sft_cpu_seconds", cpu)):
+        assert type(record[key]) is float and 0 <= record[key] <= bound + 0.01, (key, record[key], bound)
+        assert record[key] == round(record[key], 2)
+    assert record["sft_seconds"] > 0.01
+    blob = torch.load(path, weights_only=True)
+    assert blob["record"] == record and blob["identity"] == identity
+    assert all(torch.equal(blob["params"][k], params[k]) and not params[k].requires_grad for k in params)
+    sidecar = path.with_suffix(".json").read_text()  # for a reader: indented by 2
+    assert json.loads(sidecar) == {"record": record, "identity": identity}
+    assert sidecar == json.dumps({"record": record, "identity": identity}, indent=2)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.suffix in (".pt", ".json")) == ["ckpt.json", "ckpt.pt"]
+
+
+def test_sft_progress_bar_only_on_a_terminal(monkeypatch):
+    """On a terminal: a transient rich bar on stderr, "SFT warm start", steps done of the total, the
+    loss when one is given (every 50th step), stopped on exit. Otherwise no bar and advance does nothing."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False, raising=False)
+    with sft._progress(3) as advance:
+        advance(0.5)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True, raising=False)
+    progress = sft._progress(3)
+    assert progress.bar is None and progress.total == 3
+    advance = progress.__enter__()
+    bar = progress.bar
+    assert bar.live.is_started and bar.live.transient and bar.console.stderr
+    assert [type(c).__name__ for c in bar.columns] == ["TextColumn", "BarColumn", "MofNCompleteColumn", "TextColumn",
+                                                      "TimeRemainingColumn"]
+    assert bar.columns[0].text_format == "SFT warm start" and bar.columns[3].text_format == "{task.fields[loss]}"
+    task = bar.tasks[0]
+    assert (task.description, task.total, task.completed, task.fields) == ("sft", 3, 0, {"loss": ""})
+    advance(0.5)
+    assert task.completed == 1 and task.fields == {"loss": "loss 0.500"}
+    advance(None)  # a step without a loss keeps the last one shown
+    assert task.completed == 2 and task.fields == {"loss": "loss 0.500"}
+    assert progress.__exit__(None, None, None) is False  # an exception inside propagates
+    assert not bar.live.is_started
+
+
+def test_warm_start_cache_layout(one_thread, tmp_path):
+    """In <cache_dir>/transformer-sft (made with its parents): <key>.pt, <key>.json and <key>.lock, the key
+    the hash of the identity; a stale temporary file of that key is removed before training; the next
+    world with the same identity loads the checkpoint ("hit"). A cache folder that cannot be made is a
+    one-line error."""
+    cache = tmp_path / "a" / "b"
+    world = small_world(cache, sft_cfg={"steps": 3, "eval_samples": 8})
+    key = sft.cache_key(sft.cache_identity(world, torch.device("cpu")))
+    folder = cache / "transformer-sft"
+    folder.mkdir(parents=True)
+    stale = folder / f".{key}.pt.99999.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    other = folder / ".0123456789abcdef0123.pt.99999.tmp"  # another checkpoint's: left alone
+    other.write_bytes(b"half of another")
+    params = world.init_params(torch.Generator().manual_seed(0))
+    assert sorted(p.name for p in folder.iterdir()) == sorted([f"{key}.pt", f"{key}.json", f"{key}.lock", other.name])
+    assert world.warm_start["cache"] == "trained" and world.warm_start["checkpoint"] == str(folder / f"{key}.pt")
+    assert world.warm_start["sft_steps"] == 3
+    again = small_world(cache, sft_cfg={"steps": 3, "eval_samples": 8})
+    # a hit loads without waiting for the lock (held here as by a job that is training): a checkpoint is
+    # only ever renamed into place whole, so one that exists can be read
+    from filelock import FileLock
+
+    out = []
+    with FileLock(str(folder / f"{key}.lock")):
+        job = threading.Thread(target=lambda: out.append(again.init_params(torch.Generator().manual_seed(1))),
+                               daemon=True)
+        job.start()
+        job.join(timeout=10)
+        waited = job.is_alive()
+    job.join()
+    assert not waited
+    loaded = out[0]
+    assert again.warm_start == {**world.warm_start, "cache": "hit"}
+    assert all(torch.equal(loaded[k], params[k]) for k in params)
+    fresh = small_world(tmp_path / "c" / "d", sft_cfg={"steps": 3, "eval_samples": 8})
+    fresh.init_params(torch.Generator())
+    assert (tmp_path / "c" / "d" / "transformer-sft" / f"{key}.pt").is_file()
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    with pytest.raises(UserError, match=r"policy.sft.cache_dir: cannot create .*transformer-sft: ") as err:
+        small_world(blocked, sft_cfg={"steps": 3, "eval_samples": 8}).init_params(torch.Generator())
+    assert "\n" not in str(err.value)
+
+
+def test_a_job_that_waited_for_the_lock_loads_what_the_holder_trained(one_thread, tmp_path):
+    """Two jobs need the same checkpoint: the second finds none, waits for the lock the first holds
+    while training, and then loads the first's checkpoint ("hit") instead of training again."""
+    from filelock import FileLock
+
+    world = small_world(tmp_path, sft_cfg={"steps": 3, "eval_samples": 8})
+    identity = sft.cache_identity(world, torch.device("cpu"))
+    key = sft.cache_key(identity)
+    folder = tmp_path / "transformer-sft"
+    folder.mkdir()
+    waiting = small_world(tmp_path, sft_cfg={"steps": 3, "eval_samples": 8})
+    out = []
+    with FileLock(str(folder / f"{key}.lock")):
+        job = threading.Thread(target=lambda: out.append(waiting.init_params(torch.Generator())), daemon=True)
+        job.start()
+        time.sleep(0.5)  # the job finds no checkpoint and waits for the lock
+        params, _ = sft._train_and_save(world, torch.device("cpu"), identity, folder / f"{key}.pt")
+    job.join(timeout=60)
+    assert out and waiting.warm_start["cache"] == "hit"
+    assert all(torch.equal(out[0][k], params[k]) for k in params)
+
+
+def test_a_checkpoint_loads_onto_the_device_asked_for_and_only_as_weights(tmp_path):
+    """_load maps the tensors to the device asked for (meta here, standing in for a GPU) and reads with
+    weights_only: a file that holds other pickled objects is refused, not executed. No file: None."""
+    import datetime
+    import pickle
+
+    path = tmp_path / "ckpt.pt"
+    assert sft._load(path, torch.device("cpu")) is None
+    torch.save({"params": {"w": torch.ones(2)}, "record": {"accuracy": 0.5}}, path)
+    params, record = sft._load(path, torch.device("meta"))
+    assert params["w"].device.type == "meta" and params["w"].shape == (2,) and record == {"accuracy": 0.5}
+    torch.save({"params": {"w": torch.ones(2)}, "record": {"when": datetime.date(2026, 1, 1)}}, path)
+    with pytest.raises(pickle.UnpicklingError):
+        sft._load(path, torch.device("cpu"))
+
+
+def test_cache_key_golden_value():
+    """The first 20 hex digits of the SHA-256 of the identity as JSON with sorted keys, so the order the
+    identity was built in does not matter."""
+    key = sft.cache_key({"b": {"d": [3], "c": 1}, "a": 2})
+    assert key == sft.cache_key({"a": 2, "b": {"c": 1, "d": [3]}}) == "e8a2879119dac3bd7595"  # sha256('{"a": 2, "b": {"c": 1, "d": [3]}}')
+
+
+def test_cache_identity_holds_what_determines_the_checkpoint(tmp_path, monkeypatch):
+    """Everything that determines SFT's result and nothing else: CACHE_VERSION, torch's major.minor
+    (a local build suffix and the patch level dropped), the device type (not its index), the model's
+    shape, init_std, the task, seq_len and the SFT settings but not the cache folder."""
+    monkeypatch.setattr(torch, "__version__", "2.13.1+cu128")
+    world = small_world(tmp_path)
+    assert sft.cache_identity(world, torch.device("cuda", 1)) == {
+        "version": 1, "torch": "2.13", "device": "cuda",
+        "shape": {"vocab_size": 19, "context": 512, "n_layer": 2, "n_head": 4, "d_model": 64, "mlp_ratio": 4,
+                  "experts": 0},
+        "init_std": 0.02, "task": {"name": "sort", "length": 7, "values": 16}, "seq_len": 8,
+        "sft": {"steps": 400, "batch_size": 64, "lr": 0.003, "warmup": 50, "fork_error": 0.4, "seed": 0,
+                "eval_samples": 512}}
+    assert world.sft.cache_dir == str(tmp_path)  # popped from the identity's copy only
+    assert sft.cache_identity(world, "cpu")["device"] == "cpu"
+    monkeypatch.setattr(torch, "__version__", "2.14+cpu")  # a build suffix right after the minor version
+    assert sft.cache_identity(world, "cpu")["torch"] == "2.14"
+
+
+def test_sft_is_adamw_on_the_masked_mean_cross_entropy(one_thread, tmp_path, monkeypatch):
+    """sft.train against the recipe written out: θ₀ from init_params at the world's init_std and SFT's seed,
+    AdamW (β 0.9, 0.99, no weight decay) at the warm-up/cosine lr, fresh teacher data every step, the fp32
+    teacher-forced cross-entropy averaged over the teacher's response tokens (mask 1), the gradient
+    clipped to norm 1 (here it is above 2 at every step), to 1e-6. The progress bar is given the step
+    count and the loss at steps 0, 50, 100, ... (52 steps: 0 and 50)."""
+    from runner.worlds.transformer.model import init_params
+
+    world = small_world(tmp_path, policy={"n_layer": 1, "d_model": 16, "n_head": 2, "init_std": 0.5},
+                        sft_cfg={"steps": 3, "batch_size": 8, "lr": 0.05, "warmup": 2, "fork_error": 0.4, "seed": 3})
+    got = sft.train(world)
+    cfg, task = world.sft, world.task
+    gen = torch.Generator().manual_seed(3)
+    params = {k: v.requires_grad_(True) for k, v in init_params(world.shape, gen, 0.5).items()}
+    opt = torch.optim.AdamW(params.values(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
+    for step, lr in enumerate([0.025, 0.05, 0.05]):  # warm-up (s + 1)/2 · lr, then the cosine's first value
+        for group in opt.param_groups:
+            group["lr"] = lr
+        prompts = task.sample_prompts(8, gen)
+        tokens, mask = task.teacher(prompts, gen, 0.4, world.seq_len)
+        logits = world.logits(params, prompts, tokens)
+        nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), tokens.flatten(), reduction="none")
+        loss = (nll * mask.flatten()).sum() / mask.sum()
+        opt.zero_grad()
+        loss.backward()
+        assert float(torch.nn.utils.clip_grad_norm_(list(params.values()), 1.0)) > 2.0
+        opt.step()
+    for k in params:
+        torch.testing.assert_close(got[k], params[k].detach(), atol=1e-6, rtol=0)
+    calls = []
+
+    class Recorder:
+        def __init__(self, total):
+            calls.append(("total", total))
+
+        def __enter__(self):
+            return lambda loss: calls.append(loss is not None)
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(sft, "_progress", Recorder)
+    tiny = small_world(tmp_path, policy={"n_layer": 1, "d_model": 8, "n_head": 1}, sft_cfg={"steps": 52, "batch_size": 1})
+    sft.train(tiny)
+    assert calls[0] == ("total", 52) and [i for i, shown in enumerate(calls[1:]) if shown] == [0, 50]
+    assert len(calls) == 53
+
+
+def test_the_task_must_bring_vocabulary_and_eos_and_the_rollout_a_length(tmp_path):
+    """A task without a vocabulary, or with one but no EOS, is a one-line UserError (not an
+    AttributeError later); so is a rollout.seq_len below 1."""
+    from types import SimpleNamespace
+
+    for task in (SimpleNamespace(name="bare"), SimpleNamespace(name="no-eos", vocab_size=8)):
+        with pytest.raises(UserError, match=f"policy=transformer needs a task with its own vocabulary, prompts and EOS "
+                                            f"\\(e.g. task=sort\\); task='{task.name}' has none"):
+            make_world({"name": "transformer", "sft": {"steps": 0}}, SMALL_ROLLOUT, task)
+    task = make_task(SMALL_TASK, SMALL_ROLLOUT)
+    with pytest.raises(UserError, match=r"^rollout.seq_len must be >= 1, got 0$"):
+        make_world({"name": "transformer", "sft": {"steps": 0}}, {"seq_len": 0}, task)
+    one = SimpleNamespace(name="one-token", vocab_size=4, eos=3, prompt_len=1, response_len=1)  # answers in 1 token
+    assert make_world({"name": "transformer", "sft": {"steps": 0}}, {"seq_len": 1}, one).seq_len == 1
+    with pytest.raises(UserError, match=r"policy.sft.steps > 0 needs a task with a teacher \(e.g. task=sort\); "
+                                        r"task='one-token' has none \(set policy.sft.steps=0\)"):
+        make_world({"name": "transformer", "sft": {"steps": 1}}, {"seq_len": 1}, one)
+
+
+def test_the_engine_and_the_trainer_run_on_the_params_device(tmp_path):
+    """PyTorch's meta device (shapes and devices, no data) stands in for a GPU: with the parameters there
+    and the prompts and tokens on the CPU, the sampler (and its KV cache) and the teacher-forced logits run
+    there and answer there. (Dense: the experts' routing needs data.)"""
+    world = small_world(tmp_path, sft_cfg={"steps": 0}, policy={"n_layer": 1, "d_model": 16, "n_head": 2})
+    params = {k: v.to("meta") for k, v in world.init_params(torch.Generator().manual_seed(0)).items()}
+    prompts = world.sample_prompts(4, torch.Generator().manual_seed(1))
+    tokens = torch.zeros(4, world.seq_len, dtype=torch.long)
+    for precision in (FP32, Precision("bf16")):
+        sampler = world.sampler(params, prompts, precision)
+        assert sampler.start().device.type == "meta" and sampler.step(tokens[:, 0]).device.type == "meta"
+        assert sampler.cache.k.device.type == "meta"
+        assert world.logits(params, prompts, tokens, precision).device.type == "meta"
+
+
+def test_the_engine_rounding_golden_values():
+    """fp8 serving: Linear weights go through Precision.weights (0.3 in a tensor of amax 1 → 0.28515625),
+    the embeddings, norms and biases only to the compute dtype (bf16: 0.3 → 0.30078125); every float32
+    storage, detached; fp32 hands back the params themselves. _Round: an op's output to bf16 (1/3 →
+    0.333984375); a Linear's input through the per-token fp8 activations (0.3 → 0.28515625), the router's
+    (quantized=False) only to bf16; the output rounded once."""
+    from runner.worlds.transformer.model import _Round, engine_weights
+
+    w = torch.tensor([[1.0, 0.3], [0.5, -0.3]], requires_grad=True)
+    params = {"h0.attn.w_qkv": w, "wte": w, "h0.ln1.b": w}
+    fp8 = engine_weights(params, Precision("fp8"))
+    assert fp8["h0.attn.w_qkv"].tolist() == [[1.0, 0.28515625], [0.5, -0.28515625]]
+    assert fp8["wte"].tolist() == fp8["h0.ln1.b"].tolist() == [[1.0, 0.30078125], [0.5, -0.30078125]]
+    assert all(t.dtype == torch.float32 and not t.requires_grad for t in fp8.values())
+    assert engine_weights(params, FP32) is params
+    rnd = _Round(Precision("fp8"))
+    assert rnd(torch.tensor([1 / 3])).tolist() == [0.333984375] and rnd(torch.tensor([1 / 3])).dtype == torch.float32
+    x = torch.tensor([[1.0, 0.3]])
+    assert rnd.act(x).tolist() == [[1.0, 0.28515625]] and rnd.act(x).dtype == torch.float32
+    assert rnd.linear(x, torch.eye(2)).tolist() == [[1.0, 0.28515625]]
+    assert rnd.linear(x, torch.eye(2), quantized=False).tolist() == [[1.0, 0.30078125]]
+    assert rnd.linear(x, torch.eye(2), torch.tensor([0.0, 1 / 3])).tolist() == [[1.0, 0.6171875]]  # 0.6185 → bf16
+    exact = _Round(FP32)
+    assert exact(torch.tensor([1 / 3])).item() == torch.tensor(1 / 3).item()

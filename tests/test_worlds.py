@@ -49,6 +49,29 @@ def test_every_registered_world_is_tested():
 
 
 @pytest.mark.parametrize("name", sorted(WORLD_CONFIGS))
+def test_prompts_come_from_the_generator_alone(name):
+    """The same generator seed gives the same prompts whatever the global RNG holds, another seed
+    others. bigram and mlp (prompt_len 2 here): BOS, then a token uniform over the V ids: 4000
+    draws put 500 on each of the 8, sd √(4000·(1/8)·(7/8)) = 20.9; each count within 5 sd."""
+    world = build(name)[0]
+    torch.manual_seed(0)
+    a = world.sample_prompts(4000, torch.Generator().manual_seed(5))
+    torch.manual_seed(1)
+    b = world.sample_prompts(4000, torch.Generator().manual_seed(5))
+    torch.manual_seed(0)
+    c = world.sample_prompts(4000, torch.Generator().manual_seed(6))
+    assert a.dtype == torch.long and a.shape == (4000, world.prompt_len)
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    if name in ("bigram", "mlp"):
+        V = world.vocab_size
+        assert world.prompt_len == 2 and V == 8
+        assert bool((a[:, 0] == V).all())
+        counts = torch.bincount(a[:, 1], minlength=V + 1)
+        assert int(counts[V]) == 0 and int(counts.sum()) == 4000
+        assert float((counts[:V] - 500).abs().max()) < 5 * 20.9
+
+
+@pytest.mark.parametrize("name", sorted(WORLD_CONFIGS))
 def test_sampler_gives_the_teacher_forced_logits(name):
     world, _, params, g = build(name)
     prompts = world.sample_prompts(16, g)
