@@ -258,6 +258,11 @@ def test_level_figure_leaves_a_zero_variance_off_its_log_axis():
         assert ys[0][0] == pytest.approx(1.0) and ys[1][0] == pytest.approx(math.exp(0.6))
     finally:
         plt.close(fig)
+    paper = level.level_figure(frame, level.level_verdict(frame), "paper")  # narrow panels: short titles
+    try:
+        assert [ax.get_title() for ax in paper.axes[1:3]] == ["(b) direction", "(c) size"]
+    finally:
+        plt.close(paper)
 
 
 # ----------------------------------------------------------------------------------------- 3. low-probability tokens
