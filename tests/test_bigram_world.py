@@ -108,6 +108,27 @@ def test_score_gradient_matches_autograd():
         th = theta.double().requires_grad_(True)
         (weights[k] * _lp(th, ro)).sum().backward()
         torch.testing.assert_close(closed[k], th.grad.flatten(), atol=1e-10, rtol=1e-10)
+    # fp32 θ (the trainer's), float64 weights (the probe's): the softmax runs in the weights' dtype
+    from_fp32 = world.score_sums({"theta": theta.float()}, ro.prompts, ro.tokens, weights)
+    assert from_fp32.dtype == torch.float64
+    torch.testing.assert_close(from_fp32, world.score_sums({"theta": theta.float().double()}, ro.prompts, ro.tokens,
+                                                           weights), atol=1e-13, rtol=0)
+
+
+def test_the_fp32_table_is_theta_itself_and_entropy_is_optional():
+    """At fp32 (no mismatch) the world's logits are θ's own rows: differentiable and in θ's dtype, not
+    a detached fp32 copy. token_stats leaves the entropy out (None) when it is not asked for."""
+    world = _world(5)
+    params, _, ro = _on_policy(world, 16)
+    theta = params["theta"].double().requires_grad_(True)
+    logits = world.logits({"theta": theta}, ro.prompts, ro.tokens)
+    assert logits.dtype == torch.float64 and logits.requires_grad
+    prev = BigramWorld.states(ro.prompts, ro.tokens)
+    assert torch.equal(logits.detach(), theta.detach()[prev])
+    assert world.token_stats(params, ro.prompts, ro.tokens, entropy=False).entropy is None
+    with_entropy = world.token_stats(params, ro.prompts, ro.tokens).entropy
+    table = torch.log_softmax(params["theta"], -1)
+    torch.testing.assert_close(with_entropy, -(table.exp() * table).sum(-1)[prev])
 
 
 def test_synchronous_fp32_engine_reports_old_exactly_and_stale_one_does_not():
@@ -275,6 +296,118 @@ def test_world_config_errors(rollout, task, match):
     rollout = {"vocab_size": 16, "seq_len": 16, "prompt_len": 1, "eos_token": None, **rollout}
     with pytest.raises(UserError, match=match):
         BigramWorld.from_config({"name": "bigram", "init_std": 0.0}, rollout, make_task(task, rollout))
+
+
+GOOD_ROLLOUT = {"vocab_size": 16, "seq_len": 16, "prompt_len": 1, "eos_token": None}
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"vocab_size": 1}, "rollout.vocab_size must be >= 2, got 1"),
+    ({"seq_len": 0}, "rollout.seq_len must be >= 1, got 0"),
+    ({"prompt_len": 0}, "rollout.prompt_len must be >= 1, got 0"),
+    ({"eos_token": -1}, "rollout.eos_token must be >= 0, got -1"),
+    ({"eos_token": 16}, "rollout.eos_token must be a token id in [0, 15] or null, got 16"),
+])
+def test_the_world_checks_its_own_rollout_keys_with_their_section_and_bound(change, message):
+    """The world's own checks, reached with a task built from a valid rollout (make_task checks some of
+    the same keys first, which hid these): the whole message, section and bound included."""
+    task = make_task(COUNT, GOOD_ROLLOUT)
+    with pytest.raises(UserError) as err:
+        BigramWorld.from_config({"name": "bigram", "init_std": 0.0}, {**GOOD_ROLLOUT, **change}, task)
+    assert str(err.value) == message
+
+
+def test_the_world_reads_its_policy_section_and_accepts_the_smallest_shape():
+    task = make_task(COUNT, GOOD_ROLLOUT)
+    assert BigramWorld.from_config({"init_std": 0.5}, GOOD_ROLLOUT, task).init_std == 0.5
+    assert BigramWorld.from_config(None, GOOD_ROLLOUT, task).init_std == 0.0  # no policy section: uniform θ₀
+    with pytest.raises(UserError) as err:
+        BigramWorld.from_config({"init_sd": 1.0}, GOOD_ROLLOUT, task)
+    assert str(err.value) == ("policy: unknown key(s) init_sd (did you mean policy.init_std?); "
+                              "valid: description, init_std, name")
+    smallest = {"vocab_size": 2, "seq_len": 1, "prompt_len": 1, "eos_token": 0}
+    world = BigramWorld.from_config({}, smallest, make_task({"name": "target-count", "targets": [1]}, smallest))
+    assert (world.vocab_size, world.seq_len, world.prompt_len, world.eos_token) == (2, 1, 1, 0)
+
+
+def test_the_world_defaults_and_bounds_of_prompt_len_and_init_std():
+    task = make_task(COUNT, GOOD_ROLLOUT)
+    no_prompt_len = {k: v for k, v in GOOD_ROLLOUT.items() if k != "prompt_len"}
+    assert BigramWorld.from_config({}, no_prompt_len, task).prompt_len == 1  # a BOS-only prompt
+    with pytest.raises(UserError) as err:
+        BigramWorld.from_config({"init_std": -1.0}, GOOD_ROLLOUT, task)
+    assert str(err.value) == "policy.init_std must be >= 0, got -1"
+    assert BigramWorld.from_config({"init_std": 0.0}, GOOD_ROLLOUT, task).init_std == 0.0
+
+
+def test_a_uniform_start_draws_nothing_from_the_generator():
+    """init_std=0 gives θ₀ = 0 without drawing: the seed's stream is left whole for the rollouts, so
+    a run at init_std=0 samples exactly what it would have with no initialisation step at all."""
+    world = _world(init_std=0.0)
+    g = torch.Generator().manual_seed(5)
+    before = g.get_state().clone()
+    theta = world.init_params(g)["theta"]
+    assert torch.equal(g.get_state(), before)
+    assert theta.shape == (9, 8) and torch.equal(theta, torch.zeros(9, 8)) and not theta.signbit().any()
+    drawn = _world(init_std=0.5).init_params(torch.Generator().manual_seed(5))["theta"]
+    torch.testing.assert_close(drawn, 0.5 * torch.randn(9, 8, generator=torch.Generator().manual_seed(5)))
+
+
+def test_each_task_gets_its_exact_solver():
+    """target-count is additive (a sum over tokens): the matrix-power solver, O(log T) products. A
+    threshold needs the count's whole law: the forward recursion. Both give J; the first is the fast one."""
+    from runner.worlds.bigram.exact import AdditiveObjective, CountLawObjective
+
+    assert type(_world(task_cfg=COUNT).exact) is AdditiveObjective
+    assert type(_world(task_cfg=THRESHOLD).exact) is CountLawObjective
+
+
+@pytest.mark.parametrize("task_cfg", [COUNT, THRESHOLD], ids=["additive", "count-law"])
+def test_the_maths_runs_on_the_params_device(task_cfg):
+    """PyTorch's meta device (shapes and devices, no data) stands in for a GPU: with θ there, the
+    logits (exact and cast), the token stats, the score sums and both exact solvers come out there
+    too; a constant the world made on the CPU instead would be refused next to them."""
+    world = _world(eos=5, task_cfg=task_cfg)
+    params = {"theta": torch.zeros(world.num_states, 8, device="meta")}
+    prompts = torch.full((4, 2), world.bos, device="meta")
+    tokens = torch.zeros(4, 8, dtype=torch.long, device="meta")
+    assert world.logits(params, prompts, tokens).device.type == "meta"
+    assert world.logits(params, prompts, tokens, Precision("bf16")).device.type == "meta"
+    stats = world.token_stats(params, prompts, tokens)
+    assert stats.logp.device.type == "meta" and stats.entropy.device.type == "meta"
+    weights = torch.zeros(2, 4, 8, dtype=torch.float64, device="meta")
+    assert world.score_sums(params, prompts, tokens, weights).device.type == "meta"
+    assert world.start_distribution(device="meta").device.type == "meta"
+    assert world.exact.objective(params).device.type == "meta"
+
+
+@pytest.mark.parametrize("task_cfg", [COUNT, THRESHOLD], ids=["additive", "count-law"])
+def test_exact_objective_computes_in_the_asked_dtype_whatever_the_parameters_dtype(task_cfg):
+    """fp32 θ, J asked in float64: softmax, start law and recursion all run in float64, so J equals
+    J of the same θ already in float64 to float64 rounding (fp32 arithmetic anywhere would be off by
+    ~1e-8). V=6 and a 2-token prompt make the start law 1/6, which fp32 cannot hold exactly."""
+    rollout = {"vocab_size": 6, "seq_len": 5, "prompt_len": 2, "eos_token": None}
+    task = make_task({**task_cfg, "targets": [0, 1], **({"min_count": 2} if "min_count" in task_cfg else {})}, rollout)
+    world = BigramWorld.from_config({"init_std": 1.0}, rollout, task)
+    theta32 = torch.randn(world.num_states, 6, generator=torch.Generator().manual_seed(3))
+    j32 = world.exact.objective({"theta": theta32}, dtype=torch.float64)
+    j64 = world.exact.objective({"theta": theta32.double()}, dtype=torch.float64)
+    assert j32.dtype == torch.float64 and 0.05 < float(j64) < 0.95
+    assert abs(float(j32) - float(j64)) < 1e-15
+    for low in (torch.float16, torch.bfloat16):  # and in a low precision when asked: J stays in it
+        j_low = world.exact.objective({"theta": theta32}, dtype=low)
+        assert j_low.dtype == low and abs(float(j_low) - float(j64)) < 2e-3
+
+
+@pytest.mark.parametrize("eos", [None, 2])
+def test_the_count_law_is_a_probability_law_in_float64(eos):
+    """With min_count=0 every response earns the reward, so J is the count law's total mass: 1 to
+    float64 rounding, EOS or not (a start law of 1/6 held in fp32 would sum to 1 + 3e-8)."""
+    rollout = {"vocab_size": 6, "seq_len": 5, "prompt_len": 2, "eos_token": eos}
+    world = BigramWorld.from_config({"init_std": 1.0}, rollout, make_task({**THRESHOLD, "targets": [0, 1],
+                                                                          "min_count": 0}, rollout))
+    theta = torch.randn(world.num_states, 6, generator=torch.Generator().manual_seed(4))
+    assert abs(float(world.exact.objective({"theta": theta})) - 1.0) < 1e-15
 
 
 @pytest.mark.parametrize("eos,prompt_len", [(None, 1), (None, 3), (3, 1), (3, 3)])

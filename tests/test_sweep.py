@@ -89,6 +89,11 @@ def test_joblib_two_workers_gives_the_same_table(basic_sweep, tmp_path, cli):
     _check_grid_sweep(d)
     assert "n_jobs: 2" in (d / "00" / ".hydra" / "hydra.yaml").read_text()  # the preset, n_jobs from --jobs
     assert (d / "sweep.csv").read_bytes() == (basic_sweep / "sweep.csv").read_bytes()
+    # each job composed exactly as on the basic launcher, though the workers got the sweep's context,
+    # master config and singletons once each (runner/hydra_app/joblib_transport.py)
+    for job in sorted(p.name for p in basic_sweep.glob("0*")):
+        for name in ("config.yaml", "overrides.yaml"):
+            assert (d / job / ".hydra" / name).read_bytes() == (basic_sweep / job / ".hydra" / name).read_bytes()
     # the whole command line, as typed, for reports (issue 16)
     manifest = json.loads((d / "sweep.json").read_text())
     typed = ["sweep", *GRID, *TINY, "--launcher", "joblib", "--jobs", "2", f"hydra.sweep.dir={d}"]

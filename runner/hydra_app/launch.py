@@ -9,7 +9,7 @@ import contextlib
 from typing import Any, Callable, Iterator
 
 from runner.errors import UserError
-from runner.hydra_app import reuse, worker
+from runner.hydra_app import joblib_transport, reuse, worker
 from runner.hydra_app.app import CONFIG_NAME, initialized
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -103,8 +103,10 @@ def _representative_validation() -> Iterator[None]:
 def sweep_multirun(overrides: list[str]) -> Any:
     """`is-study sweep`'s multirun: Hydra's configured sweeper and launcher, the task function
     runner.hydra_app.worker.sweep_job, the representative validation above, and what the jobs'
-    compositions share (runner/hydra_app/reuse.py)."""
+    compositions share (runner/hydra_app/reuse.py), and what joblib sends its workers once per sweep
+    (runner/hydra_app/joblib_transport.py)."""
     worker.mark_launching_process()
-    with initialized() as hydra, _representative_validation(), reuse.shared_composition():
+    with (initialized() as hydra, _representative_validation(), reuse.shared_composition(),
+          joblib_transport.sent_once()):
         return hydra.multirun(config_name=CONFIG_NAME, task_function=worker.sweep_job, overrides=list(overrides),
                               with_log_configuration=False)
