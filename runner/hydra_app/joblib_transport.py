@@ -49,10 +49,11 @@ def _receive(key: str, blob: bytes) -> Any:
 
 
 class _Once:
-    """Pickles as a call to _receive(key, blob): the blob is made once, and unpickled once per process."""
+    """Pickles as a call to _receive(key, blob): the blob is made once, and unpickled once per process.
+    Not pickled at all (joblib runs `n_jobs=1` in the sweeping process), it stands for `value`."""
 
-    def __init__(self, key: str, blob: bytes) -> None:
-        self.key, self.blob = key, blob
+    def __init__(self, key: str, blob: bytes, value: Any) -> None:
+        self.key, self.blob, self.value = key, blob, value
 
     def __reduce__(self) -> tuple:
         return _receive, (self.key, self.blob)
@@ -62,7 +63,7 @@ def execute_job_lean(*args: Any) -> Any:
     """The plugin's execute_job, with the JobReturn's configs dropped before it is sent back."""
     from hydra_plugins.hydra_joblib_launcher import _core
 
-    ret = _core.execute_job(*args)
+    ret = _core.execute_job(*(a.value if isinstance(a, _Once) else a for a in args))
     ret.cfg = ret.hydra_cfg = None
     return ret
 
@@ -90,7 +91,7 @@ def sent_once() -> Iterator[None]:
 
     def once(i: int, value: Any) -> _Once:
         if id(value) not in wrapped:
-            wrapped[id(value)] = (value, _Once(f"{sweep}:{len(wrapped)}", cloudpickle.dumps(value)))
+            wrapped[id(value)] = (value, _Once(f"{sweep}:{len(wrapped)}", cloudpickle.dumps(value), value))
         return wrapped[id(value)][1]
 
     def delayed(function: Any) -> Any:
