@@ -87,19 +87,19 @@ def sent_once() -> Iterator[None]:
     from joblib.externals import cloudpickle
 
     real_delayed, sweep = core.delayed, f"{os.getpid()}-{uuid.uuid4().hex}"
-    wrapped: dict[int, tuple[Any, _Once]] = {}  # id → (the object, kept alive so its id is not reused; its _Once)
+    wrapped: dict[int, _Once] = {}  # by id; each _Once holds its object, so the id cannot be reused
 
-    def once(i: int, value: Any) -> _Once:
+    def once(value: Any) -> _Once:
         if id(value) not in wrapped:
-            wrapped[id(value)] = (value, _Once(f"{sweep}:{len(wrapped)}", cloudpickle.dumps(value), value))
-        return wrapped[id(value)][1]
+            wrapped[id(value)] = _Once(f"{sweep}:{len(wrapped)}", cloudpickle.dumps(value), value)
+        return wrapped[id(value)]
 
     def delayed(function: Any) -> Any:
         if function is not core.execute_job:
             return real_delayed(function)
 
         def call(*args: Any) -> Any:
-            sent = [once(i, a) if i in _SENT_ONCE else a for i, a in enumerate(args)]
+            sent = [once(a) if i in _SENT_ONCE else a for i, a in enumerate(args)]
             return real_delayed(execute_job_lean)(*sent)
 
         return call
