@@ -17,7 +17,9 @@ from typing import Any, Sequence
 import numpy as np
 
 HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
-VERDICTS = (HOLDS, FAILS, UNSURE)
+# A claim whose positive control failed (the world never shows the effect the claim is about) is not tested.
+UNTESTABLE = "untestable here"
+VERDICTS = (HOLDS, FAILS, UNSURE, UNTESTABLE)
 SIGMAS = 2.0  # "significant" = beyond 2 standard errors
 EPS = 1e-12
 
