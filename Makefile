@@ -8,9 +8,11 @@ PIP := $(PYTHON) -m pip
 # the environment's sys.prefix) is remade when pyproject.toml is newer, when the environment's
 # site-packages changed after it (a fresh venv, a venv recreated at the same path, packages added or
 # removed since), or when is-study is not installed there editable from this checkout. A
-# site-packages path with a space in it is left out of the check (make cannot name it).
+# site-packages folder that does not exist yet (a system Python's) or has a space in its path
+# (make cannot name it) is left out of the check.
 ENV_KEY := $(shell $(PYTHON) -c 'import hashlib, sys; print(hashlib.sha256(sys.prefix.encode()).hexdigest()[:12])')
-SITE_PACKAGES := $(shell $(PYTHON) -c 'import sysconfig; p = sysconfig.get_paths()["purelib"]; print("" if " " in p else p)')
+SITE_PACKAGES := $(shell $(PYTHON) -c 'import os, sysconfig; p = sysconfig.get_paths()["purelib"]; \
+	print(p if os.path.isdir(p) and " " not in p else "")')
 INSTALLED_HERE := $(shell $(PYTHON) -c 'import importlib.metadata as m, json, pathlib; \
 	d = m.distribution("is-study"); \
 	print("yes" if json.loads(d.read_text("direct_url.json") or "{}").get("url") == pathlib.Path.cwd().as_uri() else "")' 2>/dev/null)
