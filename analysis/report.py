@@ -619,10 +619,14 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
 INVARIANTS = {1: "finite loss and gradient", 2: "zero gradient at rejected units"}
 
 
+CASE_REPORTS = Path("runs") / "reports"  # under runs/, where `is-study run` writes and .gitignore ignores
+
+
 def case_report_path(case_path: Path) -> Path:
-    """Where a case file's report goes by default: NAME-report.md in the current directory (the
-    case file may be a shipped one, inside the package)."""
-    return Path.cwd() / f"{Path(case_path).stem}-report.md"
+    """Where a case file's report goes by default: runs/reports/NAME-report.md under the current
+    directory, not next to the case file (which may be a shipped one, inside the package) nor loose
+    in the current directory (a checkout's root, outside .gitignore)."""
+    return Path.cwd() / CASE_REPORTS / f"{Path(case_path).stem}-report.md"
 
 
 def _verdict(card) -> tuple[str, str]:

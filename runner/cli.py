@@ -25,6 +25,20 @@ app = typer.Typer(
     rich_markup_mode="rich",
 )
 
+def _print_version(value: bool) -> None:
+    if value:
+        from runner import __version__
+
+        typer.echo(f"is-study {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="Print is-study's version and exit.")) -> None:
+    pass
+
+
 OverridesArg = typer.Argument(None, help="Hydra overrides, e.g. correction=seq-mask-tis correction.high=2", show_default=False)
 
 
@@ -57,13 +71,27 @@ def _target_spec(**values):
 
 
 # ----------------------------------------------------------------------------------------- list
-@app.command("list", help="List presets, losses and config groups.  [dim]e.g. is-study list[/dim]")
+@app.command("list", help=(
+    "List presets, losses and config groups.  [dim]e.g. is-study list[/dim]\n\n"
+    "On a terminal: one table per group. Piped or redirected: one tab-separated line per item, what to type "
+    "first (correction=tis, loss=ppo, case NAME), then for a preset its kind and band, then the description."))
 def list_command() -> None:
     from rich.markup import escape
     from rich.table import Table
 
     from runner import registry
 
+    if not sys.stdout.isatty():  # for grep and cut: no tables, no wrapping
+        def line(*fields: str) -> None:
+            typer.echo("\t".join(" ".join(f.split()) for f in fields))
+
+        for entry in registry.presets():
+            line(f"correction={entry.name}", "faithful" if entry.faithful else "ours", entry.band or "-",
+                 entry.description)
+        for group in registry.GROUPS[1:]:
+            for entry in registry.entries(group):
+                line(f"case {entry.name}" if group == "cases" else f"{group}={entry.name}", entry.description)
+        return
     console = _console()
     table = Table(title="correction presets  (correction=NAME)", title_justify="left", show_lines=False)
     table.add_column("preset", style="bold", no_wrap=True)
@@ -457,7 +485,7 @@ def plot(
 def report(
     path: str = typer.Argument(..., help="A run / sweep / probe dir, a sweep.csv, a case file or a shipped case name.", show_default=False),
     overrides: Optional[List[str]] = typer.Argument(None, help="Case file: Hydra overrides (correction=...). Dir: filters key=value[,value].", show_default=False),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="Report file; '-' = stdout. Default: PATH/report.md (a case file: ./NAME-report.md)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="Report file; '-' = stdout. Default: PATH/report.md (a case file: runs/reports/NAME-report.md)."),
 ) -> None:
     from analysis import report as reports
 

@@ -410,14 +410,16 @@ def test_report_case_card():
 
 def test_report_case_file_covers_its_expect_list(tmp_path, monkeypatch):
     """`is-study report FILE` without correction= reports on every preset of the file's expect: list,
-    in the file NAME-report.md of the current directory (it says where), never with a verdict it did
-    not check: the bug presets are BROKEN, `none` is OK with invariant 2 said to be n/a."""
+    in the file runs/reports/NAME-report.md under the current directory (it says where; runs/ is
+    ignored by git, a file loose in a checkout's root is not), never with a verdict it did not
+    check: the bug presets are BROKEN, `none` is OK with invariant 2 said to be n/a."""
     monkeypatch.chdir(tmp_path)
     case = REPO / "conf" / "cases" / "openrlhf-seq-mask-tis.yaml"
     code, out, err = _cli("report", str(case))
     assert code == 0, err
-    dest = tmp_path / "openrlhf-seq-mask-tis-report.md"
-    assert out.strip() == str(dest)
+    dest = tmp_path / "runs" / "reports" / "openrlhf-seq-mask-tis-report.md"
+    assert out.strip() == str(dest) and [p.name for p in tmp_path.iterdir()] == ["runs"]
+    assert "runs/" in (REPO / ".gitignore").read_text().splitlines()
     text = dest.read_text()
     import yaml
 

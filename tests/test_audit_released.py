@@ -1,7 +1,10 @@
 """The audit on released framework code (issue 17): the wheels of OpenRLHF 0.11.2, verl 0.9.1 and
 TRL 1.16.0 are downloaded from PyPI at test time (`pip download --no-deps` into a temp dir; nothing
 is installed and nothing of theirs is in this repository) and audited with the commands of
-examples/audit/released.py, each in its own `is-study audit` process, as a user runs them.
+examples/audit/released.py, each in its own `is-study audit` process, as a user runs them, and with
+only is-study's own dependencies importable (tests/only_own_dependencies.py hides every other
+installed distribution): a target that imports what this machine happens to have and a fresh venv
+lacks fails here as it would for the user, instead of passing by luck (verl's `orjson` did).
 
 What this covers: every known bug is found, each as one line (0.11.2's −inf on an accepted
 overflow; verl's ZeroDivisionError, once, with its file:line; bc71bb19's −inf, NaN and 0·inf, and
@@ -11,8 +14,9 @@ ValueError. OpenRLHF at bc71bb19 is not on PyPI: its targets run the adapter
 examples/audit/openrlhf_bc71bb1.py, built on our faithful presets; set IS_STUDY_OPENRLHF_BC71BB1 to
 a checkout of that commit to audit its own loss.py as well (skipped otherwise, saying so).
 
-The tests skip, saying why, only when the package index cannot be reached; any other download
-failure fails them.
+The tests skip, saying why, only when the package index cannot be reached (no answer at all, or
+the download timing out); any other download failure fails them, and so does an index that answers
+with an HTTP error.
 """
 
 from __future__ import annotations
@@ -24,12 +28,15 @@ import shlex
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# `python ONLY_OWN ARGS` is `is-study ARGS` with only is-study's dependencies importable
+ONLY_OWN = REPO / "tests" / "only_own_dependencies.py"
 spec = importlib.util.spec_from_file_location("released", REPO / "examples" / "audit" / "released.py")
 released = sys.modules.setdefault("released", importlib.util.module_from_spec(spec))
 spec.loader.exec_module(released)
@@ -49,16 +56,22 @@ def _index_url() -> str:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     wheels = tmp_path_factory.mktemp("wheels")
-    got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels),
-                          *released.PACKAGES], capture_output=True, text=True, timeout=600)
-    if got.returncode != 0:
+    try:
+        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels),
+                              *released.PACKAGES], capture_output=True, text=True, timeout=600)
+        failure = got.stderr[-2000:] if got.returncode != 0 else None
+    except subprocess.TimeoutExpired:
+        failure = "pip download did not finish in 600 s"
+    if failure is not None:
         index = _index_url()
         try:
             urllib.request.urlopen(index, timeout=15).close()
+        except urllib.error.HTTPError:
+            pass  # it answered: the failure is not one of reaching it
         except OSError as exc:
             pytest.skip(f"the package index {index} cannot be reached ({exc}); the audit of released code "
                         f"needs `pip download --no-deps {' '.join(released.PACKAGES)}`")
-        pytest.fail(f"pip download failed although {index} answers:\n{got.stderr[-2000:]}")
+        pytest.fail(f"pip download failed although {index} answers:\n{failure}")
     return released.unpack(wheels)
 
 
@@ -76,7 +89,7 @@ def _audit_once(target, site: Path, tmp_factory, *extra: str) -> tuple[int, list
 def _audit(target, site: Path, out: Path, *extra: str) -> tuple[int, list[dict], float, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
     start = time.perf_counter()
-    got = subprocess.run([sys.executable, "-m", "runner", "audit", "--json", "--out", str(out), *target.argv(site),
+    got = subprocess.run([sys.executable, str(ONLY_OWN), "audit", "--json", "--out", str(out), *target.argv(site),
                           *extra],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     seconds = time.perf_counter() - start
@@ -149,7 +162,7 @@ def test_verl_zero_division_is_reported_once_with_its_line(site, tmp_path_factor
 
 def _case(path: str) -> tuple[int, str, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    got = subprocess.run([sys.executable, "-m", "runner", "case", path, "--json"], cwd=REPO, env=env,
+    got = subprocess.run([sys.executable, str(ONLY_OWN), "case", path, "--json"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=300)
     return got.returncode, got.stdout, got.stderr
 
@@ -166,6 +179,26 @@ def test_openrlhf_0112_minus_inf_is_an_accepted_overflow(site, tmp_path_factory)
     assert max(lr) > 88.8 and -0.7 < sum(lr) / len(lr) < 1.61  # ρ_t = inf, ρ_geo ∈ [0.5, 5]
     code, out, _ = _case(cell["counterexample"])
     assert code == 0 and json.loads(out)[0]["loss"] == "-inf"
+
+
+def test_the_audit_here_sees_only_is_study_and_its_dependencies(tmp_path):
+    """What makes these tests independent of the machine: pytest is installed wherever they run and
+    is no dependency of is-study, so a target importing it fails, as where it is not installed;
+    torch and typer's own dependency pydantic stay importable."""
+    spec = importlib.util.spec_from_file_location("only_own_dependencies", ONLY_OWN)
+    only_own = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(only_own)
+    hidden = only_own.hidden_modules()
+    assert "pytest" in hidden and not {"torch", "typer", "pydantic", "omegaconf", "hydra", "yaml"} & hidden
+    loss = tmp_path / "loss_importing_pytest.py"
+    loss.write_text("import pytest\n\ndef loss(log_probs, old_log_probs, advantages, action_mask=None, "
+                    "rollout_log_probs=None):\n    return (log_probs * advantages).mean()\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    got = subprocess.run([sys.executable, str(ONLY_OWN), "audit", "--target", f"{loss}:loss", "--out",
+                          str(tmp_path / "cases")], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert got.returncode == 2, got.stderr
+    assert got.stderr.strip().endswith("(ModuleNotFoundError: No module named 'pytest'); stub what the loss "
+                                       "does not need with --stub pytest"), got.stderr
 
 
 def test_the_readme_shows_the_commands_this_test_runs():

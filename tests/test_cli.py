@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -37,6 +38,51 @@ def test_list_shows_presets_with_descriptions(cli):
     assert "openrlhf-bc71bb1/seq-mask-tis" in out and "verl/geo-rs" in out and "trl/sequence-mask" in out
     assert "[0.999, 1.001]" in out  # geo-mask's band
     assert "ppo" in out and "gspo" in out and "reinforce" in out
+
+
+def test_version_prints_the_package_version(cli):
+    import re
+
+    version = re.search(r'^version = "([^"]+)"', (REPO / "pyproject.toml").read_text(), re.M).group(1)
+    code, out, err = cli("--version")
+    assert (code, out, err) == (0, f"is-study {version}\n", "")
+
+
+def test_list_piped_prints_one_plain_line_per_item():
+    """Not a terminal (a pipe, a file): no tables and no wrapping, one tab-separated line per item,
+    what to type first; at 80 columns the tables wrapped to ~300 lines."""
+    from runner import registry
+
+    got = subprocess.run([sys.executable, "-m", "runner", "list"], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "COLUMNS": "80"}, timeout=60)
+    assert got.returncode == 0, got.stderr
+    lines = got.stdout.splitlines()
+    expected = [f"correction={e.name}" for e in registry.presets()] + [
+        f"case {e.name}" if g == "cases" else f"{g}={e.name}" for g in registry.GROUPS[1:] for e in registry.entries(g)]
+    assert [line.split("\t")[0] for line in lines] == expected
+    tis = next(line for line in lines if line.startswith("correction=tis\t"))
+    assert tis.split("\t")[1:3] == ["ours", "[0.5, 5]"] and tis.split("\t")[3].startswith("token TIS")
+    assert not any(ch in got.stdout for ch in "┏┃│━")
+
+
+def test_list_on_a_terminal_keeps_its_tables(monkeypatch):
+    import io
+    import re
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    monkeypatch.setenv("COLUMNS", "200")
+    from runner import cli as cli_module
+
+    monkeypatch.setattr(sys, "argv", ["is-study", "list"])
+    with pytest.raises(SystemExit) as exit_:
+        cli_module.main()
+    assert exit_.value.code == 0
+    out = re.sub(r"\x1b\[[0-9;]*m", "", sys.stdout.getvalue())  # rich's styles on a terminal
+    assert "correction presets  (correction=NAME)" in out and "┃ preset" in out
 
 
 def test_show_prints_the_composed_config(cli):

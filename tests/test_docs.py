@@ -144,3 +144,21 @@ def test_readme_claims_agree_with_verdicts():
                 said[int(n)] = verdict
         assert said == claims, (world, said, claims)
         assert f"{world} (default size)" in verdicts_md
+
+
+def test_band_names_are_given_with_their_values_where_the_experiment_is_documented():
+    """tight / mid / loose mean nothing without their [low, high]: every experiment that defines named
+    bands states them in its header comment, and the README where it lists the experiment."""
+    experiments = [p for p in sorted((REPO / "conf" / "experiment").rglob("*.yaml"))
+                   if isinstance(yaml.safe_load(p.read_text()).get("bands"), dict)]
+    assert any(p.stem == "threshold-tradeoff" for p in experiments)
+    readme = " ".join(README.read_text().split())
+    for path in experiments:
+        text = path.read_text()
+        lines = text.splitlines()
+        end = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+        header = " ".join(line.lstrip("#").strip() for line in lines[:end])  # the file's opening comment
+        for name, band in yaml.safe_load(text)["bands"].items():
+            stated = f"{name} [{_band(band['low'])}, {_band(band['high'])}]"
+            assert stated in header, (path.name, stated)
+            assert stated in readme, (path.name, stated)

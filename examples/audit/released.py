@@ -54,7 +54,9 @@ TARGETS = (
            known=("1 finite: loss -inf on finite inputs",),
            other=("4 padding: padding values leak: loss nan",)),
     Target("verl-0.9.1", "verl 0.9.1 vanilla PPO loss fed by its token IcePop weights",
-           ("--convention", "verl", "--stub", "tensordict,transformers,ray,codetiming",
+           # verl's packages import these at module level (orjson: verl/utils/tracking.py); the loss
+           # and the weights function call none of them, and is-study depends on none of them
+           ("--convention", "verl", "--stub", "tensordict,transformers,ray,codetiming,orjson",
             "--target", f"{VERL_PPO}/core_algos.py:compute_policy_loss_vanilla", "--call-kwargs", VERL_CONFIG,
             "--weights-fn", f"{VERL_PPO}/rollout_corr_helper.py:compute_rollout_correction_weights",
             "--weights-kwargs", '{"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}', "--band", "0.5,5",
