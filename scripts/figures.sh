@@ -64,7 +64,7 @@ full_overrides() {
     mlp/precision-vs-algorithm)           echo "seed=range(0,4) train.steps=200" ;;
     mlp/staleness-breaks-tis)             echo "seed=range(0,3) train.steps=300" ;;
     mlp/seed-bug-end-to-end)              echo "seed=range(0,3) train.steps=201" ;;
-    transformer/tis-tames-mismatch)       echo "mismatch.precision=fp16,bf16,fp8 seed=range(0,3) train.steps=101" ;;
+    transformer/tis-tames-mismatch)       echo "mismatch.precision=fp32,fp16,bf16,fp8 seed=range(0,3) train.steps=101" ;;
     transformer/bias-variance-by-level)   echo "probe.repeats=400" ;;
     transformer/mismatch-low-prob-tokens) echo "seed=range(0,3) train.steps=21" ;;
     transformer/precision-vs-algorithm)   echo "correction=none,tis,icepop,seq-mis,geo-mask seed=range(0,3) train.steps=51" ;;
