@@ -151,8 +151,9 @@ def tis_verdict(runs, baseline: str = "none") -> Verdict:
     parts["degenerate"] = degenerate
     untestable = [s for s in parts if isinstance(parts[s], dict) and parts[s]["control"] == UNTESTABLE]
     key = "; ".join(keys) if len(keys) <= 3 or len(untestable) < len(keys) else (
-        f"no setting costs plain PPO a measurable J vs fp32: gap {sig(min(p['gap'][0] for p in _rows(parts)), 2)} "
-        f"to {sig(max(p['gap'][0] for p in _rows(parts)), 2)}; collapsed PPO "
+        f"no setting costs plain PPO a measurable J against fp32 (gap J_fp32 − J_PPO "
+        f"{sig(min(p['gap'][0] for p in _rows(parts)), 2)} to {sig(max(p['gap'][0] for p in _rows(parts)), 2)}); "
+        f"collapsed PPO "
         f"{sum(p['collapsed']['ppo'] for p in _rows(parts))}/{n * len(keys)}, fp32 {int(ref['collapsed'].sum())}/{len(ref)}")
     return Verdict(verdict, statement, parts, key=key, n=n)
 
