@@ -3,7 +3,7 @@
 # The literature's claims as shipped experiments, in three worlds: conf/experiment/NAME.yaml (bigram) and
 # conf/experiment/WORLD/NAME.yaml (mlp, transformer). Runs each one, then draws figures/WORLD/NAME.png + .pdf,
 # writes figures/WORLD/verdicts.json and figures/VERDICTS.md: one table, claim × world → holds / does not hold /
-# inconclusive with the key numbers, then every verdict in full (the rules are in analysis/claims/).
+# inconclusive / untestable here with n and the key numbers, then every verdict in full (rules: analysis/claims/).
 #
 #   bash scripts/figures.sh          default size: 449 s measured on the 2-core machine, idle but for its own
 #                                    2 workers (2026-12-01, load average 1.6–2.7): bigram 66 s, mlp 153 s,
