@@ -509,8 +509,8 @@ def report(
     "[dim]e.g. is-study claims --all multirun/figures --out figures --worlds 'bigram mlp'[/dim]\n\n"
     "DIR is one experiment's sweep dir (with --claim NAME, the experiment's name; any world), or with --all a "
     "folder holding DIR/WORLD/NAME for each world in --worlds (scripts/figures.sh runs them). Prints one line "
-    "per claim: [WORLD/]NAME: holds | does not hold | inconclusive — the numbers. With --out, NAME.png and "
-    "NAME.pdf go there; with --all into OUT/WORLD/ (OUT/full/WORLD/ with --size full) with that world's "
+    "per claim: [WORLD/]NAME: holds | does not hold | inconclusive | untestable here — the numbers. With "
+    "--out, NAME.png and NAME.pdf go there; with --all into OUT/WORLD/ (OUT/full/WORLD/ with --size full) with that world's "
     "verdicts.json, and OUT/VERDICTS.md, the claim × world table of every verdicts.json under OUT. The rules "
     "are in analysis/claims/."))
 def claims(

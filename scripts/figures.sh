@@ -3,7 +3,7 @@
 # The literature's claims as shipped experiments, in three worlds: conf/experiment/NAME.yaml (bigram) and
 # conf/experiment/WORLD/NAME.yaml (mlp, transformer). Runs each one, then draws figures/WORLD/NAME.png + .pdf,
 # writes figures/WORLD/verdicts.json and figures/VERDICTS.md: one table, claim × world → holds / does not hold /
-# inconclusive with the key numbers, then every verdict in full (the rules are in analysis/claims/).
+# inconclusive / untestable here with n and the key numbers, then every verdict in full (rules: analysis/claims/).
 #
 #   bash scripts/figures.sh          default size: 449 s measured on the 2-core machine, idle but for its own
 #                                    2 workers (2026-12-01, load average 1.6–2.7): bigram 66 s, mlp 153 s,
@@ -64,7 +64,7 @@ full_overrides() {
     mlp/precision-vs-algorithm)           echo "seed=range(0,4) train.steps=200" ;;
     mlp/staleness-breaks-tis)             echo "seed=range(0,3) train.steps=300" ;;
     mlp/seed-bug-end-to-end)              echo "seed=range(0,3) train.steps=201" ;;
-    transformer/tis-tames-mismatch)       echo "mismatch.precision=fp16,bf16,fp8 seed=range(0,3) train.steps=101" ;;
+    transformer/tis-tames-mismatch)       echo "mismatch.precision=fp32,fp16,bf16,fp8 seed=range(0,3) train.steps=101" ;;
     transformer/bias-variance-by-level)   echo "probe.repeats=400" ;;
     transformer/mismatch-low-prob-tokens) echo "seed=range(0,3) train.steps=21" ;;
     transformer/precision-vs-algorithm)   echo "correction=none,tis,icepop,seq-mis,geo-mask seed=range(0,3) train.steps=51" ;;

@@ -455,7 +455,7 @@ else:
     "|---|---|---|---|",
     *[f"| {title} | " + " | ".join(f"![](../figures/{w}/{n}.png)" for w in ("bigram", "mlp", "transformer")) + " |"
       for title, n in (
-          ("1. Token TIS tames the training–inference mismatch (Yao et al. 2025)", "tis-tames-mismatch"),
+          ("1. Token TIS recovers the training–inference mismatch's cost (Yao et al. 2025; FlashRL)", "tis-tames-mismatch"),
           ("2. Bias–variance by level: token vs sequence IS (Liu, Li et al. 2025)", "bias-variance-by-level"),
           ("3. The mismatch lives on low-probability tokens (Liu, Li et al. 2025)", "mismatch-low-prob-tokens"),
           ("4. Precision matters more than the algorithm (Qi et al. 2025)", "precision-vs-algorithm"),

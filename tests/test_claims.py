@@ -28,12 +28,12 @@ from analysis.claims import stats, verdicts
 from analysis.claims import tis_tames_mismatch as tis
 from analysis.claims import registry
 from analysis.claims.registry import CLAIMS
-from analysis.claims.stats import FAILS, HOLDS, UNSURE
+from analysis.claims.stats import FAILS, HOLDS, UNSURE, UNTESTABLE
 from runner.errors import UserError
 from tests.conftest import REPO
 
 EXPERIMENTS = list(CLAIMS)
-LINE = re.compile(r"^(?:(?P<world>[a-z]+)/)?(?P<name>[a-z0-9-]+): (?P<verdict>holds|does not hold|inconclusive) — "
+LINE = re.compile(r"^(?:(?P<world>[a-z]+)/)?(?P<name>[a-z0-9-]+): (?P<verdict>holds|does not hold|inconclusive|untestable here) — "
                   r"(?P<text>.*\d.*)$")
 WORLDS = list(registry.WORLDS)
 
@@ -41,7 +41,7 @@ WORLDS = list(registry.WORLDS)
 # ----------------------------------------------------------------------------------------- shared statistics
 def test_effect_and_combinations():
     assert stats.effect([1.0, 1.1, 0.9, 1.0], margin=0.5) == HOLDS
-    assert stats.effect([0.0, 0.01, -0.01, 0.0], margin=0.5) == FAILS  # mean + 2 SE below the margin
+    assert stats.effect([0.0, 0.01, -0.01, 0.0], margin=0.5) == FAILS  # the interval's top below the margin
     assert stats.effect([2.0, -1.0, 3.0, -2.0], margin=0.5) == UNSURE  # too noisy either way
     assert stats.effect([0.3, 0.3, 0.3], margin=0.5) == FAILS  # significant but too small to matter
     assert stats.effect([1.0], margin=0.5) == UNSURE  # one seed: no standard error
@@ -49,6 +49,97 @@ def test_effect_and_combinations():
     assert stats.all_of([HOLDS, FAILS, UNSURE]) == FAILS
     assert stats.any_of([FAILS, HOLDS]) == HOLDS and stats.any_of([FAILS, FAILS]) == FAILS
     assert stats.any_of([FAILS, UNSURE]) == UNSURE
+
+
+def test_untestable_parts_combine():
+    """all_of: a part that fails on tested evidence sinks the claim; otherwise an untestable required part makes
+    the claim untestable (even beside parts that hold). any_of: untestable parts are left out; all of them
+    untestable is untestable."""
+    assert stats.all_of([HOLDS, UNTESTABLE]) == UNTESTABLE and stats.all_of([UNSURE, UNTESTABLE]) == UNTESTABLE
+    assert stats.all_of([FAILS, UNTESTABLE]) == FAILS
+    assert stats.any_of([UNTESTABLE, UNTESTABLE]) == UNTESTABLE and stats.any_of([UNTESTABLE, HOLDS]) == HOLDS
+    assert stats.any_of([UNTESTABLE, FAILS]) == FAILS  # the one testable setting fails
+    assert stats.any_of([UNTESTABLE, UNSURE]) == UNSURE
+    assert stats.VERDICTS == (HOLDS, FAILS, UNSURE, UNTESTABLE) and UNTESTABLE == "untestable here"
+
+
+def test_t_quantiles_match_the_tables():
+    """Two-sided 95% Student-t quantiles t_{0.975, df} against the published tables (to 1e-3), df = n − 1 for n
+    seeds; df = 1 and 2 also against their closed forms tan(π(p − ½)) and (2p − 1)/√(2p(1 − p))."""
+    table = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 29: 2.045, 100: 1.984}
+    for df, t in table.items():
+        assert stats.t_quantile(0.975, df) == pytest.approx(t, abs=1e-3), df
+    assert stats.t_quantile(0.975, 1) == pytest.approx(math.tan(math.pi * 0.475), rel=1e-9)
+    assert stats.t_quantile(0.975, 2) == pytest.approx(0.95 / math.sqrt(2 * 0.975 * 0.025), rel=1e-9)
+    assert stats.t_quantile(0.975, 1e7) == pytest.approx(1.959964, abs=1e-5)  # → the normal quantile
+    assert stats.t_quantile(0.995, 3) == pytest.approx(5.841, abs=1e-3)  # the 99% table
+    assert stats.t_quantile(0.025, 3) == pytest.approx(-3.182, abs=1e-3)  # symmetric
+    assert stats.t_cdf(0.0, 4) == 0.5 and stats.t_cdf(2.776445105, 4) == pytest.approx(0.975, abs=1e-9)
+    # I_x(a, b) for integer a, b is a binomial tail: I_0.4(2, 3) = P(Bin(4, 0.4) ≥ 2) = 0.5248
+    assert stats.betainc(2, 3, 0.4) == pytest.approx(0.5248, rel=1e-12)
+    assert stats.betainc(0.5, 0.5, 0.3) == pytest.approx(2 / math.pi * math.asin(math.sqrt(0.3)), rel=1e-12)
+
+
+def test_effect_uses_the_t_quantile_for_the_number_of_seeds():
+    """Issue 29's example: bigram claim 4(a) 'held' at e^(0.84 ± 0.29) with 4 seeds by ±2 SE (0.84 − 0.58 > 0);
+    with t_3 = 3.182 the interval is 0.84 ± 0.92 ∋ 0: not significant, so inconclusive."""
+    d = 0.84 + 0.58 / math.sqrt(5 / 3) * np.array([-1.5, -0.5, 0.5, 1.5])  # mean 0.84, sd 0.58, SE 0.29
+    m, se, n = stats.mean_se(d)
+    assert (m, se, n) == (pytest.approx(0.84), pytest.approx(0.29), 4)
+    assert 0.84 - 2 * 0.29 > 0 and 0.84 - 3.182 * 0.29 < 0
+    assert stats.effect(d, math.log(2)) == UNSURE
+    m, lo, hi, n = stats.t_interval(d)
+    assert (lo, hi) == (pytest.approx(0.84 - 3.1824 * 0.29, abs=1e-4), pytest.approx(0.84 + 3.1824 * 0.29, abs=1e-4))
+    assert "0.84 ± 0.29, 95% t CI [-0.083, 1.8], n = 4" == stats.interval_text(d)
+    # two seeds 1.0, 1.2: 1.1 ± 0.1 with t_1 = 12.7 spans 0 (±2 SE said "holds")
+    assert stats.effect([1.0, 1.2], margin=0.5) == UNSURE and stats.effect([1.0, 1.2, 1.1], margin=0.5) == HOLDS
+    # the bootstrap is named and deterministic; with 4 seeds its percentile interval is narrower than t's
+    lo_b, hi_b, _ = stats.bootstrap_interval(d)
+    assert lo_b > lo and hi_b < hi and stats.bootstrap_interval(d) == (lo_b, hi_b, 4)
+    assert "95% bootstrap CI" in stats.interval_text(d, "bootstrap")
+    with pytest.raises(ValueError, match="unknown interval method"):
+        stats.effect(d, 0.1, method="z")
+
+
+def test_exact_tests_on_collapse_counts():
+    """Fisher's exact test against hand-computed hypergeometric probabilities, Clopper–Pearson against its
+    closed forms, and the verdict they give: 0/2 against 0/2 is inconclusive, never 'does not hold'."""
+    # 4/4 against 0/4: the 4 events all in arm a, 1 table of C(8, 4) = 70
+    assert stats.fisher_exact(4, 4, 0, 4) == pytest.approx(1 / 70, rel=1e-12)
+    # 3/4 against 0/4: P(X = 3) = C(4,3)·C(4,0)/C(8,3) = 4/56; two-sided adds the mirror table 0/4 vs 3/4
+    assert stats.fisher_exact(3, 4, 0, 4) == pytest.approx(4 / 56, rel=1e-12)
+    assert stats.fisher_exact(3, 4, 0, 4, "two-sided") == pytest.approx(8 / 56, rel=1e-12)
+    # 2/2 against 0/2: 1/C(4,2) = 1/6 — two seeds can never show a significant difference
+    assert stats.fisher_exact(2, 2, 0, 2) == pytest.approx(1 / 6, rel=1e-12)
+    # 3/5 against 1/5: P(X ≥ 3 | 4 events) = [C(5,3)C(5,1) + C(5,4)C(5,0)]/C(10,4) = 55/210
+    assert stats.fisher_exact(3, 5, 1, 5) == pytest.approx(55 / 210, rel=1e-12)
+    assert stats.fisher_exact(1, 5, 3, 5, "less") == pytest.approx(55 / 210, rel=1e-12)
+    assert stats.fisher_exact(0, 2, 0, 2) == 1.0
+    assert stats.collapse_effect(0, 2, 0, 2) == UNSURE and stats.collapse_effect(2, 2, 0, 2) == UNSURE
+    assert stats.collapse_effect(4, 4, 0, 4) == HOLDS and stats.collapse_effect(0, 4, 4, 4) == FAILS
+    assert stats.collapse_effect(3, 4, 0, 4) == UNSURE  # p = 0.071
+    # Clopper–Pearson: k = 0 gives [0, 1 − (α/2)^(1/n)], k = n gives [(α/2)^(1/n), 1]
+    assert stats.clopper_pearson(0, 2) == (0.0, pytest.approx(1 - 0.025 ** 0.5, rel=1e-9))
+    assert stats.clopper_pearson(4, 4) == (pytest.approx(0.025 ** 0.25, rel=1e-9), 1.0)
+    lo, hi = stats.clopper_pearson(3, 4)  # the tables: [0.1941, 0.9937]
+    assert (lo, hi) == (pytest.approx(0.19412, abs=1e-5), pytest.approx(0.99369, abs=1e-5))
+    assert stats.count_text(0, 2) == "0/2 collapsed [0%, 84%]"
+
+
+def test_logrank_and_survival_by_hand():
+    """Arm a collapses at steps 1, 2, 3; arm b at 4 and 5, and runs to 6 without collapsing (censored).
+    At t = 1: 3 + 3 at risk, 1 event, E_a = 3/6, V = 1·½·½·5/5 = 0.25; t = 2: 2 + 3, E_a = 2/5, V = 0.24;
+    t = 3: 1 + 3, E_a = 1/4, V = 0.1875; t = 4, 5: arm a has none at risk. O_a = 3, E_a = 1.15, V = 0.6775:
+    χ² = 1.85²/0.6775 = 5.0517, p = P(χ²₁ > 5.0517) = 0.02460."""
+    chi2, p = stats.logrank([1, 2, 3], [1, 1, 1], [4, 5, 6], [1, 1, 0])
+    assert chi2 == pytest.approx(1.85 ** 2 / 0.6775, rel=1e-12) and p == pytest.approx(0.024602, abs=1e-6)
+    chi2, p = stats.logrank([10, 10], [0, 0], [10, 10], [0, 0])  # no collapse anywhere: nothing to compare
+    assert math.isnan(chi2) and math.isnan(p)
+    assert stats.chi2_1_sf(3.841459) == pytest.approx(0.05, abs=1e-7)
+    # Kaplan–Meier: 5 runs, collapses at 1, 2, 3 and one censored at 2 and at 5:
+    # S = 4/5 after t = 1, × 3/4 after t = 2 (4 at risk, 1 collapse), × 1/2 after t = 3 (2 at risk)
+    xs, ss = stats.kaplan_meier([1, 2, 2, 3, 5], [1, 1, 0, 1, 0])
+    assert xs == [0.0, 1.0, 2.0, 3.0] and ss == [1.0, pytest.approx(0.8), pytest.approx(0.6), pytest.approx(0.3)]
 
 
 def test_run_summaries():
@@ -72,11 +163,13 @@ def test_mean_se_and_effect_edges():
     assert n == 0 and math.isnan(m) and math.isnan(se)
     # mean exactly at the margin with SE 0: holds (mean ≥ margin); a strict > would make it inconclusive
     assert stats.effect([1.0, 1.0, 1.0], margin=1.0) == HOLDS
-    # mean − 2 SE = 0 = mean + 2 SE = margin: neither significant (> 0) nor ruled out (< margin)
+    # mean ± t·SE = 0 = margin: neither significant (> 0) nor ruled out (< margin)
     assert stats.effect([0.0, 0.0, 0.0], margin=0.0) == UNSURE
-    assert stats.effect([1.0, 1.2], margin=0.5) == HOLDS  # two seeds suffice: 1.1 − 2·0.1 > 0
-    # mean 1.5, SE 0.645: 2.3 SE from 0, so significant at 2 SE (not at 3)
-    assert stats.effect([0.0, 1.0, 2.0, 3.0], margin=0.1) == HOLDS
+    # two seeds 1.0, 1.2: 1.1 − 12.71·0.1 < 0 (not significant, though ±2 SE said so); three, 1.0–1.2: 1.1 − 4.30·0.058 > 0
+    assert stats.effect([1.0, 1.2], margin=0.5) == UNSURE and stats.effect([1.0, 1.1, 1.2], margin=0.5) == HOLDS
+    # mean 1.5, SE 0.645: 2.3 SE from 0, beyond 2 but within t_3 = 3.18: inconclusive (±2 SE said holds)
+    assert stats.effect([0.0, 1.0, 2.0, 3.0], margin=0.1) == UNSURE
+    assert stats.effect([0.0, 1.0, 2.0, 3.0, 1.5, 1.5, 1.5, 1.5, 1.5, 1.5], margin=0.1) == HOLDS  # t_9 · 0.27 < 1.5
     assert stats.all_of([]) == UNSURE and stats.any_of([]) == UNSURE  # no parts: nothing shown either way
 
 
@@ -121,41 +214,63 @@ def test_numbers_in_statements():
 
 
 # ----------------------------------------------------------------------------------------- 1. TIS tames mismatch
-def _tis_runs(collapse_ppo, collapse_tis, drop_ppo, drop_tis, seeds=4, setting="bf16", j=0.9):
-    """Runs of plain PPO and TIS: the first `collapse_*` seeds collapse (at step 40 + 10·seed)."""
+def _tis_runs(j_ref, j_ppo, j_tis, fell_ref=0, fell_ppo=0, fell_tis=0, seeds=4, setting="bf16", ref=True):
+    """Runs of claim 1: plain PPO (and TIS) with an fp32 engine, the control, and plain PPO and TIS under the
+    `setting`'s mismatch; final J = j_* + a per-seed jitter that differs by arm (so paired differences have a
+    spread); the first `fell_*` seeds collapse (at step 40 + 10·seed, of 99)."""
     rows = []
-    for s in range(seeds):
-        jitter = 0.002 * s
-        for corr, n_c, drop in (("none", collapse_ppo, drop_ppo), ("tis", collapse_tis, drop_tis)):
-            fell = s < n_c
-            rows.append({"setting": setting, "correction": corr, "seed": s, "collapsed": float(fell),
-                         "collapse_step": 40.0 + 10 * s if fell else math.nan, "collapse_kind": "drop" if fell else "",
-                         "peak": j, "drop": drop + jitter, "final": j * (1 - drop - jitter)})
+    arms = [("fp32", "none", j_ref, fell_ref, 0.001), ("fp32", "tis", j_ref, fell_ref, 0.001)] if ref else []
+    arms += [(setting, "none", j_ppo, fell_ppo, 0.004), (setting, "tis", j_tis, fell_tis, 0.003)]
+    for prec, corr, j, n_fell, jitter in arms:
+        for s in range(seeds):
+            fell = s < n_fell
+            rows.append({"setting": prec, "precision": prec, "noise": 0.0, "correction": corr, "seed": s,
+                         "collapsed": float(fell), "collapse_step": 40.0 + 10 * s if fell else math.nan,
+                         "collapse_kind": "drop" if fell else "", "peak": 0.95, "final": j + jitter * s,
+                         "steps": 99})
     return pd.DataFrame(rows)
 
 
 def test_tis_rule():
-    v = tis.tis_verdict(_tis_runs(4, 0, 0.5, 0.0))
-    assert v.verdict == HOLDS and v.parts["bf16"]["stability"] == HOLDS and v.parts["bf16"]["objective"] == HOLDS
-    assert v.parts["bf16"]["steps_ppo"] == [40.0, 50.0, 60.0, 70.0]  # time to collapse, per seed
-    assert "PPO 4/4 collapsed at steps 40, 50, 60, 70 (drop)" in v.statement and "TIS 0/4 collapsed" in v.statement
-    assert v.key == "bf16: collapsed 4/4→0/4, drop 50%→0.3%"
-    # nothing to tame: PPO never collapses and loses nothing
-    v = tis.tis_verdict(_tis_runs(0, 0, 0.0, 0.0))
-    assert v.verdict == FAILS and v.parts["bf16"]["stability"] == FAILS
-    # TIS collapses as often as PPO: not tamed, whatever the objective
-    assert tis.tis_verdict(_tis_runs(3, 3, 0.5, 0.0)).parts["bf16"]["stability"] == FAILS
-    # PPO collapses in half of the seeds and TIS in a quarter: fewer, but not by half of the seeds
-    assert tis.tis_verdict(_tis_runs(2, 1, 0.5, 0.0)).parts["bf16"]["stability"] == UNSURE
-    # collapses prevented but the objective is no better (drop and final J unchanged): TIS must fix both
-    v = tis.tis_verdict(_tis_runs(4, 0, 0.2, 0.2))
-    assert v.parts["bf16"]["objective"] == FAILS and v.verdict == FAILS
-    # existential over the settings: one precision where it holds is enough
-    both = pd.concat([_tis_runs(0, 0, 0.0, 0.0), _tis_runs(4, 0, 0.5, 0.0, setting="fp8")])
+    """The claim as FlashRL states it: TIS wins back the gap between the mismatched run and the fp32 run."""
+    # PPO loses 0.3 of J to the mismatch and collapses in 4/4 seeds; TIS ends 0.02 below fp32 and never collapses
+    v = tis.tis_verdict(_tis_runs(0.9, 0.6, 0.88, fell_ppo=4))
+    p = v.parts["bf16"]
+    assert v.verdict == HOLDS and p["control"] == HOLDS and (p["control_j"], p["control_collapse"]) == (HOLDS, HOLDS)
+    assert p["fisher_p"] == pytest.approx(1 / 70) and p["recovered"] == pytest.approx(0.2785 / 0.2955, rel=1e-9)
+    assert p["steps_ppo"] == [40.0, 50.0, 60.0, 70.0] and v.n == 4  # time to collapse, per seed
+    # log-rank: PPO's 4 collapses at 40–70 against TIS's 4 runs censored at 99: E_PPO = 1/2 + 3/7 + 2/6 + 1/5
+    e, var = 0.5 + 3 / 7 + 2 / 6 + 1 / 5, 0.25 + 12 / 49 + 8 / 36 + 4 / 25
+    assert p["logrank"][0] == pytest.approx((4 - e) ** 2 / var, rel=1e-9)
+    assert "PPO final J 0.606, 4/4 collapsed [40%, 100%] at steps 40, 50, 60, 70 (drop)" in v.statement
+    assert "TIS final J 0.8845, 0/4 collapsed [0%, 60%]" in v.statement and "n = 4" in v.statement
+    assert "log-rank χ²" in v.statement and "95% Student-t" in v.statement
+    assert v.key == "bf16: gap 0.3, TIS wins back 94%" and v.n_text() == "n = 4 seeds"
+    # the world's mismatch costs nothing: no gap to recover, so the claim is not tested here (it was
+    # "does not hold" before the fp32 arm); the statement gives the control's numbers
+    v = tis.tis_verdict(_tis_runs(0.99, 0.99, 0.99))
+    assert v.verdict == UNTESTABLE and v.parts["bf16"]["control"] == UNTESTABLE
+    assert "control: gap J_fp32 − J_PPO -0.0045 ± 0.0019, 95% t CI" in v.statement and "→ untestable here" in v.statement
+    assert "Fisher p = 1 [inconclusive]" in v.statement  # 0/4 against 0/4: nothing to compare
+    # the control shown by collapses alone (4/4 against 0/4, Fisher p = 1/70), and TIS gains nothing: does not hold
+    v = tis.tis_verdict(_tis_runs(0.9, 0.9, 0.9, fell_ppo=4))
+    assert v.parts["bf16"]["control_j"] == FAILS and v.parts["bf16"]["control"] == HOLDS and v.verdict == FAILS
+    # TIS as bad as PPO: does not hold
+    assert tis.tis_verdict(_tis_runs(0.9, 0.6, 0.6)).verdict == FAILS
+    # TIS gains 0.1, significantly, of a 0.4 gap: 25% < half: inconclusive
+    assert tis.tis_verdict(_tis_runs(0.9, 0.5, 0.6)).verdict == UNSURE
+    # 2/2 collapsed against 0/2 with no J gap: Fisher p = 1/6, so the control is not shown: untestable
+    assert tis.tis_verdict(_tis_runs(0.9, 0.9, 0.9, fell_ppo=2, seeds=2)).verdict == UNTESTABLE
+    # existential over the settings, the untestable ones left out
+    both = pd.concat([_tis_runs(0.99, 0.99, 0.99), _tis_runs(0.9, 0.6, 0.88, setting="fp8", ref=False)])
     v = tis.tis_verdict(both)
-    assert v.verdict == HOLDS and v.parts["bf16"]["verdict"] == FAILS and v.parts["fp8"]["verdict"] == HOLDS
+    assert v.verdict == HOLDS and v.parts["bf16"]["verdict"] == UNTESTABLE and v.parts["fp8"]["verdict"] == HOLDS
+    worse = pd.concat([_tis_runs(0.99, 0.99, 0.99), _tis_runs(0.99, 0.6, 0.6, setting="fp8", ref=False)])
+    assert tis.tis_verdict(worse).verdict == FAILS
     with pytest.raises(UserError, match="exactly one correction"):
-        tis.tis_verdict(_tis_runs(1, 0, 0.1, 0.0).assign(correction="none"))
+        tis.tis_verdict(_tis_runs(0.9, 0.6, 0.88).assign(correction="none"))
+    with pytest.raises(UserError, match="mismatch.precision=fp32"):
+        tis.tis_verdict(_tis_runs(0.9, 0.6, 0.88, ref=False))
 
 
 def test_band_report_names_a_degenerate_arm():
@@ -415,7 +530,7 @@ TINY_TRANSFORMER = ["policy.n_layer=1", "policy.d_model=16", "policy.n_head=2", 
                     "policy.sft.eval_samples=32", "policy.sft.warmup=5", "task.values=4", "rollout.seq_len=4",
                     "train.objective_samples=32", "train.objective_every=2", "device=cpu"]
 TINY = {
-    "tis-tames-mismatch": ["mismatch.precision=bf16,fp8", "mismatch.logit_noise=0", "seed=range(0,2)",
+    "tis-tames-mismatch": ["mismatch.precision=fp32,bf16,fp8", "mismatch.logit_noise=0", "seed=range(0,2)",
                            "train.steps=4"],
     "bias-variance-by-level": ["probe.repeats=16", "probe.n_boot=100"],
     "mismatch-low-prob-tokens": ["seed=0", "log.tokens_every=2", "mismatch.precision=bf16,fp16", "train.steps=4"],
@@ -458,24 +573,30 @@ def pin(verdict: str, *numbers: tuple[str, float]):
 
 
 NUM = r"(-?[\d.]+(?:e[-+]?\d+)?)"
-# What the tiny runs show (2–8 jobs of 4 steps, or 2–3 probe lengths of R = 16): at that size nothing
+# What the tiny runs show (2–12 jobs of 4 steps, or 2–3 probe lengths of R = 16): at that size nothing
 # collapses and the statistics are weak, so most verdicts are "does not hold" or "inconclusive"; what is pinned
-# is the numbers they come from.
+# is the numbers they come from. Claim 1 is "untestable here" in every world, as its rule says it must be: no arm
+# collapses (0/2 against fp32's 0/2: Fisher p = 1) and the mismatch costs plain PPO no J against the fp32 arm
+# (bigram bf16: gap −5.4e-5, 95% t CI [−7.4e-4, 6.4e-4] with n = 2; mlp fp8 −0.0013 [−0.015, 0.012]; the
+# transformer's one seed has no interval), so there is no gap for TIS to recover.
 PINNED: dict = {
-    ("bigram", "tis-tames-mismatch"): pin("does not hold", (rf"bf16: PPO 0/2 collapsed, peak-to-final drop 1%, final J {NUM}", 0.2407)),
+    ("bigram", "tis-tames-mismatch"): pin("untestable here", (rf"bf16: fp32 PPO final J {NUM}", 0.2407),
+                                          (rf"bf16: .*?control: gap J_fp32 − J_PPO {NUM} ±", -5.43e-5)),
     ("bigram", "bias-variance-by-level"): pin("does not hold", (rf"at T=8 \({NUM}×", 1.68), (rf"token-IS relative bias {NUM}", 0.33)),
     ("bigram", "mismatch-low-prob-tokens"): pin("inconclusive", (rf"bf16: .*?, {NUM}× \[inconclusive\]", 1.8)),
     ("bigram", "precision-vs-algorithm"): pin("inconclusive", (rf"fp16 0 vs bf16 {NUM}", 1.19e-5)),
     ("bigram", "staleness-breaks-tis"): pin("does not hold", (rf"peak J {NUM}", 0.225)),
     ("bigram", "seed-bug-end-to-end"): pin("holds", (rf"skip updates \({NUM}%", 31.2), (rf"paired Δ {NUM}", 7.84e-4)),
-    ("mlp", "tis-tames-mismatch"): pin("does not hold", (rf"bf16: PPO 0/2 collapsed, peak-to-final drop 0%, final J {NUM}", 0.4609)),
+    ("mlp", "tis-tames-mismatch"): pin("untestable here", (rf"bf16: fp32 PPO final J {NUM}", 0.4609),
+                                       (rf"fp8: .*?control: gap J_fp32 − J_PPO {NUM} ±", -0.00133)),
     ("mlp", "bias-variance-by-level"): pin("inconclusive", (rf"→ {NUM} at T=32 \(nan×\)", 25.6)),
     ("mlp", "mismatch-low-prob-tokens"): pin("inconclusive", (rf"bf16: .*?, {NUM}× \[inconclusive\]", 0.98), (rf"fp16: .*?, {NUM}× \[holds\]", 1.6)),
     ("mlp", "precision-vs-algorithm"): pin("does not hold", (rf"fp16 0 vs bf16 {NUM}", 0.0)),
     ("mlp", "staleness-breaks-tis"): pin("does not hold", (rf"peak J {NUM}", 0.381), (rf"PPO clip 0/1 collapsed in 4 steps, final {NUM}", 0.335)),
     ("mlp", "seed-bug-end-to-end"): pin("inconclusive", (rf"skip updates \({NUM}%", 18.8), (rf"paired Δ {NUM}", -0.0518)),
     # the transformer's J is Monte Carlo (32 rollouts: J in steps of 1/32)
-    ("transformer", "tis-tames-mismatch"): pin("does not hold", (rf"bf16: PPO 0/1 collapsed, peak-to-final drop 0%, final J {NUM}", 0.4688)),
+    ("transformer", "tis-tames-mismatch"): pin("untestable here", (rf"bf16: fp32 PPO final J {NUM}", 0.4688),
+                                               (rf"fp8: .*?control: gap J_fp32 − J_PPO {NUM} \(n = 1: no interval\)", 0.0)),
     ("transformer", "bias-variance-by-level"): pin("does not hold", (rf"at T=4 \({NUM}×", 0.988), (rf"token-IS relative bias {NUM}", 0.883)),
     ("transformer", "mismatch-low-prob-tokens"): pin("holds", (rf"bf16: .*?, {NUM}× \[holds\]", 19), (rf"fp16: .*?, {NUM}× \[holds\]", 26)),
     ("transformer", "precision-vs-algorithm"): pin("inconclusive", (rf"fp32 0, fp16 {NUM}", 0.0156)),
@@ -556,6 +677,25 @@ def test_verdicts_table_is_claim_by_world(tmp_path):
     verdicts.write_world(tmp_path, "bigram", "default", [(EXPERIMENTS[2], stats.Verdict(UNSURE, "z = 2", key="kz"))])
     text = verdicts.write_verdicts(tmp_path).read_text()
     assert "**inconclusive**: kz" in text and "**holds**: k0 ([figure](bigram/" in text
+
+
+def test_verdicts_table_states_n_and_the_fourth_verdict(tmp_path):
+    """A cell and a full statement give the verdict's n; "untestable here" is written as such, in the table, the
+    statements, the figure's headline and the printed line."""
+    v = stats.Verdict(UNTESTABLE, "no gap: 0.001 [−0.002, 0.004]", key="gap 0.001", n=4)
+    assert v.n_text() == "n = 4 seeds" and stats.Verdict(HOLDS, "x", n=1).n_text() == "n = 1 seed"
+    assert stats.Verdict(HOLDS, "x", n=400, n_unit="repeats").n_text() == "n = 400 repeats"
+    verdicts.write_world(tmp_path, "bigram", "default", [(EXPERIMENTS[0], v)])
+    text = verdicts.write_verdicts(tmp_path).read_text()
+    cell = [c.strip() for c in [ln for ln in text.splitlines() if ln.startswith("| 1.")][0].strip("|").split("|")]
+    assert cell[1] == f"**untestable here** (n = 4 seeds): gap 0.001 ([figure](bigram/{EXPERIMENTS[0]}.png))"
+    assert "**untestable here** (n = 4 seeds). no gap" in text and "untestable here: the world never shows" in text
+    assert LINE.match(verdicts.line(EXPERIMENTS[0], v, "mlp"))["verdict"] == "untestable here"
+    from analysis.claims.figures import headline, new_figure
+
+    fig, _ = new_figure(1, 1, "default")
+    headline(fig, "1. T", "S", v, "default")
+    assert "Verdict: UNTESTABLE HERE (n = 4 seeds). gap 0.001" in fig._suptitle.get_text().replace("\n", " ")
 
 
 def test_figures_script_rejects_bad_input(tmp_path):

@@ -128,8 +128,9 @@ def _world_verdicts() -> dict[str, dict[int, str]]:
 
 
 def test_readme_claims_agree_with_verdicts():
-    """The README's summary, per world, of which claims hold, which do not and which are inconclusive is
-    figures/WORLD/verdicts.json's (VERDICTS.md's table), every claim named exactly once per world."""
+    """The README's summary, per world, of which claims hold, which do not, which are inconclusive and which are
+    untestable here is figures/WORLD/verdicts.json's (VERDICTS.md's table), every claim named exactly once per
+    world."""
     found = _world_verdicts()
     assert set(found) == {"bigram", "mlp", "transformer"} and all(len(v) == 6 for v in found.values())
     section = README.read_text().split("## The literature's claims, checked", 1)[1].split("\n## ", 1)[0]
@@ -137,7 +138,8 @@ def test_readme_claims_agree_with_verdicts():
     for world, claims in found.items():
         part = section.split(f"### The {world} world", 1)[1].split("\n### ", 1)[0]
         said: dict[int, str] = {}
-        for label, verdict in (("Hold", "holds"), ("Do not hold", "does not hold"), ("Inconclusive", "inconclusive")):
+        for label, verdict in (("Hold", "holds"), ("Do not hold", "does not hold"), ("Inconclusive", "inconclusive"),
+                               ("Untestable here", "untestable here")):
             bullet = re.search(rf"^- \*\*{label}\*\*: claims? ([\d, and]+)", part, re.M)
             for n in re.findall(r"\d", bullet.group(1)) if bullet else []:
                 assert int(n) not in said, (world, n)

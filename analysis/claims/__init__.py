@@ -8,13 +8,15 @@ One module per claim, each read top to bottom:
   - a *reducer* from the experiment's output dir (via `analysis.load_dataset`) to a small tidy DataFrame (one
     row per run, per probe arm or per token);
   - a *rule*: a pure function of that frame returning a `Verdict` ("holds" | "does not hold" |
-    "inconclusive", a one-line statement with the numbers, and the numbers themselves in `parts`). The rules
+    "inconclusive" | "untestable here" when the claim's positive control failed, a one-line statement with the
+    numbers and n, and the numbers themselves in `parts`). The rules
     were fixed before the experiments ran; each is written out in its docstring and in the experiment's
     header, and the tests pin each one on hand-made frames;
   - a *figure* (a matplotlib Figure, no pyplot), in the colours of `analysis.style`;
   - `evaluate(ds, style)`, all three in turn.
 
-Shared by all of them: stats.py (the verdict words, mean ± SE, the paired effect test, the run summaries),
+Shared by all of them: stats.py (the verdict words, mean ± SE, Student-t intervals and the paired effect test,
+exact tests on collapse counts, survival curves and the log-rank test, the run summaries),
 frames.py (dataset → frame helpers) and figures.py (panels, headline, legend). registry.py names the claims;
 verdicts.py writes what `is-study claims` writes.
 

@@ -30,7 +30,8 @@ def headline(fig, title: str, source: str, verdict: Verdict, style: str) -> None
     paper = style == "paper"
     width = fig.get_figwidth()
     if paper:  # one line: the claim and the verdict; the numbers go in the caption (VERDICTS.md)
-        fig.suptitle(f"{title}: {verdict.verdict}", x=0.01, ha="left", fontsize=8)
+        n = f" ({verdict.n_text()})" if verdict.n_text() else ""
+        fig.suptitle(f"{title}: {verdict.verdict}{n}", x=0.01, ha="left", fontsize=8)
         for ax in fig.axes:
             ax.title.set_fontsize(7)
             ax.xaxis.label.set_fontsize(7)
@@ -40,7 +41,8 @@ def headline(fig, title: str, source: str, verdict: Verdict, style: str) -> None
     head = textwrap.fill(f"{title} ({source})", chars, break_on_hyphens=False)
     # the key numbers; every number behind the verdict is in figures/VERDICTS.md
     numbers = f"{verdict.key} (all numbers: VERDICTS.md)" if verdict.key else verdict.statement
-    body = textwrap.fill(f"Verdict: {verdict.verdict.upper()}. {numbers}", chars, break_on_hyphens=False)
+    n = f" ({verdict.n_text()})" if verdict.n_text() else ""
+    body = textwrap.fill(f"Verdict: {verdict.verdict.upper()}{n}. {numbers}", chars, break_on_hyphens=False)
     fig.suptitle(f"{head}\n{body}", x=0.01, ha="left", fontsize=9.5)
 
 

@@ -48,4 +48,16 @@ def evaluate(name: str, path: str | Path, style: str = "default") -> tuple[Verdi
     st.rc(style)
     ds = load_dataset(path)
     with st.using(style):
-        return module.evaluate(ds, style)
+        v, fig = module.evaluate(ds, style)
+    if v.n is None:  # every cell states n: by default the seeds the experiment ran (a probe: its repeats)
+        v.n, v.n_unit = replicates(ds)
+    return v, fig
+
+
+def replicates(ds) -> tuple[int, str]:
+    """(n, unit) of an experiment: its probe's repeats per arm, or the distinct seeds of its training jobs."""
+    if ds.metrics is None and ds.probe is not None:
+        repeats = {j.value("probe.repeats") for j in ds.jobs} - {None}
+        if len(repeats) == 1:
+            return int(repeats.pop()), "repeats"
+    return len({j.value("seed") for j in ds.jobs} - {None}), "seeds"

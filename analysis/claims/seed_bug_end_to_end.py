@@ -14,7 +14,7 @@ import numpy as np
 from analysis import style as st
 from analysis.claims.figures import headline, legend_below, line_handle, new_figure, ordered_presets
 from analysis.claims.frames import band_text, required, run_frame, update_index, with_keys, world_of
-from analysis.claims.stats import FAILS, HOLDS, SIGMAS, UNSURE, Verdict, as_float, mean_se, plus_minus, sig
+from analysis.claims.stats import FAILS, HOLDS, UNSURE, Verdict, as_float, mean_se, plus_minus, sig, t_interval
 from analysis.load import Dataset
 from runner.errors import UserError
 
@@ -53,8 +53,8 @@ def seedbug_verdict(runs) -> Verdict:
       (i)   the as-shipped openrlhf-bc71bb1/seq-mask-tis under on_nonfinite=apply: NaN parameters (fraction of seeds)
       (ii)  the same under skip: skipped updates > 0 and finite parameters (fraction of seeds)
       (iii) the fixed seq-mask-tis, both modes: no NaN/inf event, no NaN parameters, no collapse in any seed, and
-            final J − plain PPO's final J (paired by mode and seed) non-inferior by SHORTFALL: mean − 2 SE > −0.05
-            (mean + 2 SE < −0.05: does not hold).
+            final J − plain PPO's final J (paired by mode and seed) non-inferior by SHORTFALL: the two-sided 95%
+            Student-t interval (n − 1 df) lies above −0.05 (below −0.05: does not hold).
     Holds when (i) and (ii) hold in every seed and (iii) holds. Does not hold when (i) or (ii) holds in no seed,
     the fixed preset has any fault, or it is significantly more than 0.05 below PPO. Else inconclusive."""
     shipped = sorted(c for c in set(runs["correction"]) if c.startswith(SHIPPED_PREFIX))
@@ -79,8 +79,9 @@ def seedbug_verdict(runs) -> Verdict:
             if key in base.index:
                 d.append(row["final_objective"] - base[key])
     m, se, n = mean_se(d)
-    if n >= 2 and math.isfinite(se):
-        v_j = HOLDS if m - SIGMAS * se > -SHORTFALL else FAILS if m + SIGMAS * se < -SHORTFALL else UNSURE
+    _, lo, hi, _ = t_interval(d)
+    if n >= 2 and math.isfinite(lo):
+        v_j = HOLDS if lo > -SHORTFALL else FAILS if hi < -SHORTFALL else UNSURE
     else:
         v_j = UNSURE
     v_iii = FAILS if faults else v_j
@@ -96,7 +97,7 @@ def seedbug_verdict(runs) -> Verdict:
                  f"finite parameters (ii); fixed {FIXED}: {faults} faulty runs of {len(fx)}, final J "
                  f"{sig(fx['final_objective'].mean(), 3)} vs plain PPO "
                  f"{sig(runs[runs['correction'] == 'none']['final_objective'].mean(), 3)} "
-                 f"(paired Δ {plus_minus(m, se)}) (iii) {v_iii}.")
+                 f"(paired Δ {plus_minus(m, se)}, 95% t CI [{sig(lo, 2)}, {sig(hi, 2)}], n = {n}) (iii) {v_iii}.")
     key = (f"as shipped: NaN θ {int(ap['nan_params'].sum())}/{len(ap)} (apply), caught {int(sk_ok.sum())}/{len(sk)} "
            f"(skip); fixed: {faults} faults, ΔJ {sig(m, 2)}")
     return Verdict(verdict, statement, {"i": f_i, "ii": f_ii, "iii": v_iii, "bug": bug}, key=key)

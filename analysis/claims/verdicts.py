@@ -94,7 +94,7 @@ def write_world(root: Path, in_world: str, size: str, results: list[tuple[str, V
     path = d / "verdicts.json"
     data = read_json(path) or {"world": in_world, "size": size, "claims": {}}
     for name, v in results:
-        data["claims"][name] = {"verdict": v.verdict, "key": v.key, "statement": v.statement,
+        data["claims"][name] = {"verdict": v.verdict, "n": v.n_text(), "key": v.key, "statement": v.statement,
                                 "figure": str((d / f"{name}.png").relative_to(root)),
                                 "experiment": f"experiment={experiment(name, in_world)}",
                                 "written": time.strftime("%Y-%m-%d")}
@@ -124,11 +124,18 @@ def columns(root: Path) -> list[tuple[str, str, dict]]:
 
 
 # ----------------------------------------------------------------------------------------- VERDICTS.md
+def _verdict_word(entry: dict) -> str:
+    """'**untestable here** (n = 4 seeds)': the verdict in bold (the table has no colours or symbols, so each of
+    the four verdicts is told by its words) and the replicates behind it."""
+    n = entry.get("n", "")
+    return f"**{entry['verdict']}**" + (f" ({n})" if n else "")
+
+
 def _cell(entry: dict | None) -> str:
     if entry is None:
         return "not run"
     key = entry.get("key", "").replace("|", "/")
-    return f"**{entry['verdict']}**" + (f": {key}" if key else "") + f" ([figure]({entry['figure']}))"
+    return _verdict_word(entry) + (f": {key}" if key else "") + f" ([figure]({entry['figure']}))"
 
 
 def verdicts_markdown(root: Path) -> str:
@@ -139,8 +146,11 @@ def verdicts_markdown(root: Path) -> str:
     out = ["# Verdicts: the literature's claims in three worlds", "",
            "Written by `bash scripts/figures.sh` (`--full`: paper size) from the `verdicts.json` each run leaves in "
            "`figures/WORLD/` (default size) and `figures/full/WORLD/` (paper size); each column names its world and "
-           "size. A cell is the verdict (holds / does not hold / inconclusive), its key numbers and its figure; the "
-           "full statement of every cell is below the table. The experiments are `conf/experiment/NAME.yaml` "
+           "size. A cell is the verdict (holds / does not hold / inconclusive / untestable here: the "
+           "world never shows the effect the claim is about, so its positive control failed and the claim is not "
+           "tested), the number of seeds (or repeats) n behind it, its key numbers and its figure; the full "
+           "statement of every cell is below the table, naming its test (on seeds, a 95% Student-t interval with "
+           "n − 1 degrees of freedom; on collapse counts, exact: Fisher, Clopper–Pearson). The experiments are `conf/experiment/NAME.yaml` "
            "(bigram) and `conf/experiment/WORLD/NAME.yaml`, each with its command, source, the world's calibrated "
            "parameters, the verdict rule and what was measured. The rules were fixed before the runs and are "
            "stated in `analysis/claims/`; a claim a world does not reproduce is reported as such.", "",
@@ -155,7 +165,7 @@ def verdicts_markdown(root: Path) -> str:
             if e is None:
                 continue
             out.append(f"- **{w}** ({size} size; `is-study sweep {e['experiment']}`, [figure]({e['figure']})): "
-                       f"**{e['verdict']}**. {e['statement']}")
+                       f"{_verdict_word(e)}. {e['statement']}")
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
