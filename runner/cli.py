@@ -400,7 +400,7 @@ def sweep(
         for num, job in enumerate(plan.jobs):
             typer.echo(f"#{num} {' '.join(job)}" + ("  [done: skipped on --resume]" if num in done else ""))
         resumed = f", {len(done)} already done" if resume else ""
-        typer.echo(f"{len(plan.jobs)} jobs{resumed} (dry run: nothing ran; sweep dir {plan.sweep_dir})")
+        typer.echo(f"{len(plan.jobs)} jobs{resumed} (dry run: nothing ran; {sweeps.dry_run_dir(req, plan)})")
         return
     try:
         result = sweeps.run(req)

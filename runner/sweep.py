@@ -138,6 +138,7 @@ class Plan:
     overrides: list[str]  # what goes to Hydra's multirun
     launcher: Launcher | None
     job_dir_width: int = MIN_JOB_DIR_WIDTH
+    sweep_dir_varies: bool = False  # another launch picks another dir (the default: its time, a random suffix)
 
 
 def _check_name(name: str) -> None:
@@ -208,21 +209,22 @@ def job_dir_width(sweep_dir: Path, n_jobs: int, resume: bool) -> int:
     return max(MIN_JOB_DIR_WIDTH, len(str(max(n_jobs - 1, 0))))
 
 
-def plan(req: Request) -> Plan:
-    """Expand the jobs and fix the sweep dir (resolved once, then passed to Hydra as a literal)."""
+def plan(req: Request, validate: bool = False) -> Plan:
+    """Expand the jobs and fix the sweep dir (resolved once, then passed to Hydra as a literal). With
+    `validate`, compose the jobs as the sweep does before launching (for --dry-run)."""
     from runner.hydra_app import launch
 
     if req.resume and req.name is None and _find(req.overrides, "hydra.sweep.dir") is None:
         raise UserError("--resume needs the sweep to resume: --name NAME or hydra.sweep.dir=DIR")
     overrides, spec = build_overrides(req)
-    info = launch.sweep_plan(overrides)
+    info = launch.sweep_plan(overrides, validate=validate)
     sweep_dir = Path(info["sweep_dir"]).expanduser().resolve()
     final = [o for o in overrides if _key(o) != "hydra.sweep.dir"]
     final.append(f"hydra.sweep.dir={quote_override_value(str(sweep_dir))}")
     width = job_dir_width(sweep_dir, len(info["jobs"]), req.resume)
     if _find(final, "hydra.sweep.subdir") is None:
         final.append(f"hydra.sweep.subdir={quote_override_value('${isstudy_job_dir:${hydra.job.num},%d}' % width)}")
-    return Plan(info["jobs"], sweep_dir, final, spec, width)
+    return Plan(info["jobs"], sweep_dir, final, spec, width, bool(info.get("sweep_dir_varies")))
 
 
 # ----------------------------------------------------------------------------------------- progress
@@ -408,10 +410,12 @@ def run(req: Request, progress: bool | None = None, say: Callable[[str], None] |
     say = say or (lambda text: print(f"is-study: note: {text}", file=sys.stderr, flush=True))
     p = plan(req)
     created = not p.sweep_dir.exists()
+    made = [d for d in (p.sweep_dir, *p.sweep_dir.parents) if not d.exists()]  # what mkdir creates, deepest first
     try:
         p.sweep_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"cannot create the sweep dir {p.sweep_dir}: {exc.strerror or exc}") from None
+        raise UserError(f"the sweep dir cannot be created or written: {p.sweep_dir} ({exc.strerror or exc}); "
+                        f"choose another --name or hydra.sweep.dir") from None
     lock = DirLock(p.sweep_dir / LOCK, command=command_line(req.command()))
     try:
         lock.acquire()
@@ -427,6 +431,11 @@ def run(req: Request, progress: bool | None = None, say: Callable[[str], None] |
     except BaseException:
         if created and not _has_jobs(p.sweep_dir):  # nothing ran: leave no half-made sweep dir behind
             shutil.rmtree(p.sweep_dir, ignore_errors=True)
+            for parent in made[1:]:  # nor the parents made for it (`multirun/`), unless something else is there now
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
         raise
     finally:
         lock.release()
@@ -470,14 +479,29 @@ def running_sweep(sweep_dir: Path) -> str | None:
 
 
 def dry_run(req: Request) -> tuple[Plan, set[int]]:
-    """The plan, and with --resume the numbers of the jobs already DONE (those a resume skips)."""
-    p = plan(req)
+    """The plan, and with --resume the numbers of the jobs already DONE (those a resume skips).
+    Refuses what the sweep would refuse before running a job, with the same message: a job that
+    does not compose, a dir that holds another sweep, a --resume whose overrides differ. Reads only."""
+    p = plan(req, validate=True)
+    _check_target(req, p)
     done: set[int] = set()
     if req.resume and _has_jobs(p.sweep_dir):
         from runner.aggregate import find_jobs
 
         done = {j.num for j in find_jobs(p.sweep_dir) if j.status == "done"}
     return p, done
+
+
+def dry_run_dir(req: Request, p: Plan) -> str:
+    """Where the dry run says the sweep will go. The default dir is named when the sweep starts (the
+    time then and a random suffix, so two sweeps never share one): no dry run can know that name, so
+    it says so and how to fix one, rather than print a name the sweep will not use."""
+    if not p.sweep_dir_varies:
+        return f"sweep dir {p.sweep_dir}"
+    if _find(req.overrides, "hydra.sweep.dir") is not None:
+        return "sweep dir named when the sweep starts (hydra.sweep.dir uses the time or a random suffix)"
+    return (f"sweep dir named when the sweep starts: {DEFAULT_ROOT}/DATE_TIME-RANDOM; "
+            f"give --name NAME to fix it: {DEFAULT_ROOT}/NAME")
 
 
 def resume_hint(req: Request, sweep_dir: Path) -> str:

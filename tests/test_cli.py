@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from runner import registry
 from tests.conftest import REPO, spec_case_file
 
 
@@ -209,3 +211,67 @@ def test_an_unknown_probe_key_under_study_probe_is_not_sent_to_study_probe(cli):
     assert code == 2 and err.strip() == "is-study: error: config: unknown key 'probe.nope_key'"
     code, _, err = cli("run", "probe.repeats=3")
     assert code == 2 and "probe.* keys belong to study=probe" in err
+
+
+VALID_EXPERIMENTS = ", ".join(registry.group_options("experiment"))
+
+
+@pytest.mark.parametrize("command", ["run", "show", "sweep"])
+def test_an_unknown_experiment_is_refused_with_the_nearest(cli, tmp_path, command):
+    """`experiment=threshold-tradeof` ran the defaults and exited 0 (issue 31); now one line and exit 2,
+    and no run or sweep dir is made."""
+    code, out, err = cli(command, "experiment=threshold-tradeof", f"hydra.run.dir={tmp_path / 'r'}",
+                         f"hydra.sweep.dir={tmp_path / 's'}")
+    assert code == 2 and out == ""
+    assert err == ("is-study: error: config: unknown experiment 'threshold-tradeof'; did you mean threshold-tradeoff? "
+                   f"(valid: {VALID_EXPERIMENTS})\n")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unknown_experiment_in_a_world_folder_is_named_as_typed(cli):
+    code, _, err = cli("show", "experiment=mlp/tis-tames")
+    _one_line_error(code, err, "unknown experiment 'mlp/tis-tames'; did you mean mlp/tis-tames-mismatch?")
+
+
+@pytest.mark.parametrize("command", ["run", "show", "sweep"])
+def test_a_bare_option_name_says_which_override_was_meant(cli, tmp_path, command):
+    """`is-study sweep threshold-tradeoff` (forgot experiment=) said "Error parsing override"."""
+    code, out, err = cli(command, "threshold-tradeoff", f"hydra.run.dir={tmp_path / 'r'}",
+                         f"hydra.sweep.dir={tmp_path / 's'}")
+    assert (code, out) == (2, "")
+    assert err == ("is-study: error: config: 'threshold-tradeoff' is not an override: write KEY=VALUE; "
+                   "did you mean experiment=threshold-tradeoff?\n")
+    assert list(tmp_path.iterdir()) == []
+    code, _, err = cli("show", "xyzzy")
+    assert (code, err) == (2, "is-study: error: config: 'xyzzy' is not an override: write KEY=VALUE "
+                              "(e.g. correction=tis; see is-study list)\n")
+
+
+@pytest.mark.parametrize("override,message", [
+    ("correction.high=2,5", "correction.high=2,5: a comma-separated value sweeps: use `is-study sweep` with the same "
+                            "overrides (`--dry-run` lists its jobs); for a list write correction.high=[2,5], for a "
+                            "string correction.high='2,5'"),
+    ("correction=tis,icepop", "correction=tis,icepop: a comma-separated value sweeps: use `is-study sweep` with the "
+                              "same overrides (`--dry-run` lists its jobs)"),
+    ("seed=range(0,3)", "seed=range(0,3): a sweep over values: use `is-study sweep` with the same overrides "
+                        "(`--dry-run` lists its jobs)"),
+])
+def test_a_sweep_value_given_to_run_points_to_sweep(cli, tmp_path, override, message):
+    """Hydra said "Ambiguous value for argument" (and, below, "add --multirun")."""
+    code, out, err = cli("run", override, f"hydra.run.dir={tmp_path / 'r'}")
+    assert (code, out, err) == (2, "", f"is-study: error: config: {message}\n")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_run_dir_that_cannot_be_made_says_so(cli, tmp_path):
+    """hydra.run.dir=/proc/forbidden said only "No such file or directory"."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, out, err = cli("run", f"hydra.run.dir={blocker / 'run'}", "train.steps=1")
+    assert (code, out) == (2, "")
+    assert err == (f"is-study: error: the run dir cannot be created or written: {blocker / 'run'} (Not a directory); "
+                   f"choose another hydra.run.dir\n")
+    if Path("/proc/self").is_dir():
+        code, _, err = cli("run", "hydra.run.dir=/proc/forbidden", "train.steps=1")
+        assert (code, err) == (2, "is-study: error: the run dir cannot be created or written: /proc/forbidden "
+                                  "(No such file or directory); choose another hydra.run.dir\n")

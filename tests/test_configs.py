@@ -160,3 +160,23 @@ def test_conf_ships_inside_the_wheel(tmp_path):
     meta = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert meta["tool"]["hatch"]["build"]["targets"]["wheel"]["force-include"]["conf"] == "runner/conf"
     assert conf_dir().is_dir()
+
+
+@pytest.mark.parametrize("group", [g for g in registry.GROUPS if g != "cases"])
+def test_every_group_refuses_an_unknown_option(group):
+    """A mistyped choice is refused in every group the CLI takes, the experiment too: it was an
+    `optional` default in conf/config.yaml, and Hydra skips an optional option it cannot find, so
+    `experiment=threshold-tradeof` ran the defaults and exited 0 (issue 31)."""
+    from runner.errors import UserError
+
+    typo = registry.group_options(group)[0] + "x"
+    with pytest.raises(UserError) as caught:
+        hydra_app.compose([f"{group}={typo}"])
+    assert str(caught.value).startswith(f"config: unknown {group} '{typo}'; did you mean "), caught.value
+
+
+def test_a_group_set_to_null_is_one_line():
+    from runner.errors import UserError
+
+    with pytest.raises(UserError, match=r"^config: a config group takes an option's name, not null"):
+        hydra_app.compose(["experiment=null"])

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from runner import sweep
+from runner import registry, sweep
 from runner.errors import UserError
 from runner.hydra_app import app as hydra_app
 from runner.hydra_app import launch
@@ -227,6 +227,73 @@ def test_dry_run_counts_match_real_runs(basic_sweep, tmp_path, cli):
     assert "mismatch.staleness" not in header
     assert header.count("staleness") == 1 and {r["staleness"] for r in table} == {"0"}
     assert header.index("low") < header.index("step")  # with the keys, before the metrics
+
+
+VALID_CORRECTIONS = ", ".join(registry.group_options("correction"))
+
+
+@pytest.mark.parametrize("bad,message", [
+    (["correction=tis,icpop"], "config: unknown correction 'icpop'; did you mean icepop or openrlhf-bc71bb1/icepop? "
+                               f"(valid: {VALID_CORRECTIONS})"),
+    (["correction.hihg=2,5"], "config: unknown key 'correction.hihg'; did you mean correction.high?"),
+    (["experiment=threshold-tradeof", "seed=0,1"], "config: unknown experiment 'threshold-tradeof'; did you mean "
+                                                   "threshold-tradeoff?"),
+])
+@pytest.mark.parametrize("name", [None, "typo"])
+def test_dry_run_refuses_what_the_sweep_refuses(tmp_path, cli, monkeypatch, bad, message, name):
+    """The dry run composed nothing: `correction=tis,icpop` listed 2 jobs and exited 0, then the sweep
+    exited 2 (issue 31). It now composes the jobs as the sweep does before launching, and fails with the
+    sweep's own line; neither writes anything."""
+    monkeypatch.chdir(tmp_path)
+    named = ["--name", name] if name else []
+    dry = cli("sweep", *bad, *TINY, *named, "--dry-run")
+    real = cli("sweep", *bad, *TINY, *named)
+    assert dry == real
+    code, out, err = dry
+    assert (code, out) == (2, "")
+    assert err.startswith(f"is-study: error: {message}") and err.count("\n") == 1, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_refuses_a_dir_that_holds_another_sweep(basic_sweep, cli):
+    args = [*GRID, *TINY, f"hydra.sweep.dir={basic_sweep}"]
+    assert cli("sweep", *args, "--dry-run") == cli("sweep", *args)
+    code, _, err = cli("sweep", *args, "--dry-run")
+    assert (code, err) == (2, f"is-study: error: {basic_sweep} already holds a sweep: add --resume to finish it, "
+                              f"or choose another --name\n")
+    other = ["correction=tis,icepop", "correction.high=2,10", "seed=0,1", *TINY, f"hydra.sweep.dir={basic_sweep}"]
+    code, _, err = cli("sweep", *other, "--resume", "--dry-run")
+    assert code == 2 and "--resume: the overrides differ" in err, err
+
+
+def test_dry_run_names_the_sweep_dir_only_when_it_is_fixed(tmp_path, cli, monkeypatch):
+    """Without --name the sweep dir is named when the sweep starts (the time then, a random suffix): the
+    dry run printed a name (…19-06-09-ef89c2) that the sweep then did not use (…19-06-10-ad9857)."""
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli("sweep", "seed=0,1", *TINY, "--dry-run")
+    assert code == 0
+    assert out.splitlines()[-1] == ("2 jobs (dry run: nothing ran; sweep dir named when the sweep starts: "
+                                    "multirun/DATE_TIME-RANDOM; give --name NAME to fix it: multirun/NAME)")
+    for varying in ("runs/${now:%H-%M-%S}", "runs/${isstudy_uid:}"):
+        code, out, _ = cli("sweep", "seed=0,1", *TINY, f"hydra.sweep.dir={varying}", "--dry-run")
+        assert out.splitlines()[-1] == ("2 jobs (dry run: nothing ran; sweep dir named when the sweep starts "
+                                        "(hydra.sweep.dir uses the time or a random suffix))")
+    code, out, _ = cli("sweep", "seed=0,1", *TINY, "--name", "fixed", "--dry-run")
+    assert out.splitlines()[-1] == f"2 jobs (dry run: nothing ran; sweep dir {tmp_path / 'multirun' / 'fixed'})"
+    assert list(tmp_path.iterdir()) == []
+    code, out, err = cli("sweep", "seed=0,1", *TINY, "--name", "fixed")
+    assert code == 0, err
+    assert out.strip() == str(tmp_path / "multirun" / "fixed")  # the dir the dry run named
+
+
+def test_a_sweep_dir_that_cannot_be_made_says_so(tmp_path, cli):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, out, err = cli("sweep", "seed=0,1", *TINY, f"hydra.sweep.dir={blocker / 'sweep'}")
+    assert (code, out) == (2, "")
+    assert err == (f"is-study: error: the sweep dir cannot be created or written: {blocker / 'sweep'} "
+                   f"(Not a directory); choose another --name or hydra.sweep.dir\n")
+    assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
 
 
 def test_failing_jobs_do_not_lose_the_others_and_rerun_on_resume(tmp_path, cli, monkeypatch):

@@ -52,15 +52,74 @@ def _unknown_option_message(exc: BaseException) -> str | None:
     if marker not in text:
         return None
     missing = text.split(marker, 1)[1].split("'", 1)[0]
-    group, _, option = missing.rpartition("/")
-    if not group:
-        return f"unknown config {missing!r}"
     from runner import registry
 
+    # `experiment=mlp/tis-tames` is Hydra's 'experiment/mlp/tis-tames': the group is the one the user
+    # named (the first prefix that is a group of ours), not everything before the last slash.
+    named = [g for g in registry.GROUPS if missing.startswith(g + "/")]
+    group, _, option = (named[0], "", missing[len(named[0]) + 1:]) if named else missing.rpartition("/")
+    if not group:
+        return f"unknown config {missing!r}"
     valid = registry.group_options(group)
     if not valid:
         return f"unknown config group {group!r} (in {missing!r})"
+    near = _nearest(option, valid)
+    if near:
+        return f"unknown {group} {option!r}; did you mean {' or '.join(near)}? (valid: {', '.join(valid)})"
     return f"unknown {group} {option!r}; valid: {', '.join(valid)}"
+
+
+def _nearest(word: str, candidates: list[str]) -> list[str]:
+    """At most two candidates close to a mistyped `word`, best first; compared whole and, for an option in
+    a sub-folder (`mlp/tis-tames-mismatch`), by its last part too."""
+    import difflib
+
+    def score(candidate: str) -> float:
+        forms = {candidate, candidate.rsplit("/", 1)[-1]}
+        cut_short = len(word) >= 3 and any(f.startswith(word) for f in forms)  # `tis-tames` for tis-tames-mismatch
+        return max([difflib.SequenceMatcher(None, word, f).ratio() for f in forms] + [0.8 * cut_short])
+
+    scored = sorted(((score(c), c) for c in candidates), key=lambda sc: (-sc[0], sc[1].count("/"), sc[1]))
+    return [c for s, c in scored if s >= max(0.75, scored[0][0] - 0.05)][:2] if scored else []
+
+
+def _bare_word_message(exc: BaseException) -> str | None:
+    """`is-study sweep threshold-tradeoff` (no `experiment=`): Hydra says "Error parsing override" and
+    "missing EQUAL"; say that an override is KEY=VALUE, and which group the word is an option of."""
+    text = str(exc)
+    marker = "Error parsing override '"
+    if marker not in text or "missing EQUAL" not in text:
+        return None
+    word = text.split(marker, 1)[1].splitlines()[0].rsplit("'", 1)[0]
+    if "=" in word:
+        return None
+    from runner import registry
+
+    options = [(g, o) for g in registry.GROUPS if g != "cases" for o in registry.group_options(g)]
+    names = [o for g, o in options if o == word] or _nearest(word, sorted({o for g, o in options}))
+    near = [f"{g}={o}" for name in names for g, o in options if o == name]
+    hint = f"; did you mean {' or '.join(near[:2])}?" if near else " (e.g. correction=tis; see is-study list)"
+    return f"{word!r} is not an override: write KEY=VALUE{hint}"
+
+
+def _sweep_value_message(exc: BaseException) -> str | None:
+    """`is-study run correction.high=2,5`: Hydra says "Ambiguous value ... add --multirun" (or, for
+    range(...), "Sweep parameters ... requires --multirun"); say what to type instead."""
+    text = str(exc)
+    for marker in ("Ambiguous value for argument '", "Sweep parameters '"):
+        if marker in text:
+            override = text.split(marker, 1)[1].split("\n", 1)[0].rsplit("'", 1)[0]
+            break
+    else:
+        return None
+    from runner import registry
+
+    key, _, value = override.partition("=")
+    kind = "a comma-separated value sweeps" if marker.startswith("Ambiguous") else "a sweep over values"
+    message = f"{override}: {kind}: use `is-study sweep` with the same overrides (`--dry-run` lists its jobs)"
+    if marker.startswith("Ambiguous") and not registry.group_options(key.lstrip("+~")):
+        message += f"; for a list write {key}=[{value}], for a string {key}='{value}'"
+    return message
 
 
 def _config_keys(node: Any, prefix: str = "") -> list[str]:
@@ -116,8 +175,15 @@ def translated_errors() -> Iterator[None]:
     except UserError:
         raise
     except (HydraException, OmegaConfBaseException) as exc:
-        msg = _unknown_option_message(exc) or _unknown_key_message(exc) or _first_line(exc)
+        msg = (_unknown_option_message(exc) or _unknown_key_message(exc) or _bare_word_message(exc)
+               or _sweep_value_message(exc) or _first_line(exc))
         raise UserError(f"config: {msg}") from None
+    except ValueError as exc:
+        # `correction=null`: Hydra's compose raises a plain ValueError for a group set to null
+        if "Config group override must be a string" not in str(exc):
+            raise
+        raise UserError("config: a config group takes an option's name, not null (see is-study list); "
+                        "to pick no experiment, leave experiment= out") from None
 
 
 @contextlib.contextmanager
@@ -162,8 +228,12 @@ def run(overrides: list[str], task: Callable[[Any], Any], validate: Callable[[An
     with initialized() as hydra:
         if validate is not None:
             validate(_compose_for_run(hydra, overrides))
-        job = hydra.run(config_name=CONFIG_NAME, task_function=guarded, overrides=list(overrides),
-                        with_log_configuration=False)
+        try:
+            job = hydra.run(config_name=CONFIG_NAME, task_function=guarded, overrides=list(overrides),
+                            with_log_configuration=False)
+        except OSError as exc:  # the task's own errors are in `failure`: this is Hydra making the run dir
+            raise UserError(f"the run dir cannot be created or written: {exc.filename or ''} "
+                            f"({exc.strerror or exc}); choose another hydra.run.dir") from None
     if failure:
         raise failure[0]
     return job.return_value

@@ -15,13 +15,16 @@ from runner.hydra_app.app import CONFIG_NAME, initialized
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
 
-def sweep_plan(overrides: list[str]) -> dict:
+def sweep_plan(overrides: list[str], validate: bool = False) -> dict:
     """Compose the sweep's master config (multirun mode) and expand its jobs exactly as Hydra's
     BasicSweeper will: `hydra.sweeper.params` (an experiment's sweep) first, then the command line's
     task overrides, through Hydra's own override parser and `BasicSweeper.split_arguments`.
+    With `validate`, the jobs are then composed as the sweep composes them before launching any
+    (`validate_jobs`), so `--dry-run` fails where the sweep would, with the same message.
 
     Returns {"jobs": [[override, ...], ...] (job num = index), "sweep_dir": the resolved
-    hydra.sweep.dir, "launcher": hydra.launcher._target_}."""
+    hydra.sweep.dir, "sweep_dir_varies": whether another launch would resolve it differently (the
+    default's time and random suffix), "launcher": hydra.launcher._target_}."""
     from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.types import RunMode
@@ -40,11 +43,52 @@ def sweep_plan(overrides: list[str]) -> dict:
         arguments += OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)
         parsed = OverridesParser.create(config_loader=hydra.config_loader).parse_overrides(arguments)
         batches = BasicSweeper.split_arguments(parsed, None)
+        jobs = [list(job) for job in batches[0]]
+        if validate:
+            with reuse.shared_composition():
+                validate_jobs(hydra.config_loader, cfg, jobs)
         return {
-            "jobs": [list(job) for job in batches[0]],
+            "jobs": jobs,
             "sweep_dir": str(cfg.hydra.sweep.dir),
+            "sweep_dir_varies": _varies_per_launch(cfg, "hydra.sweep.dir"),
             "launcher": str(cfg.hydra.launcher.get("_target_")),
         }
+
+
+def _varies_per_launch(cfg: Any, key: str) -> bool:
+    """Whether the value at dotted `key` resolves differently at another launch: it uses the time
+    (`${now:...}`), or it changes once the resolvers' cache is cleared (`${isstudy_uid:}`, a random
+    suffix). The cache is the root config's, so the whole config is copied."""
+    import copy
+
+    from omegaconf import OmegaConf
+
+    parent, _, leaf = key.rpartition(".")
+    if "${now:" in str(OmegaConf.to_container(OmegaConf.select(cfg, parent), resolve=False).get(leaf)):
+        return True
+    again = copy.deepcopy(cfg)
+    OmegaConf.clear_cache(again)
+    return str(OmegaConf.select(again, key)) != str(OmegaConf.select(cfg, key))
+
+
+def _group_test(loader: Any) -> Callable[[str], bool]:
+    """is_group(key) for representative_jobs, asked of Hydra's config loader once per key."""
+    groups: dict[str, bool] = {}
+
+    def is_group(key: str) -> bool:
+        if key not in groups:
+            groups[key] = bool(loader.get_group_options(key))
+        return groups[key]
+
+    return is_group
+
+
+def validate_jobs(loader: Any, master_config: Any, jobs: list[list[str]]) -> None:
+    """What the sweep checks before it launches anything: each representative job composed from the
+    master config, as Hydra's `Sweeper.validate_batch_is_legal` composes a job (see
+    _representative_validation). A composition error raises, and `initialized()` words it."""
+    for job in representative_jobs(jobs, _group_test(loader)):
+        loader.load_sweep_config(master_config=master_config, sweep_overrides=list(job))
 
 
 def representative_jobs(jobs: list[list[str]], is_group: Callable[[str], bool]) -> list[list[str]]:
@@ -78,17 +122,12 @@ def _representative_validation() -> Iterator[None]:
 
     had_own = "validate_batch_is_legal" in BasicSweeper.__dict__
     original = BasicSweeper.validate_batch_is_legal
-    groups: dict[str, bool] = {}
+    tests: list[Callable[[str], bool]] = []  # made on the first batch, kept for the others
 
     def validate(self, batch):
-        loader = self.hydra_context.config_loader
-
-        def is_group(key: str) -> bool:
-            if key not in groups:
-                groups[key] = bool(loader.get_group_options(key))
-            return groups[key]
-
-        return original(self, representative_jobs([list(b) for b in batch], is_group))
+        if not tests:
+            tests.append(_group_test(self.hydra_context.config_loader))
+        return original(self, representative_jobs([list(b) for b in batch], tests[0]))
 
     BasicSweeper.validate_batch_is_legal = validate
     try:
