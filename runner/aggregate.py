@@ -29,7 +29,8 @@ Files written in the sweep dir, each atomically (a temporary file of its own, th
   sweep_events.csv   the same for events.csv (train study: NaN/inf, all_rejected, collapse events)
 A table no job has is not written (and a stale copy from an earlier aggregate is removed).
 "Finished" = DONE or ERROR: a failed job's rows are kept when its table is whole (they show what led
-to the failure); an incomplete or damaged job's rows are not.
+to the failure); an incomplete or damaged job's rows are not, nor a failed job's whose table is
+damaged (its error then names the file and what is wrong with it, as a damaged job's does).
 
 Values are copied as text, byte for byte; the CSVs are streamed, so a sweep of thousands of jobs
 aggregates in constant memory.
@@ -105,8 +106,11 @@ def job_status(job_dir: Path) -> tuple[str, str | None, Damage | None]:
     err = job_dir / ERROR
     if err.is_file():
         with open(err, encoding="utf-8", errors="replace") as f:
-            first = f.readline(1000).strip()
-        return "failed", first or "failed", damage(job_dir, done=False)
+            first = f.readline(1000).strip() or "failed"
+        found = damage(job_dir, done=False)
+        if found is not None:  # e.g. a full disk cut metrics.csv mid-line: say so, as for a damaged job
+            first += f"; {os.path.relpath(found.path, job_dir)}: {found.reason}, so its rows are left out"
+        return "failed", first, found
     if (job_dir / DONE).is_file():
         found = damage(job_dir, done=True)
         if found is not None:

@@ -6,7 +6,18 @@ optional `action_mask` (all ones when missing) and an optional `name`. Non-finit
 YAML's `.nan`/`.inf`/`-.inf` or the strings "nan", "inf", "-inf". An optional `expect:` list holds,
 per preset, one result per case (format: shared/spec/cases/seed-issue.yaml). An optional
 `target:` mapping names the external target an audit found the cases on (runner/audit/external.py:
-TargetSpec), so that `is-study case FILE` replays that target rather than a preset.
+TargetSpec), so that `is-study case FILE` replays that target rather than a preset. An optional
+`audit:` mapping says which finding the cases are the counterexample of, so that `is-study case
+FILE` runs that check again (runner/audit/replay.py) and exits 1 while it still fails:
+
+    audit:
+      check: 1             # an invariant 1-7, all-masked, reference or raises
+      violation: loss -inf on finite inputs        # what the audit saw
+      overrides: [correction=tis, loss=ppo]        # the preset it was found on (for a --weights-fn
+                                                   # target without --target: its loss=)
+      case: garbage-padding   # the case the check runs on (default: the first)
+      reference: tis          # check: reference only, the preset compared with
+      dtype: float64          # check: raises only, when the call that raised was not float32
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from runner.errors import UserError
 TENSOR_KEYS = ("log_probs", "old_log_probs", "rollout_log_probs", "advantages")
 NONFINITE = {"nan": math.nan, "inf": math.inf, "+inf": math.inf, "-inf": -math.inf}
 SHIPPED_CASES_GROUP = "cases"
+AUDIT_KEYS = ("check", "violation", "overrides", "case", "reference", "dtype")
 
 
 @dataclass
@@ -55,6 +67,7 @@ class CaseFile:
     cases: list[Case]
     expect: list[dict[str, Any]] = field(default_factory=list)
     target: dict[str, Any] | None = None  # the audit target the cases were found on
+    audit: dict[str, Any] | None = None  # the finding the cases are the counterexample of
 
 
 def decode_number(value: Any, where: str) -> float:
@@ -147,16 +160,36 @@ def load_case_file(path: str | Path, max_elements: int | None = None) -> CaseFil
         target = data.get("target")
         if target is not None and not isinstance(target, dict):
             raise UserError(f"{path}: `target:` must be a mapping (--target and its options)")
+        audit = _audit_block(data.get("audit"), path)
     else:
-        raw_cases = data
+        raw_cases, audit = data, None
     if not isinstance(raw_cases, list) or not raw_cases:
         raise UserError(f"{path}: expected a non-empty list of cases")
-    return CaseFile(path=path, cases=[parse_case(c, i) for i, c in enumerate(raw_cases)], expect=expect,
-                    target=target)
+    cases = [parse_case(c, i) for i, c in enumerate(raw_cases)]
+    if audit and "case" in audit and audit["case"] not in {c.name for c in cases}:
+        raise UserError(f"{path}: `audit.case` names {clip(audit['case'])}, which is not a case of the file")
+    return CaseFile(path=path, cases=cases, expect=expect, target=target, audit=audit)
+
+
+def _audit_block(raw: Any, path: Path) -> dict[str, Any] | None:
+    """The `audit:` mapping, its shape checked (which checks exist is runner/audit/replay.py's business)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or "check" not in raw:
+        raise UserError(f"{path}: `audit:` must be a mapping with a `check:` (an invariant 1-7, all-masked, "
+                        "reference or raises)")
+    unknown = sorted(str(k) for k in raw if k not in AUDIT_KEYS)
+    if unknown:
+        raise UserError(f"{path}: unknown key(s) in `audit:`: {clip(', '.join(unknown))} "
+                        f"(known: {', '.join(AUDIT_KEYS)})")
+    overrides = raw.get("overrides", [])
+    if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
+        raise UserError(f"{path}: `audit.overrides` must be a list of KEY=VALUE overrides")
+    return dict(raw)
 
 
 def write_case_file(path: str | Path, cases: list[Case], header: str = "", expect: list | None = None,
-                    target: dict[str, Any] | None = None) -> Path:
+                    target: dict[str, Any] | None = None, audit: dict[str, Any] | None = None) -> Path:
     """Write cases as YAML that `is-study case` reads back unchanged (non-finite as strings)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,6 +198,8 @@ def write_case_file(path: str | Path, cases: list[Case], header: str = "", expec
         body["expect"] = expect
     if target:
         body["target"] = target
+    if audit:
+        body["audit"] = audit
     text = "".join(f"# {line}\n" for line in header.splitlines()) + yaml.safe_dump(body, sort_keys=False, width=120)
     path.write_text(text)
     return path

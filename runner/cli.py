@@ -184,7 +184,7 @@ def case(
     overrides: Optional[List[str]] = OverridesArg,
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per case."),
     check: bool = typer.Option(False, "--check", help="Compare with the file's expect: list to 1e-5; exit 1 on a mismatch."),
-    target: Optional[str] = typer.Option(None, "--target", help="Replay the cases on an external target (the audit's options below); a file an audit saved for a target replays it without this."),
+    target: Optional[str] = typer.Option(None, "--target", help="Replay the cases on an external target (the audit's options below); a file an audit saved replays its preset or target, and its check (exit 1 while it fails), without this."),
     target_kwargs: Optional[str] = TargetKwargsOpt,
     stub: Optional[List[str]] = StubOpt,
     convention: str = ConventionOpt,
@@ -208,13 +208,25 @@ def case(
     spec = _target_spec(target=target, target_kwargs=target_kwargs, stub=stub, convention=convention,
                         arg_map=arg_map, loss_key=loss_key, call_kwargs=call_kwargs, weights_fn=weights_fn,
                         weights_kwargs=weights_kwargs)
+    if case_file.audit and not check:
+        from runner.audit.replay import validate
+
+        validate(case_file)
     if spec.given or (case_file.target and not overrides and not check):
-        _replay_target(case_file, spec, overrides, as_json, check)
+        if _replay_target(case_file, spec, overrides, as_json, check):
+            raise typer.Exit(1)
         return
+    # An audit's counterexample of a preset names the preset: it is the default subject, and the
+    # command line's overrides win key by key; a correction= of its own replaces it altogether.
+    recorded = (case_file.audit or {}).get("overrides", []) if not case_file.target else []
+    replay = bool(case_file.audit) and not check and bool(recorded or "correction" in _override_keys(overrides))
+    if recorded and not check and "correction" not in _override_keys(overrides):
+        overrides = [o for o in recorded if o.split("=", 1)[0] not in _override_keys(overrides)] + overrides
     runs = _case_runs(case_file, overrides, check)
     failures: list[str] = []
     printed: list[dict] = []
     verdicts: list[tuple[str, str, int]] = []
+    failed = False  # the recorded audit check still fails
 
     for preset, extra, expected in runs:
         cfg = hydra_app.compose(extra + overrides)
@@ -230,6 +242,10 @@ def case(
             printed.extend({"preset": corr.name, **r} if len(runs) > 1 else r for r in results)
         elif not check or len(runs) == 1:
             _print_case_table(corr.name, results)
+        if replay:
+            from runner.audit.subjects import PresetSubject
+
+            failed = _report_replay(case_file, PresetSubject(corr, spec)) or failed
     if as_json:
         typer.echo(json.dumps(printed, indent=1))
     if check and not as_json:
@@ -247,9 +263,22 @@ def case(
             for line in failures:
                 typer.echo(f"MISMATCH {line}", err=True)
             raise typer.Exit(1)
+    if failed:
+        raise typer.Exit(1)
 
 
-def _replay_target(case_file, spec, overrides: list[str], as_json: bool, check: bool) -> None:
+def _report_replay(case_file, subject) -> bool:
+    """Run the check the file's `audit:` block names on `subject` and say how it went, on stderr
+    (as --check's mismatches are); True when the violation is still there."""
+    from runner.audit.replay import check_again
+
+    replayed = check_again(case_file, subject)
+    typer.echo(f"{'FAIL' if replayed.status == 'fail' else replayed.status} {replayed.text}", err=True)
+    return replayed.status == "fail"
+
+
+def _replay_target(case_file, spec, overrides: list[str], as_json: bool, check: bool) -> bool:
+    """Replay on the file's target (or --target); True when the file's audit check still fails there."""
     from runner.audit.external import TargetSpec, resolve_all
     from runner.audit.replay import evaluate_target, print_table
     from runner.studies.audit import loss_specs
@@ -260,10 +289,13 @@ def _replay_target(case_file, spec, overrides: list[str], as_json: bool, check: 
         spec = TargetSpec.from_dict(case_file.target, str(case_file.path))
         _console(stderr=True).print(f"[dim]replaying the target recorded in {case_file.path}: "
                                     f"{spec.command_line()}[/dim]", soft_wrap=True)
+        if spec.target is None and not overrides:  # a weights function: the loss it was found under
+            overrides = list((case_file.audit or {}).get("overrides", []))
     elif spec.target is not None and overrides:
         raise UserError(f"--target replays an external callable; overrides ({' '.join(overrides)}) do not apply")
     subjects = resolve_all(spec, loss_specs(overrides) if spec.target is None else ())
     printed = []
+    failed = False
     for subject in subjects:
         results = [evaluate_target(c, subject) for c in case_file.cases]
         title = subject.name + (f"  loss={subject.loss_name}" if subject.loss_name else "")
@@ -271,8 +303,11 @@ def _replay_target(case_file, spec, overrides: list[str], as_json: bool, check: 
             printed.extend({"target": title, **r} if len(subjects) > 1 else r for r in results)
         else:
             print_table(title, results, _console())
+        if case_file.audit:
+            failed = _report_replay(case_file, subject) or failed
     if as_json:
         typer.echo(json.dumps(printed, indent=1))
+    return failed
 
 
 def _case_runs(case_file, overrides: list[str], check: bool) -> list[tuple[str, list[str], list | None]]:

@@ -58,9 +58,9 @@ def _number(value) -> float:
     return float(value) if not isinstance(value, str) else {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}[value]
 
 
-def _case_loss(cli, path: str, *overrides: str) -> float:
+def _case_loss(cli, path: str, *overrides: str, code_wanted: int = 0) -> float:
     code, out, err = cli("case", path, *overrides, "--json")
-    assert code == 0, err
+    assert code == code_wanted, err
     results = json.loads(out)
     assert len(results) == 1
     return _number(results[0]["loss"])
@@ -84,8 +84,9 @@ def test_seed_bug_fails_1_and_2_with_a_tiny_counterexample(cli, tmp_path):
         B, T = _shape(path)
         assert B == 1 and T <= 2, (n, B, T)
         text = Path(path).read_text()
-        assert text.startswith("# is-study audit:") and f"is-study case {path} correction={SEED_PRESET}" in text
-        assert not math.isfinite(_case_loss(cli, path, f"correction={SEED_PRESET}"))
+        assert text.startswith("# is-study audit:") and f"reproduce: is-study case {path}   (the file names" in text
+        # the file names its preset: no correction= needed, and the finding replays as exit 1
+        assert not math.isfinite(_case_loss(cli, path, code_wanted=1))
 
 
 def test_hypothesis_alone_finds_and_shrinks_the_seed_bug(tmp_path):
@@ -124,7 +125,7 @@ def test_openrlhf_011_seq_mask_fails_1_on_an_accepted_extreme_sequence(cli, tmp_
     inside = t["action_mask"] > 0
     assert bool(inside.all()) and bool(res.keep[inside].all())  # every token generated, the sequence accepted
     assert float((t["old_log_probs"] - t["rollout_log_probs"]).abs().max()) > 88.8  # e^lr overflows float32
-    assert not math.isfinite(_case_loss(cli, cell["counterexample"], f"correction={preset}"))
+    assert not math.isfinite(_case_loss(cli, cell["counterexample"], f"correction={preset}", code_wanted=1))
 
 
 def test_every_own_preset_passes_every_invariant(tmp_path):
@@ -157,6 +158,11 @@ def test_an_own_preset_that_fails_exits_1_and_its_case_file_checks(cli, tmp_path
     assert f"is-study case {path} --check" in Path(path).read_text()
     code, _, err = cli("case", path, "--check")
     assert code == 1 and "MISMATCH" in err
+    code, _, err = cli("case", path)  # the file names its preset and overrides: invariant 5 fails again
+    assert code == 1 and err.strip().splitlines()[-1] == (
+        "FAIL invariant 5 (on-policy inputs give coefficient 1 and the loss of `none`) on tis loss=ppo: "
+        f"{inv[5]['violation']}")
+    assert load_case_file(path).audit["overrides"] == ["correction=tis", "loss=ppo", "correction.low=2"]
 
 
 def test_padding_counterexample_checks_against_clean_padding(cli, tmp_path):
@@ -168,6 +174,89 @@ def test_padding_counterexample_checks_against_clean_padding(cli, tmp_path):
     assert [c.name for c in cases] == ["clean-padding", "garbage-padding"]
     code, _, err = cli("case", cell.counterexample, "--check")
     assert code == 1 and "garbage-padding" in err
+
+
+# --------------------------------------------------------------------------------- replaying a counterexample
+def test_a_preset_counterexample_replays_its_finding_and_exits_1(cli, tmp_path):
+    """Issue 31: `is-study case FILE` on a preset's counterexample ran under correction=none and
+    exited 0 (the preset was only in a comment). The file now carries its preset and check as data."""
+    code, cells, _ = _audit(cli, tmp_path, f"correction={SEED_PRESET}")
+    failed = [c for c in cells if c["status"] == "fail"]
+    assert sorted((c["invariant"] for c in failed), key=str) == [1, 2, 4, "all-masked"]
+    labels = {1: "invariant 1 (finite inputs give a finite loss and gradient)",
+              2: "invariant 2 (a rejected unit contributes exactly zero gradient)",
+              4: "invariant 4 (values at mask = 0 (even NaN/±inf) change neither loss nor gradient)",
+              "all-masked": "the all-masked check (a batch with no generated token gives a finite loss and gradient "
+                            "(or an allowed refusal))"}
+    for cell in failed:
+        path = cell["counterexample"]
+        audit = load_case_file(path).audit
+        assert audit == {"check": cell["invariant"], "violation": cell["violation"],
+                         "overrides": [f"correction={SEED_PRESET}", "loss=ppo"],
+                         **({"case": "garbage-padding"} if cell["invariant"] == 4 else {})}, audit
+        code, _, err = cli("case", path)
+        assert code == 1, err
+        assert err.strip().splitlines()[-1] == \
+            f"FAIL {labels[cell['invariant']]} on {SEED_PRESET} loss=ppo: {cell['violation']}"
+
+    inv2 = _by_invariant(cells)[2]["counterexample"]
+    # the command line still wins: another preset is checked the same way, key by key otherwise
+    code, _, err = cli("case", inv2, "correction=seq-mask-tis")
+    assert code == 0 and err.strip().splitlines()[-1].startswith(f"pass {labels[2]} on seq-mask-tis loss=ppo: "
+                                                                 "holds on this file (the audit found: ")
+    code, _, err = cli("case", inv2, "loss=reinforce")
+    assert code == 1 and f"FAIL {labels[2]} on {SEED_PRESET} loss=reinforce: " in err
+    code, _, err = cli("case", inv2, "correction=none")
+    assert code == 0 and f"n/a {labels[2]} on none loss=ppo: does not apply (no filter and no veto" in err
+
+
+def test_a_case_file_without_an_audit_block_runs_as_before(cli, tmp_path):
+    code, cells, _ = _audit(cli, tmp_path, f"correction={SEED_PRESET}")
+    path = Path(_by_invariant(cells)[1]["counterexample"])
+    old = tmp_path / "old-style.yaml"
+    old.write_text(path.read_text().split("\naudit:\n")[0] + "\n")
+    assert load_case_file(old).audit is None
+    code, out, err = cli("case", str(old), "--json")
+    assert code == 0 and err == ""  # correction=none, as an old file always ran
+    assert json.loads(out)[0]["finite"] is True
+    assert not math.isfinite(_case_loss(cli, str(old), f"correction={SEED_PRESET}"))
+
+
+@pytest.mark.parametrize("block, needle", [
+    ("audit: [1]", "`audit:` must be a mapping with a `check:`"),
+    ("audit: {violation: x}", "`audit:` must be a mapping with a `check:`"),
+    ("audit: {check: 1, colour: red}", "unknown key(s) in `audit:`: 'colour'"),
+    ("audit: {check: 1, overrides: correction=tis}", "`audit.overrides` must be a list"),
+    ("audit: {check: 1, case: nope}", "`audit.case` names 'nope'"),
+    ("audit: {check: 9}", "`audit.check` must be an invariant 1-7"),
+    ("audit: {check: true}", "`audit.check` must be an invariant 1-7"),
+    ("audit: {check: reference}", "needs `reference:`"),
+    ("audit: {check: raises, dtype: float16}", "`audit.dtype` must be float32 or float64"),
+])
+def test_a_bad_audit_block_is_one_line_and_exit_2(cli, tmp_path, block, needle):
+    path = tmp_path / "bad.yaml"
+    path.write_text("cases:\n- {log_probs: [[0.0]], old_log_probs: [[0.0]], rollout_log_probs: [[0.0]], "
+                    "advantages: [[1.0]]}\n" + block + "\n")
+    code, out, err = cli("case", str(path))
+    assert code == 2, (out, err)
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], err
+
+
+def test_a_reference_counterexample_replays_against_its_preset(cli, tmp_path):
+    from runner.studies.audit import run_audit
+
+    cells = run_audit([f"correction={SEED_PRESET}", "loss=ppo"], out_dir=tmp_path, invariants=[1], all_masked=False,
+                      reference="correction=seq-mask-tis")
+    ref = next(c for c in cells if c.invariant == "reference")
+    assert ref.status == "fail"
+    assert load_case_file(ref.counterexample).audit["reference"] == "seq-mask-tis"
+    code, _, err = cli("case", ref.counterexample)
+    assert code == 1
+    assert err.strip() == (f"FAIL the reference check (the results of correction=seq-mask-tis on ordinary inputs) on "
+                           f"{SEED_PRESET} loss=ppo: token[0][0] gets weight 10; correction=seq-mask-tis gives 5")
+    code, _, err = cli("case", ref.counterexample, "correction=seq-mask-tis")  # the reference itself agrees
+    assert code == 0 and err.startswith("pass the reference check")
 
 
 # --------------------------------------------------------------------------------- external targets
@@ -224,6 +313,50 @@ def test_invariants_5_6_7_have_teeth(tmp_path):
     (cell,) = audit_groups([Group("good", False, [ExternalSubject("good", good)])], BUDGETS["default"], tmp_path,
                            invariants=[7], all_masked=False)
     assert cell.status == "pass"
+
+
+PLANTED_5_6_7 = """
+import torch
+from runner.corrections import Correction
+from runner.losses import LossSpec, policy_loss
+
+CORR = Correction(name="seq-mask-tis", weight="token", weight_op="clamp", filter="geometric", low=0.5, high=5.0)
+
+
+def good(lp, old, adv, action_mask=None, rollout_log_probs=None):
+    return policy_loss(LossSpec(), CORR, lp, old, rollout_log_probs, adv, action_mask, metrics=False).loss
+
+
+def doubled(*args, **kw):
+    return 2 * good(*args, **kw)
+
+
+def first_row_advantage(lp, old, adv, **kw):
+    return good(lp, old, torch.where(kw["action_mask"] > 0, adv[:1].nan_to_num(), adv), **kw)
+
+
+def detached_half(lp, old, adv, **kw):
+    return good(0.5 * (lp + lp.detach()), old, adv, **kw) + 0.0 * lp.sum()
+"""
+
+
+@pytest.mark.parametrize("fn, n", [("doubled", 5), ("first_row_advantage", 6), ("detached_half", 7)])
+def test_counterexamples_of_5_6_7_replay_on_their_target(cli, tmp_path, fn, n):
+    """The on-policy case, the permuted rows (in float64) and the finite differences (in float64)
+    are checked again by `is-study case FILE`, as the audit checked them."""
+    from runner.audit.invariants import INVARIANTS
+    from runner.studies.audit import run_audit
+
+    module = tmp_path / "planted_5_6_7.py"
+    module.write_text(PLANTED_5_6_7)
+    (cell,) = run_audit(out_dir=tmp_path / "out", target=f"{module}:{fn}", invariants=[n], all_masked=False)
+    assert cell.status == "fail"
+    code, _, err = cli("case", cell.counterexample)
+    assert code == 1, err
+    assert err.strip().splitlines()[-1] == f"FAIL invariant {n} ({INVARIANTS[n].text}) on planted_5_6_7:{fn}: " \
+                                           f"{cell.detail}"
+    code, _, err = cli("case", cell.counterexample, "--target", f"{module}:good")
+    assert code == 0 and f"pass invariant {n} " in err
 
 
 @pytest.mark.parametrize("args, needle", [

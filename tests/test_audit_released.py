@@ -129,6 +129,7 @@ def test_released_code_gives_every_known_bug_and_nothing_else(site, tmp_path_fac
     for cell in (c for c in cells if c["status"] == "fail"):
         text = Path(cell["counterexample"]).read_text()
         assert text.startswith(f"# is-study audit: {cell['preset']} ") and "\ntarget:\n" in text
+        assert f"\naudit:\n  check: {cell['invariant']}\n" in text  # and the check `is-study case` runs again
     assert seconds < TIME_LIMIT_S, seconds
     print(f"{target.name}: {seconds:.1f} s, {len(findings)} findings")
 
@@ -156,8 +157,9 @@ def test_verl_zero_division_is_reported_once_with_its_line(site, tmp_path_factor
 
     ratios = [math.exp(max(-20, min(20, o - r))) for o, r in zip(case.old_log_probs[0], case.rollout_log_probs[0])]
     assert all(not 0.5 <= x <= 5.0 for x in ratios), ratios
-    code, out, err = _case(crash["counterexample"])
-    assert code == 0 and json.loads(out)[0]["raised"] == crash["violation"], err
+    code, out, err = _case(crash["counterexample"])  # it still raises: exit 1
+    assert code == 1 and json.loads(out)[0]["raised"] == crash["violation"], err
+    assert f"FAIL raises (an exception the audit found) on {crash['preset']}: {crash['violation']}" in err
 
 
 def _case(path: str) -> tuple[int, str, str]:
@@ -177,8 +179,10 @@ def test_openrlhf_0112_minus_inf_is_an_accepted_overflow(site, tmp_path_factory)
     (case,) = load_case_file(cell["counterexample"]).cases
     lr = [o - r for o, r in zip(case.old_log_probs[0], case.rollout_log_probs[0])]
     assert max(lr) > 88.8 and -0.7 < sum(lr) / len(lr) < 1.61  # ρ_t = inf, ρ_geo ∈ [0.5, 5]
-    code, out, _ = _case(cell["counterexample"])
-    assert code == 0 and json.loads(out)[0]["loss"] == "-inf"
+    code, out, err = _case(cell["counterexample"])  # the file names its target and check: it fails again
+    assert code == 1 and json.loads(out)[0]["loss"] == "-inf", err
+    assert "FAIL invariant 1 (finite inputs give a finite loss and gradient) on " \
+           f"{cell['preset']}: {cell['violation']}" in err
 
 
 def test_the_audit_here_sees_only_is_study_and_its_dependencies(tmp_path):

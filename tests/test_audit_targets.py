@@ -199,10 +199,12 @@ def test_an_exception_is_one_finding_with_its_line_and_allowed_refusals_are_not(
     assert all(c["status"] != "fail" for c in cells if isinstance(c["invariant"], int))
     empty = _one(cells, "all-masked")
     assert empty["status"] == "pass" and "refused with ValueError (allowed)" in empty["note"]
-    # the crash's counterexample replays as the crash
+    # the crash's counterexample replays as the crash, and exits 1 while it raises
     code, out, err = cli("case", raised[0]["counterexample"], "--json")
-    assert code == 0, err
+    assert code == 1, err
     assert [r["raised"] for r in json.loads(out)] == [raised[0]["violation"]]
+    assert f"FAIL raises (an exception the audit found) on {TARGETS}:icepop_with_ess: {raised[0]['violation']}\n" \
+        in err
 
     code, cells, _ = _audit(cli, tmp_path / "strict", "--target", f"{TARGETS}:icepop_with_ess")
     assert _one(cells, "all-masked")["status"] == "raise"
@@ -432,14 +434,40 @@ def test_case_files_carry_a_hash_of_the_kwargs_and_replay_their_target(cli, tmp_
     assert load_case_file(path).target == {"target": "tests.external_loss_planted_bug:PlantedLoss",
                                            "target_kwargs": '{"high": 3.0}'}
     code, stdout, err = cli("case", str(path), "--json")
-    assert code == 0 and "replaying the target recorded in" in err
+    assert code == 1 and "replaying the target recorded in" in err  # invariant 1 still fails there
     (result,) = json.loads(stdout)
     assert result["finite"] is False and result["loss"] in ("nan", "-inf", "inf")
-    # explicit --target wins, and a preset still needs correction=
-    code, stdout, _ = cli("case", str(path), "--json", "--target", "tests.external_loss_planted_bug:CorrectLoss")
+    # explicit --target wins, and so does correction=: the same check, on what the command line names
+    code, stdout, err = cli("case", str(path), "--json", "--target", "tests.external_loss_planted_bug:CorrectLoss")
     assert code == 0 and json.loads(stdout)[0]["finite"] is True
+    assert "pass invariant 1 (finite inputs give a finite loss and gradient) on " \
+           "tests.external_loss_planted_bug:CorrectLoss: holds on this file" in err
     code, stdout, _ = cli("case", str(path), "--json", "correction=seq-mask-tis")
     assert code == 0 and json.loads(stdout)[0]["finite"] is True
+
+
+def test_a_weights_function_counterexample_replays_under_the_loss_it_failed(cli, tmp_path):
+    """A --weights-fn without --target is audited under our losses: the file records its loss too."""
+    code, cells, _ = _audit(cli, tmp_path, "--convention", "verl", "--weights-fn", f"{TARGETS}:clamped_weights",
+                            "--band", ",1.5")
+    assert code == 1
+    cell = _one(cells, 3)
+    assert cell["status"] == "fail" and cell["loss"] == "ppo"
+    case_file = load_case_file(cell["counterexample"])
+    assert case_file.target == {"convention": "verl", "weights_fn": f"{TARGETS}:clamped_weights", "band": ",1.5"}
+    assert case_file.audit == {"check": 3, "violation": "kept coefficient[0][0] 2 outside [—, 1.5]",
+                               "overrides": ["loss=ppo"]}
+    code, _, err = cli("case", cell["counterexample"])
+    assert code == 1
+    assert err.strip().splitlines()[-1] == ("FAIL invariant 3 (truncated coefficients stay inside their declared "
+                                            f"bounds) on {TARGETS}:clamped_weights loss=ppo: kept coefficient[0][0] 2 "
+                                            "outside [—, 1.5]")
+    # the check follows the recorded target: with the band the weights really keep, it passes
+    wider = tmp_path / "wider.yaml"
+    wider.write_text(Path(cell["counterexample"]).read_text().replace("band: ',1.5'", "band: ',2'"))
+    code, _, err = cli("case", str(wider))
+    assert code == 0 and f"pass invariant 3 (truncated coefficients stay inside their declared bounds) on " \
+                         f"{TARGETS}:clamped_weights loss=ppo: holds on this file" in err
 
 
 def test_the_table_prints_each_finding_on_one_line(cli, tmp_path):

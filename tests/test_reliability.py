@@ -399,10 +399,18 @@ def test_a_full_disk_in_a_sweep_fails_the_job_and_resume_reruns_it(tmp_path, mon
     _disk_fills_on(monkeypatch, "metrics.csv", 500, where=str(d / "01"))
     code, _, err = run_cli("sweep", *args)
     assert code == 1
+    cut = (d / "01" / "metrics.csv").read_text()
+    assert len(cut) == 500 and not cut.endswith("\n")  # the disk filled in the middle of a line
+    # the job is failed, and its table damaged: reported as both, and none of its rows reach sweep.csv
     summary = {r["job"]: r for r in _read_csv(d / "sweep_summary.csv")}
-    assert summary["1"]["status"] == "failed"
-    assert summary["1"]["error"] == (f"No space left on device while writing {d / '01' / 'metrics.csv'}; "
-                                     f"the run dir {d / '01'} is incomplete (no DONE)")
+    assert [summary[j]["status"] for j in "01"] == ["done", "failed"]
+    failure = (f"No space left on device while writing {d / '01' / 'metrics.csv'}; the run dir {d / '01'} is "
+               "incomplete (no DONE); metrics.csv: ends in the middle of a line (cut short?), so its rows are "
+               "left out")
+    assert summary["1"]["error"] == failure
+    assert f"FAILED job 1 [seed=1 " in err and f"]: {failure}  ({d / '01' / 'ERROR'})\n" in err
+    rows = _read_csv(d / "sweep.csv")
+    assert {r["job"] for r in rows} == {"0"} and len(rows) == 3 * 2  # job 0's 3 steps × 2 updates only
     assert not (d / "01" / "DONE").exists()
 
     # aggregate cannot write sweep.csv: it says so, and the old sweep.csv stays as it was

@@ -890,3 +890,49 @@ def test_the_engine_rounding_golden_values():
     assert rnd.linear(x, torch.eye(2), torch.tensor([0.0, 1 / 3])).tolist() == [[1.0, 0.6171875]]  # 0.6185 → bf16
     exact = _Round(FP32)
     assert exact(torch.tensor([1 / 3])).item() == torch.tensor(1 / 3).item()
+
+
+@pytest.mark.parametrize("experts", [0, 4])
+def test_the_engine_rounds_the_residual_stream_after_every_add(one_thread, tmp_path, monkeypatch, experts):
+    """The model docstring's rule, pinned where it bites: the residual stream and every add are
+    rounded to the compute dtype after each op. Every LayerNorm sees the residual stream (the
+    embedding sum, then the stream after each attention and MLP add), so in a bf16, fp16 or fp8
+    pass, teacher-forced and cached alike, every LayerNorm input must be exactly representable in
+    the compute dtype. An add left unrounded (bf16 + bf16 is rarely a bf16) breaks it, which the
+    precision-ratio tests above do not see. The control: the same inputs in fp32 are not
+    representable in bf16, so the check can fail."""
+    from runner.worlds.transformer import model
+
+    world = small_world(tmp_path, sft_cfg={"steps": 0}, policy={"experts": experts, "init_std": 0.5, "n_layer": 2})
+    g = torch.Generator().manual_seed(3)
+    params = {k: v + 0.3 * torch.randn(v.shape, generator=g) for k, v in world.init_params(g).items()}
+    prompts = world.sample_prompts(4, g)
+    tokens = torch.randint(world.vocab_size, (4, world.seq_len), generator=g)
+    seen: list[torch.Tensor] = []
+    layer_norm = model._Round.layer_norm
+
+    def recording(self, x, w, b):
+        seen.append(x.detach().clone())
+        return layer_norm(self, x, w, b)
+
+    monkeypatch.setattr(model._Round, "layer_norm", recording)
+    per_pass = 2 * world.shape.n_layer + 1  # ln1 and ln2 of each block, then ln_f
+
+    def not_representable(x: torch.Tensor, dtype: torch.dtype) -> int:
+        return int((x != x.to(dtype).float()).sum())
+
+    for name in ("bf16", "fp16", "fp8"):
+        precision = Precision(name)
+        for route in ("teacher-forced", "cached"):
+            seen.clear()
+            if route == "teacher-forced":
+                world.logits(params, prompts, tokens, precision)
+                assert len(seen) == per_pass
+            else:
+                _sampled_logits(world, params, prompts, tokens, precision)
+                assert len(seen) == per_pass * world.seq_len  # the prefill, then one step per token
+            bad = [(i % per_pass, not_representable(x, precision.compute)) for i, x in enumerate(seen)]
+            assert all(n == 0 for _, n in bad), (name, route, [b for b in bad if b[1]])
+    seen.clear()
+    world.logits(params, prompts, tokens, FP32)
+    assert all(not_representable(x, torch.bfloat16) > x.numel() // 2 for x in seen)

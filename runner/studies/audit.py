@@ -318,7 +318,8 @@ def _check_reference(preset: str, group: Group, search: Search, out_dir: Path) -
     if failure is not None:
         subject, batch, detail, how = failure
         save_counterexample(path, REFERENCE, f"differs from correction={preset} on ordinary inputs", subject, group,
-                            batch, detail, how, "ordinary", ["--reference", f"correction={preset}"])
+                            batch, detail, how, "ordinary", ["--reference", f"correction={preset}"],
+                            reference=preset)
         cell.status, cell.counterexample, cell.loss, cell.detail, cell.found_by = \
             "fail", str(path), subject.loss_name, f"vs correction={preset}: {detail}", how
     cell.seconds = time.perf_counter() - start
@@ -350,7 +351,7 @@ def _crash_cells(group: Group, search: Search, out_dir: Path) -> list[Cell]:
                                                 if len(crash.checks) > 1 else "")
         path = case_path(out_dir, group.key, f"raises-{crash.type}-{crash.line}")
         save_counterexample(path, RAISES, f"raises {crash.type}", subject, group, batch, text, how,
-                            search.profile.name, search.profile_args)
+                            search.profile.name, search.profile_args, dtype=crash.dtype)
         cells.append(Cell(group.name, RAISES, "fail", group.faithful, str(path), subject.loss_name, text, how,
                           search.profile.name, time.perf_counter() - start, note=f"checks: {checks}"))
     return cells
