@@ -28,12 +28,12 @@ from analysis.claims import stats, verdicts
 from analysis.claims import tis_tames_mismatch as tis
 from analysis.claims import registry
 from analysis.claims.registry import CLAIMS
-from analysis.claims.stats import FAILS, HOLDS, UNSURE
+from analysis.claims.stats import FAILS, HOLDS, UNSURE, UNTESTABLE
 from runner.errors import UserError
 from tests.conftest import REPO
 
 EXPERIMENTS = list(CLAIMS)
-LINE = re.compile(r"^(?:(?P<world>[a-z]+)/)?(?P<name>[a-z0-9-]+): (?P<verdict>holds|does not hold|inconclusive) — "
+LINE = re.compile(r"^(?:(?P<world>[a-z]+)/)?(?P<name>[a-z0-9-]+): (?P<verdict>holds|does not hold|inconclusive|untestable here) — "
                   r"(?P<text>.*\d.*)$")
 WORLDS = list(registry.WORLDS)
 
@@ -285,7 +285,9 @@ def test_lowprob_rule():
 
 
 # ----------------------------------------------------------------------------------------- 4. precision vs algorithm
-def _traj(gap16, gap_b16, spread16, spread_b16, seeds=4, T=20):
+def _traj(gap16, gap_b16, spread16, spread_b16, floor, seeds=4, T=20):
+    """Plain PPO and two corrections at fp32, fp16 and bf16 on the seed's own stream, and the chaos-floor arm
+    (fp32 plain PPO on sampling stream 1), each a set distance from fp32 plain PPO."""
     rows = []
     for s in range(seeds):
         for t in range(T):
@@ -293,24 +295,67 @@ def _traj(gap16, gap_b16, spread16, spread_b16, seeds=4, T=20):
             wiggle = 1 + 0.1 * ((s + t) % 3)
             for prec, gap, spread in (("fp32", 0.0, 0.0), ("fp16", gap16, spread16), ("bf16", gap_b16, spread_b16)):
                 for i, corr in enumerate(("none", "tis", "geo-mask")):
-                    rows.append({"precision": prec, "correction": corr, "seed": s, "t": t, "step": t,
+                    rows.append({"precision": prec, "correction": corr, "seed": s, "stream": 0, "t": t, "step": t,
                                  "objective": base + gap * wiggle + (spread * wiggle * i / 2 if corr != "none" else 0)})
+            rows.append({"precision": "fp32", "correction": "none", "seed": s, "stream": 1, "t": t, "step": t,
+                         "objective": base - floor * wiggle})
     return pd.DataFrame(rows)
 
 
+def test_chaos_floor_is_the_mean_distance_of_another_sampling_stream():
+    """Golden: per seed, the mean over updates of |J_fp32 on stream 1 − J_fp32 on the seed's own stream| (plain
+    PPO only; other corrections and precisions on stream 1 are not the floor)."""
+    J = {(0, 0): [0.5, 0.6], (0, 1): [0.52, 0.57], (1, 0): [0.5, 0.6], (1, 1): [0.5, 0.64]}
+    rows = [{"precision": "fp32", "correction": "none", "seed": s, "stream": k, "t": t, "step": t, "objective": j}
+            for (s, k), js in J.items() for t, j in enumerate(js)]
+    rows.append({"precision": "fp32", "correction": "tis", "seed": 0, "stream": 1, "t": 0, "step": 0, "objective": 9.0})
+    floor = precision.chaos_floor(pd.DataFrame(rows))
+    assert floor.to_dict() == pytest.approx({0: 0.025, 1: 0.02}, abs=1e-15)  # (0.02 + 0.03)/2, (0 + 0.04)/2
+    with pytest.raises(UserError, match="no chaos-floor arm"):
+        precision.chaos_floor(pd.DataFrame(rows).query("stream == 0"))
+
+
+def test_a_precision_counts_only_beyond_the_chaos_floor():
+    """Golden: control c = bf16 − floor per seed, test d = c − factor·(fp16 − floor)."""
+    floor = pd.Series([0.02, 0.02, 0.02])
+    low = floor + pd.Series([0.03, 0.04, 0.05])
+    # c = [.03, .04, .05] (mean .04, SE .0058: significant); fp16 at .01, .01, .02 is below or at the floor,
+    # so d = c + 2·(.01, .01, 0) = [.05, .06, .05]: holds
+    v, c, d = precision.judge_part(low, pd.Series([0.01, 0.01, 0.02]), floor, 2.0)
+    assert v == HOLDS and c == pytest.approx(0.04) and d == pytest.approx(0.16 / 3)
+    # fp16's excess .03, .04, .04 is more than half of bf16's: d = [−.03, −.04, −.03], ruled out
+    v, _, d = precision.judge_part(low, floor + pd.Series([0.03, 0.04, 0.04]), floor, 2.0)
+    assert v == FAILS and d == pytest.approx(-0.1 / 3)
+    # bf16 within the floor (c = −.01, 0, .01): its rounding moves J no further than other random draws do
+    v, c, _ = precision.judge_part(floor + pd.Series([-0.01, 0.0, 0.01]), pd.Series([0.0, 0.0, 0.0]), floor, 2.0)
+    assert v == UNTESTABLE and c == pytest.approx(0.0, abs=1e-15)
+
+
 def test_precision_rule():
-    v = precision.precision_verdict(_traj(0.001, 0.01, 0.001, 0.02))
+    v = precision.precision_verdict(_traj(0.001, 0.01, 0.001, 0.02, floor=0.002))
     assert v.verdict == HOLDS and (v.parts["a"], v.parts["b"]) == (HOLDS, HOLDS)
-    v = precision.precision_verdict(_traj(0.01, 0.01, 0.02, 0.02))  # fp16 no closer, no shrinkage
+    # floors: (a) 0.002 × mean wiggle 1.099 = 0.0022; (b) that × d_3/d_2 = 1.693/1.128
+    assert v.parts["chaos_floor"] == pytest.approx((0.0021975, 0.0021975 * 1.693 / 1.128))
+    v = precision.precision_verdict(_traj(0.01, 0.01, 0.02, 0.02, floor=0.002))  # fp16 no closer, no shrinkage
     assert v.verdict == FAILS and (v.parts["a"], v.parts["b"]) == (FAILS, FAILS)
-    v = precision.precision_verdict(_traj(0.007, 0.01, 0.001, 0.02))  # only 1.4× closer: not "far more closely"
+    # 1.4× closer, and beyond the floor 0.0088 against 0.0055 (1.6×): not "far more closely"
+    v = precision.precision_verdict(_traj(0.007, 0.01, 0.001, 0.02, floor=0.002))
     assert v.verdict == FAILS and v.parts["a"] == FAILS and v.parts["b"] == HOLDS
+    # the same precisions, but another sampling stream strays 0.022 from the fp32 run: bf16's gap (0.011) and
+    # spread (0.022 against a floor of 0.033) are chaos, so neither part can be tested; without the floor this
+    # case held
+    v = precision.precision_verdict(_traj(0.001, 0.01, 0.001, 0.02, floor=0.02))
+    assert v.verdict == UNTESTABLE and (v.parts["a"], v.parts["b"]) == (UNTESTABLE, UNTESTABLE)
+    assert "bf16 not beyond the floor" in v.statement and "n = 4 seeds" in v.statement
+    # (a) untestable, (b) does not hold: the claim does not hold
+    v = precision.precision_verdict(_traj(0.001, 0.01, 0.2, 0.2, floor=0.02))
+    assert v.verdict == FAILS and (v.parts["a"], v.parts["b"]) == (UNTESTABLE, FAILS)
     # Monte Carlo J (objective_se logged) with an SE of 0.02: both gaps sit within the noise floor
-    # (1.128 × 0.02 for two estimates), so (a) is not resolved; spreads of 0.2 vs 0.02 are (3 corrections:
+    # (1.128 × 0.02 for two estimates), so (a) is unresolved; spreads of 0.2 vs 0.02 are (3 corrections:
     # range floor 1.693 × 0.02 = 0.034, and 2× that is 0.068 < 0.2)
-    v = precision.precision_verdict(_traj(0.001, 0.01, 0.02, 0.2).assign(objective_se=0.02))
-    assert v.parts["a"] == UNSURE and v.parts["b"] == HOLDS
-    assert v.parts["noise_floor"]["a"] == pytest.approx(0.02256) and "noise floor" in v.statement
+    v = precision.precision_verdict(_traj(0.001, 0.01, 0.02, 0.2, floor=0.002).assign(objective_se=0.02))
+    assert v.parts["a"] == UNTESTABLE and v.parts["b"] == HOLDS and v.verdict == UNTESTABLE
+    assert v.parts["noise_floor"]["a"] == pytest.approx(0.02256) and "(a) at bf16 within 2× it: unresolved" in v.statement
 
 
 # ----------------------------------------------------------------------------------------- 5. staleness
@@ -465,20 +510,25 @@ PINNED: dict = {
     ("bigram", "tis-tames-mismatch"): pin("does not hold", (rf"bf16: PPO 0/2 collapsed, peak-to-final drop 1%, final J {NUM}", 0.2407)),
     ("bigram", "bias-variance-by-level"): pin("does not hold", (rf"at T=8 \({NUM}×", 1.68), (rf"token-IS relative bias {NUM}", 0.33)),
     ("bigram", "mismatch-low-prob-tokens"): pin("inconclusive", (rf"bf16: .*?, {NUM}× \[inconclusive\]", 1.8)),
-    ("bigram", "precision-vs-algorithm"): pin("inconclusive", (rf"fp16 0 vs bf16 {NUM}", 1.19e-5)),
+    # claim 4: bf16's gap to fp32 (1.19e-5) is far inside the chaos floor (another sampling stream: 0.00267)
+    ("bigram", "precision-vs-algorithm"): pin("untestable here", (rf"fp16 0, bf16 {NUM}, against", 1.19e-5),
+                                              (rf"sampling stream\) of {NUM}", 0.00267)),
     ("bigram", "staleness-breaks-tis"): pin("does not hold", (rf"peak J {NUM}", 0.225)),
     ("bigram", "seed-bug-end-to-end"): pin("holds", (rf"skip updates \({NUM}%", 31.2), (rf"paired Δ {NUM}", 7.84e-4)),
     ("mlp", "tis-tames-mismatch"): pin("does not hold", (rf"bf16: PPO 0/2 collapsed, peak-to-final drop 0%, final J {NUM}", 0.4609)),
     ("mlp", "bias-variance-by-level"): pin("inconclusive", (rf"→ {NUM} at T=32 \(nan×\)", 25.6)),
     ("mlp", "mismatch-low-prob-tokens"): pin("inconclusive", (rf"bf16: .*?, {NUM}× \[inconclusive\]", 0.98), (rf"fp16: .*?, {NUM}× \[holds\]", 1.6)),
-    ("mlp", "precision-vs-algorithm"): pin("does not hold", (rf"fp16 0 vs bf16 {NUM}", 0.0)),
+    # J every 20 steps: in 4 steps only J₀, the same in every arm, so every gap and the floor are 0
+    ("mlp", "precision-vs-algorithm"): pin("untestable here", (rf"fp16 0, bf16 {NUM}, against", 0.0),
+                                           (rf"sampling stream\) of {NUM}", 0.0)),
     ("mlp", "staleness-breaks-tis"): pin("does not hold", (rf"peak J {NUM}", 0.381), (rf"PPO clip 0/1 collapsed in 4 steps, final {NUM}", 0.335)),
     ("mlp", "seed-bug-end-to-end"): pin("inconclusive", (rf"skip updates \({NUM}%", 18.8), (rf"paired Δ {NUM}", -0.0518)),
     # the transformer's J is Monte Carlo (32 rollouts: J in steps of 1/32)
     ("transformer", "tis-tames-mismatch"): pin("does not hold", (rf"bf16: PPO 0/1 collapsed, peak-to-final drop 0%, final J {NUM}", 0.4688)),
     ("transformer", "bias-variance-by-level"): pin("does not hold", (rf"at T=4 \({NUM}×", 0.988), (rf"token-IS relative bias {NUM}", 0.883)),
     ("transformer", "mismatch-low-prob-tokens"): pin("holds", (rf"bf16: .*?, {NUM}× \[holds\]", 19), (rf"fp16: .*?, {NUM}× \[holds\]", 26)),
-    ("transformer", "precision-vs-algorithm"): pin("inconclusive", (rf"fp32 0, fp16 {NUM}", 0.0156)),
+    ("transformer", "precision-vs-algorithm"): pin("untestable here", (rf"fp32 0, fp16 {NUM}", 0.0156),
+                                                   (rf"sampling stream\) of {NUM}", 0.0469)),
     ("transformer", "staleness-breaks-tis"): pin("does not hold", (rf"peak J {NUM}", 0.469)),
     ("transformer", "seed-bug-end-to-end"): pin("holds", (rf"skip updates \({NUM}%", 81.2), (rf"paired Δ {NUM}", 0.0625)),
 }
