@@ -125,6 +125,23 @@ def test_clipped_says_when_the_clip_bound(tmp_path):
         assert r["clipped"] == str(int(float(r["grad_norm"]) > 0.005))
 
 
+def test_another_sampling_stream_keeps_theta0_and_draws_other_tokens(tmp_path):
+    """mismatch.sampling_stream=1 (claim 4's chaos floor): the seed's θ₀ (init_std = 1 draws it from the
+    sampling generator first, so the same J₀ = 0.2224), other prompts and tokens from step 0; stream 0 is the
+    seed's own run, and the probe, which draws from its own streams, refuses the key."""
+    base = ["policy.init_std=1.0", "train.steps=2", "mismatch=none", "log.timing=false", "rollout.prompt_len=2"]
+    own, d0 = train(tmp_path, base, "own")
+    _, d0b = train(tmp_path, [*base, "mismatch.sampling_stream=0"], "own-again")
+    other, d1 = train(tmp_path, [*base, "mismatch.sampling_stream=1"], "other")
+    assert own["initial_objective"] == other["initial_objective"] == pytest.approx(0.22243, abs=1e-5)
+    assert (d0 / "metrics.csv").read_bytes() == (d0b / "metrics.csv").read_bytes()
+    t0, t1 = [(d / "tokens.csv").read_text().splitlines() for d in (d0, d1)]
+    assert t0[0] == t1[0] and len(t0) == len(t1)
+    assert sum(a != b for a, b in zip(t0[1:], t1[1:])) > 0.8 * (len(t0) - 1)  # ≥ 80% of the token rows differ
+    with pytest.raises(UserError, match="sampling_stream applies to training runs only"):
+        run_study(compose(["study=probe", "mismatch.sampling_stream=1", "log.quiet=true"]), tmp_path / "probe")
+
+
 def test_monte_carlo_objective_agrees_with_the_exact_one():
     """The MC estimate (4096 on-policy fp32 rollouts, common random numbers) is within 3 standard
     errors of the exact J, and two evaluations of the same θ give the same number."""

@@ -135,6 +135,9 @@ def validate(cfg: Mapping[str, Any]) -> tuple[Setup, ProbeSettings, int]:
     if setup.adv_std_norm:
         raise UserError("probe: rollout.adv_std_norm=true biases the estimate of ∇J; the probe sets its "
                         "advantage with probe.baseline (rloo | group-mean | none)")
+    if setup.mismatch.sampling_stream:
+        raise UserError("probe: mismatch.sampling_stream applies to training runs only (the probe draws its "
+                        "batches from its own streams)")
     G = setup.group_size
     if probe.baseline != "none" and G < 2:
         raise UserError(f"probe.baseline={probe.baseline} needs rollout.group_size >= 2, got {G}")

@@ -33,6 +33,11 @@ from runner.training.objective import make_objective
 from runner.training.optim import Optimizer, clip_, global_norm
 from runner.worlds.engine import Engine, ParamHistory, Rollout
 
+# mismatch.sampling_stream n > 0 samples from n·S + 2·seed. torch's CPU generator keeps only the low 32 bits
+# of a seed (2³² + s draws what s draws), so S is a 32-bit odd number: stream 1 sits near 2.65·10⁹, far from
+# every other stream of a realistic seed (2·seed, 2·seed + 1, seed + a multiple of 2³²).
+SAMPLING_STREAM = 0x9E3779B1
+
 
 @dataclass
 class UpdateRecord:
@@ -72,6 +77,10 @@ class Trainer:
         self.gen = torch.Generator(device=s.device).manual_seed(2 * s.seed)
         self.noise_gen = torch.Generator(device=s.device).manual_seed(2 * s.seed + 1)
         self.params = {name: p.requires_grad_(True) for name, p in s.world.init_params(self.gen).items()}
+        if s.mismatch.sampling_stream:
+            # The same θ₀, other prompts and tokens: a fresh generator, far from every other stream.
+            self.gen = torch.Generator(device=s.device).manual_seed(
+                SAMPLING_STREAM * s.mismatch.sampling_stream + 2 * s.seed)
         self.opt = Optimizer(self.params, s.train.optimizer, s.train.lr)
         self.engine = Engine(s.world, s.mismatch)
         self.history = ParamHistory(s.mismatch.staleness)

@@ -52,6 +52,10 @@ class Mismatch:
     outlier_shift: float = -1000.0
     router_replay: bool = False
     logprobs: str = "compute"  # compute | fp32: the dtype of the engine's log-softmax
+    # Which random stream the rollouts (prompts and tokens) are drawn from; θ₀ is the seed's either way. 0 is the
+    # seed's own stream; another value gives a run that differs from it only by its random draws (claim 4's
+    # chaos floor: how far two fp32 runs drift apart with no mismatch at all). Training only.
+    sampling_stream: int = 0
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "Mismatch":
@@ -68,6 +72,7 @@ class Mismatch:
             outlier_shift=as_float(s, cfg, "outlier_shift", finite=False),
             router_replay=as_bool(s, cfg, "router_replay", default=False),
             logprobs=as_choice(s, cfg, "logprobs", LOGPROBS, default="compute"),
+            sampling_stream=as_int(s, cfg, "sampling_stream", low=0, default=0),
         )
 
     @property
