@@ -246,12 +246,15 @@ def policy_loss(
     mask: torch.Tensor,
     metrics: bool = True,
     correction: CorrectionResult | None = None,
+    generator: torch.Generator | None = None,
 ) -> LossResult:
     """The corrected policy loss for one batch of [B, T] tensors; lp carries the gradient.
     `correction`: this batch's already evaluated correction (apply_correction_split of a larger
-    batch), used instead of evaluating it here; its metrics are passed on."""
+    batch), used instead of evaluating it here; its metrics are passed on. `generator`: the random stream
+    of a correction with filter_shuffle."""
     mask = mask.to(lp.dtype)
-    cres = correction if correction is not None else apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics)
+    cres = correction if correction is not None else apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics,
+                                                                          generator=generator)
     old, roll, adv = old.detach(), roll.detach(), adv.detach()
     # Our presets: NaN/inf at masked positions must not reach the loss or any gradient. Zeroing each
     # difference (not each input) is enough: the backward of x·mask (or of a where) sends exactly 0
