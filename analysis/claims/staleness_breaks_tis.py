@@ -334,7 +334,7 @@ def areal_part(runs, k: int) -> tuple[str, str, dict]:
         return "n/a", f"A (AReaL, k={k}): no {TOKEN_MIS} or {GEO_RS} runs: n/a", {"verdict": "n/a"}
     v = combine(verdicts)
     parts.update(verdict=v, key="A: " + ", ".join(keys))
-    return v, f"A (AReaL, {_units(runs, k)}): " + "; ".join(texts) + f": {v}", parts
+    return v, f"A (AReaL, {_units(runs, k)}): " + "; ".join(texts) + f"; so A: {v}", parts
 
 
 def staleness_verdict(runs) -> Verdict:
