@@ -432,6 +432,30 @@ def test_the_clipped_arm_sees_the_staleness(tmp_path):
     assert clipped[0] == 0.0 < clipped[1] < clipped[2] and clipped[2] > 0.05, clipped
 
 
+def test_ess_and_grad_norm_leave_out_updates_with_an_exactly_zero_gradient(tmp_path):
+    """Real runs (bigram, bf16, k = 16, geo-mask, whose band rejects every token of many batches): the runs' ESS
+    (frames.run_frame) and its first-10-steps mean (staleness_runs' ess_early) are means over the updates whose
+    gradient is not exactly 0, never over a frozen θ's ESS; zero_grad is summary.json's zero_grad_fraction."""
+    from analysis.load import load_dataset
+    from tests.conftest import run_cli
+
+    for i, arm in enumerate(("geo-mask", "geo-mask-shuffled")):
+        code, _, err = run_cli("run", "experiment=staleness-breaks-tis", f"arm=staleness/{arm}", "mismatch.staleness=16",
+                               "train.steps=14", "rollout.batch_size=4", "rollout.group_size=4", "log.timing=false",
+                               "log.tokens_every=0", f"hydra.run.dir={tmp_path / 'sweep' / f'{i:02d}'}", "--quiet")
+        assert code == 0, err
+    runs = staleness.staleness_runs(load_dataset(tmp_path / "sweep"))
+    assert list(runs["arm"]) == ["geo-mask", "geo-mask-shuffled"]
+    for i, r in runs.iterrows():
+        m = pd.read_csv(tmp_path / "sweep" / f"{i:02d}" / "metrics.csv")
+        moving = m["grad_norm"] != 0
+        assert 0 < (~moving).mean() < 1  # some updates are frozen, some are not
+        assert r["zero_grad"] == pytest.approx((~moving).mean())
+        assert r["ess"] == pytest.approx(m.loc[moving, "ess"].mean())
+        assert r["ess_early"] == pytest.approx(m.loc[moving & (m["step"] < 10), "ess"].mean())
+        assert m.loc[~moving, "ess"].mean() != pytest.approx(m.loc[moving, "ess"].mean())  # it would matter
+
+
 def test_zero_grad_stretches_and_notes():
     from analysis import zero_grad
 
