@@ -55,6 +55,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from analysis import style as st
+from analysis import zero_grad
 from analysis.load import DEGENERATE_RULE, Dataset, describe, fmt_value, per_job, probe_frame
 from runner.errors import UserError
 
@@ -651,7 +652,7 @@ def _training(ds: Dataset, style: str):
     evaluated = {"objective": set(per.loc[per["objective"].notna(), "step"]), "reward": None}
     if len(evaluated["objective"]) == per["step"].nunique():
         evaluated["objective"] = None
-    drew_bars = False
+    drew_bars = shaded = False
     for f, facet in enumerate(fs):
         bad_f = bad[bad["job"].isin(facet.jobs)]
         for name in names:
@@ -663,6 +664,7 @@ def _training(ds: Dataset, style: str):
             for m, metric in enumerate(metrics):
                 ax = grid.ax(f, m)
                 _mean_and_band(ax, stats, metric, kw, alpha=0.18, steps=evaluated[metric])
+                shaded |= zero_grad.shade(ax, df[df["job"].isin(facet.jobs) & (df["correction"] == name)], kw["color"], x="step")
                 if metric == "objective" and monte_carlo and stats["objective_count"].max() == 1:
                     runs = per[per["job"].isin(facet.jobs) & (per["correction"] == name) & per["se"].notna()]
                     ax.errorbar(runs["step"], runs["objective"], yerr=2 * runs["se"].astype(float), fmt="none",
@@ -678,6 +680,7 @@ def _training(ds: Dataset, style: str):
     grid.label(_step_label(style), [_label(style, r"objective $J(\theta)$ (expected reward)", r"objective $J(\theta)$"),
                                     _label(style, "batch mean reward", "reward")], fs)
     extra = [_event_handle("NaN/inf update (marks under the data)")] if flagged else []
+    extra += [zero_grad.handle()] if shaded else []
     handles, labels = _legend_for(names, extra=extra)
     mc_note = ""
     if monte_carlo:
@@ -704,6 +707,7 @@ def _grad_norm(ds: Dataset, style: str):
     names = _ordered(frame["correction"].unique())
     grid = Grid(len(fs), 1, style, row_height=None if len(fs) > 1 else (1.9 if style == "paper" else 3.4))
     n_spikes = n_bad = n_zero = 0
+    shaded = False
     vals = frame["grad_norm"].astype(float)
     frame = frame.assign(gn=vals.where(np.isfinite(vals) & (vals > 0)), bad=~np.isfinite(vals), zero=vals == 0)
     ref = frame.groupby("job", sort=False)["gn"].transform(
@@ -729,6 +733,7 @@ def _grad_norm(ds: Dataset, style: str):
                 ax.fill_between(stats["x"], stats["min"], stats["max"], color=kw["color"], alpha=0.15, linewidth=0,
                                 gid="band")
             cur = sub[sub["correction"] == name]
+            shaded |= zero_grad.shade(ax, cur, kw["color"], x="x")
             spk = cur[cur["spike"]]
             if len(spk):
                 n_spikes += len(spk)
@@ -769,6 +774,7 @@ def _grad_norm(ds: Dataset, style: str):
             "every token rejected or no signal" if zero_rejected else "no signal in the batch")
         extra.append((Line2D([], [], linestyle="none", marker="v", markerfacecolor="none", color="0.25",
                              markersize=4), f"gradient exactly 0 ({why}; bottom edge)"))
+    extra += [zero_grad.handle()] if shaded else []
     handles, labels = _legend_for(names, extra=extra)
     low, high = seed_counts(frame, fs)
     note = f"median over {_seeds(low, high)}, shaded: min–max" if high > 1 else ""
@@ -828,7 +834,8 @@ def _stability(ds: Dataset, style: str):
     handles, labels = _legend_for(names, marker=True)
     note = f"mean over {_seeds(low, high)}, bars: min–max" if high > 1 else (
         "one seed per point" if high == 1 else "")
-    return grid.finish(TITLES["stability"], ds, handles, labels, _notes(note, never_learned_note(per), fs.note))
+    return grid.finish(TITLES["stability"], ds, handles, labels, _notes(note, never_learned_note(per), fs.note,
+                                                                        zero_grad.note(ds.metrics, ("correction", "staleness"))))
 
 
 def never_learned_note(per) -> str:

@@ -65,6 +65,7 @@ def build_card(path: Path, overrides: list[str]) -> CaseCard:
     loss_cfg = hydra_app.to_container(cfg.loss)
     corr = Correction.from_config(corr_cfg)
     spec = LossSpec.from_config(loss_cfg)
+    spec.check_correction(corr)
     results = [evaluate(c, spec, corr) for c in case_file.cases]
     expected, why = _expected_for(case_file, corr.name, overrides)
     mismatches = compare(results, expected) if expected is not None else []

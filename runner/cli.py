@@ -232,6 +232,7 @@ def case(
         cfg = hydra_app.compose(extra + overrides)
         corr = Correction.from_config(hydra_app.to_container(cfg.correction))
         spec = LossSpec.from_config(hydra_app.to_container(cfg.loss))
+        spec.check_correction(corr)
         results = [evaluate(c, spec, corr) for c in case_file.cases]
         if expected is not None:
             mismatches = compare(results, expected)

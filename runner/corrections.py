@@ -7,6 +7,8 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
     weight       none: 1 | token: ρ_t | sequence: ρ_seq = exp(L_i) | geometric: ρ_geo = exp(G_i)
     weight op    raw | clamp(low?, high?) | clamp-high (min(·, high))
     filter       none | token | sequence | geometric statistic, kept inside [low, high]
+    shuffle      filter_shuffle: keep as many units as the filter keeps, drawn at random (a control arm:
+                 the filter's rejection rate without its selection; needs a random stream)
     veto         reject a sequence if any masked-in ρ_t < veto
     reject       where: a rejected coefficient is exactly 0 | multiply: coefficient · 0/1 (0·inf = NaN)
     denominator  keep: rejected tokens still count | drop: they leave the action mask
@@ -24,7 +26,7 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from runner.errors import UserError
-from runner.masking import zero_padding, zero_where_not
+from runner.masking import shuffled_keep, zero_padding, zero_where_not
 from runner.metrics import correction_metrics, correction_metrics_by_group
 
 LEVELS = ("none", "token", "sequence", "geometric")
@@ -58,6 +60,10 @@ class Correction:
     filter: str = "none"
     filter_log_clamp: float | None = None  # verl clamps each lr_t before summing for its filter
     filter_inverted: bool = False  # verl's rejection keeps 1/statistic inside the band
+    # A control, not a preset: the filter's decisions permuted at random over the batch's units, so the same
+    # number is kept, at random (analysis/claims/staleness_breaks_tis.py: is geo-RS's grad norm its selection's
+    # doing, or only that of averaging over few tokens?)
+    filter_shuffle: bool = False
     band_space: str = "ratio"  # compare exp(stat) with [low, high], or stat with [log low, log high]
     reject: str = "where"
     denominator: str = "keep"
@@ -103,6 +109,10 @@ class Correction:
                 raise UserError(f"correction.{key} must be non-negative, got {value}")
         if self.low is not None and self.high is not None and self.low > self.high:
             raise UserError(f"correction.low ({self.low}) > correction.high ({self.high})")
+        if not isinstance(self.filter_shuffle, bool):
+            raise UserError(f"correction.filter_shuffle must be true or false, got {self.filter_shuffle!r}")
+        if self.filter_shuffle and self.filter == "none":
+            raise UserError("correction.filter_shuffle=true needs a filter to shuffle (correction.filter is none)")
 
 
 @dataclass
@@ -158,9 +168,11 @@ def apply_correction(
     mask: torch.Tensor,
     lp: torch.Tensor | None = None,
     metrics: bool = True,
+    generator: torch.Generator | None = None,
 ) -> CorrectionResult:
-    """Evaluate `corr` on one batch of [B, T] log-probs; see the module docstring."""
-    ev = _evaluate(corr, old, roll, mask, lp)
+    """Evaluate `corr` on one batch of [B, T] log-probs; see the module docstring. `generator`: the random
+    stream of `filter_shuffle` (required by it, unused otherwise)."""
+    ev = _evaluate(corr, old, roll, mask, lp, generator)
     out = CorrectionResult(coef=ev.coef, mask=ev.new_mask, keep=ev.keep_full)
     if metrics:
         out.metrics = correction_metrics(corr, *ev.metric_inputs)
@@ -175,12 +187,14 @@ def apply_correction_split(
     groups: Sequence[slice],
     lp: torch.Tensor | None = None,
     metrics: bool = True,
+    generator: torch.Generator | None = None,
 ) -> list[CorrectionResult]:
     """`apply_correction` on each group of sequences (contiguous slices that tile the batch, like
     a step's mini-batches), evaluated once for the whole batch: every coefficient is a function of
     its own sequence, so group g's result equals apply_correction on the rows g, and the metrics
-    of all groups come from one pass (a small batch pays per call, not per element)."""
-    ev = _evaluate(corr, old, roll, mask, lp)
+    of all groups come from one pass (a small batch pays per call, not per element). With
+    `filter_shuffle` the permutation is drawn over the whole batch, then split."""
+    ev = _evaluate(corr, old, roll, mask, lp, generator)
     per_group = correction_metrics_by_group(corr, *ev.metric_inputs, groups=groups) if metrics else [{} for _ in groups]
     return [CorrectionResult(coef=ev.coef[g], mask=ev.new_mask[g], keep=ev.keep_full[g], metrics=m)
             for g, m in zip(groups, per_group)]
@@ -194,7 +208,7 @@ class _Evaluation:
     metric_inputs: tuple  # correction_metrics' arguments after `corr`
 
 
-def _evaluate(corr: Correction, old, roll, mask, lp) -> _Evaluation:
+def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluation:
     mask = mask.to(old.dtype)
     lr = mismatch_log_ratio(corr, old, roll, mask, lp)
     count = mask.sum(-1, keepdim=True)  # [B, 1]
@@ -227,6 +241,11 @@ def _evaluate(corr: Correction, old, roll, mask, lp) -> _Evaluation:
             if corr.filter == "geometric":
                 stat = stat / count.clamp(min=1)
         keep = _in_band(-stat if corr.filter_inverted else stat, corr)
+        if corr.filter_shuffle:
+            if generator is None:
+                raise UserError(f"correction={corr.name} with filter_shuffle=true needs a random stream; only the "
+                                "train study has one")
+            keep = shuffled_keep(keep, mask, generator)
     if corr.veto is not None:
         threshold = math.log(corr.veto) if corr.veto > 0 else -math.inf
         vetoed = ((lr < threshold) & (mask > 0)).any(-1, keepdim=True)

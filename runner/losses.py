@@ -1,7 +1,9 @@
 """Policy losses and reductions (shared/spec/corrections.md, "Policy losses and reduction").
 
 The per-token policy loss is computed first, multiplied by the correction's coefficient, and only
-then reduced. The PPO ratio compares lp with old, never with roll.
+then reduced. PPO's ratio compares lp with old (`loss.ratio_against: old`, the default), or with the
+rollout's own log-probs roll (`behaviour`: verl's bypass mode and M2PO, whose clip then bounds how far
+θ is from the stale engine, not from θ_old).
 """
 
 from __future__ import annotations
@@ -17,6 +19,11 @@ from runner.errors import UserError
 
 LOSSES = ("ppo", "gspo", "reinforce")
 REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+# What PPO's (and GSPO's) ratio is taken against: `old`, the trainer's fp32 log-probs under θ_t (decoupled
+# PPO: the clip bounds the updates made within a step), or `behaviour`, the engine's reported log-probs
+# `roll` (old := roll, as verl's bypass mode and M2PO: the ratio π_θ / π_behaviour is itself the importance
+# weight, and the clip bounds the whole distance to the policy that sampled, staleness included).
+RATIO_AGAINST = ("old", "behaviour")
 PPO_LOG_RATIO_BOUND = 20.0
 
 
@@ -28,6 +35,7 @@ class LossSpec:
     eps_high: float = 0.2
     dual_clip: float | None = None  # c > 1: where A < 0, the loss is capped at −c·A
     reduction: str = "token-mean"
+    ratio_against: str = "old"  # old | behaviour (RATIO_AGAINST)
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> "LossSpec":
@@ -44,7 +52,22 @@ class LossSpec:
             raise UserError("loss.eps_low and loss.eps_high must be non-negative")
         if spec.dual_clip is not None and spec.dual_clip <= 1:
             raise UserError(f"loss.dual_clip must be > 1 (or null), got {spec.dual_clip}")
+        if spec.ratio_against not in RATIO_AGAINST:
+            raise UserError(f"loss.ratio_against={spec.ratio_against!r} is not one of: {', '.join(RATIO_AGAINST)}")
+        if spec.ratio_against == "behaviour" and spec.name == "reinforce":
+            raise UserError("loss.ratio_against=behaviour: loss=reinforce has no ratio to take against the behaviour "
+                            "policy (use loss=ppo, or a correction with ratio: bypass)")
         return spec
+
+    def check_correction(self, corr: Correction) -> None:
+        """Against the behaviour policy, PPO's ratio π_θ / π_behaviour already is the importance weight, so
+        a correction's weight would count the mismatch twice (verl's bypass mode passes no IS weights to its
+        ppo_clip loss for this reason); its filter (rejection) still applies."""
+        if self.name == "ppo" and self.ratio_against == "behaviour" and corr.weight != "none":
+            raise UserError(f"loss.ratio_against=behaviour with correction={corr.name} (weight: {corr.weight}): PPO's "
+                            "ratio against the behaviour policy already is the importance weight, and the "
+                            "correction's weight would count it twice; use loss.ratio_against=old, or a correction "
+                            "with weight: none (its filter still applies)")
 
     @property
     def effective_reduction(self) -> str:
@@ -77,7 +100,8 @@ class LossResult:
 
 
 def loss_metrics(clipped: float, tokens: float, policy_k3: float) -> dict[str, float]:
-    """ppo_clip_fraction: the share of masked-in tokens where PPO's clipped branch is the active one.
+    """ppo_clip_fraction: the share of masked-in tokens where PPO's clipped branch is the active one (its
+    ratio against old, or against roll under loss.ratio_against=behaviour).
     policy_kl_k3: the mean k3 = e^d − 1 − d of d = lp − old (±20 bound), an estimate of KL(π_old ‖ π_θ)
     per token on the batch's tokens: 0 at a step's first update, then how far the updates have moved θ
     within the step (the field calibrates its learning rates to about 1e-3 nats here)."""
@@ -164,12 +188,17 @@ def _all_finite(*tensors: torch.Tensor) -> bool:
     return bool(torch.isfinite(torch.stack([t.detach().sum() for t in tensors]).sum()))
 
 
+def ratio_base(spec: LossSpec, old: torch.Tensor, roll: torch.Tensor) -> torch.Tensor:
+    """What PPO's ratio divides by: `old` (θ_t, recomputed) or `roll` (the behaviour policy; old := roll)."""
+    return roll if spec.ratio_against == "behaviour" else old
+
+
 def ppo_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
-    """coef · PPO's clipped surrogate per token, against `old`. Finite inputs take the fused Function;
+    """coef · PPO's clipped surrogate per token, against `old` (or `roll`: ratio_against). Finite inputs take the fused Function;
     anything non-finite (a faithful preset's inf or 0·inf coefficient, NaN padding) takes the plain
     autograd formula, whose min/clamp backward *selects* a branch rather than multiplying by 0, so
     the gradient's NaN pattern is the original code's element for element."""
-    log_ratio = lp - old
+    log_ratio = lp - ratio_base(spec, old, roll)
     if sanitise:
         log_ratio = zero_padding(log_ratio, mask)
     if _all_finite(log_ratio, adv, cres.coef):
@@ -185,8 +214,9 @@ def ppo_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics)
 
 def gspo_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
     """GSPO: one length-normalised sequence ratio, clipped; the sequence ratio already is the
-    correction (against `roll` when a correction is active), so no coefficient multiplies it."""
-    diff = lp - (roll if corr.active else old)
+    correction (against `roll` when a correction is active, or under ratio_against=behaviour), so no
+    coefficient multiplies it."""
+    diff = lp - (roll if corr.active else ratio_base(spec, old, roll))
     diff = zero_padding(diff, mask) if sanitise else diff * mask
     seq_log_ratio = diff.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
     # The same ±20 bound as PPO's token ratio (verl clamps this log-ratio too): without it a
@@ -216,12 +246,15 @@ def policy_loss(
     mask: torch.Tensor,
     metrics: bool = True,
     correction: CorrectionResult | None = None,
+    generator: torch.Generator | None = None,
 ) -> LossResult:
     """The corrected policy loss for one batch of [B, T] tensors; lp carries the gradient.
     `correction`: this batch's already evaluated correction (apply_correction_split of a larger
-    batch), used instead of evaluating it here; its metrics are passed on."""
+    batch), used instead of evaluating it here; its metrics are passed on. `generator`: the random stream
+    of a correction with filter_shuffle."""
     mask = mask.to(lp.dtype)
-    cres = correction if correction is not None else apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics)
+    cres = correction if correction is not None else apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics,
+                                                                          generator=generator)
     old, roll, adv = old.detach(), roll.detach(), adv.detach()
     # Our presets: NaN/inf at masked positions must not reach the loss or any gradient. Zeroing each
     # difference (not each input) is enough: the backward of x·mask (or of a where) sends exactly 0

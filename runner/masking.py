@@ -27,3 +27,17 @@ def zero_padding(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     if bool(torch.isfinite(x.detach().sum())):
         return x * mask
     return torch.where(mask > 0, x, 0.0)
+
+
+def shuffled_keep(keep: torch.Tensor, mask: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """A random control for a filter: the same number of kept units as `keep`, at positions drawn at random
+    (a uniform random permutation of keep's values), independent of the statistic the filter read.
+    keep [B, 1] (a sequence filter): permuted over the sequences that have a masked-in token; keep [B, T]
+    (a token filter): over the masked-in tokens. Units outside the mask keep their value."""
+    live = (mask.sum(-1, keepdim=True) > 0) if keep.shape[-1] == 1 else mask > 0
+    live = live.expand_as(keep)
+    values = keep[live]
+    order = torch.rand(values.shape, generator=generator, device=values.device).argsort()
+    out = keep.clone()
+    out[live] = values[order]
+    return out

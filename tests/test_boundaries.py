@@ -305,3 +305,77 @@ def test_correction_validation_checks_every_number_and_key():
         Correction.from_config({"name": "x", "nmae": "y"})
     keep = apply_correction(Correction(name="is", weight="token"), ON_POLICY, ON_POLICY, FULL).keep
     assert keep.dtype == torch.bool and keep.tolist() == [[True] * 3] * 2
+
+
+# ----------------------------------------------------------------------------------------- the shuffled filter (a control)
+def test_a_shuffled_filter_keeps_as_many_units_at_random():
+    """shuffled_keep permutes keep's values over the live units: a sequence filter over the sequences with a
+    masked-in token (an empty one keeps its value), a token filter over the masked-in tokens (padding keeps
+    its value). Over 4000 draws each of the 5 live sequences is kept 2/5 of the time (binomial SE
+    √(0.4·0.6/4000) = 0.0077; tolerance 4 SE = 0.031), where the filter itself always keeps the first two."""
+    from runner.masking import shuffled_keep
+
+    gen = torch.Generator().manual_seed(0)
+    mask = torch.ones(6, 3)
+    mask[5] = 0.0  # an empty sequence
+    keep_seq = torch.tensor([[True], [True], [False], [False], [False], [True]])
+    counts = torch.zeros(6)
+    for _ in range(4000):
+        out = shuffled_keep(keep_seq, mask, gen)
+        assert out.shape == (6, 1) and int(out[:5].sum()) == 2 and bool(out[5])
+        counts += out.squeeze(1).float()
+    assert (counts[:5] / 4000).tolist() == pytest.approx([0.4] * 5, abs=0.031)
+    tmask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    keep_tok = torch.tensor([[True, False, True], [False, False, True]])  # 2 of 5 live tokens kept; padding True
+    for _ in range(50):
+        out = shuffled_keep(keep_tok, tmask, gen)
+        assert int(out[tmask > 0].sum()) == 2 and bool(out[0, 2])
+
+
+def test_the_shuffled_geo_mask_rejects_as_much_as_geo_mask_but_not_the_same_sequences():
+    """geo-mask's band [0.999, 1.001] on four sequences of G = [0, 0.01, 0, −0.02] keeps sequences 0 and 2
+    (token_masked_fraction 0.5); shuffled, it keeps two of the four (the same 0.5), and over 200 draws not
+    always 0 and 2 (that happens with probability 1/6 per draw). Without a random stream it is a one-line
+    error, and a shuffle needs a filter."""
+    roll = torch.zeros(4, 2)
+    old = torch.tensor([[0.0, 0.0], [0.01, 0.01], [0.0, 0.0], [-0.02, -0.02]])
+    mask = torch.ones(4, 2)
+    geo = _composed("geo-mask")
+    plain = apply_correction(geo, old, roll, mask)
+    assert plain.keep[:, 0].tolist() == [True, False, True, False]
+    assert plain.metrics["token_masked_fraction"] == 0.5
+    shuffled = replace_fields(geo, filter_shuffle=True)
+    gen = torch.Generator().manual_seed(1)
+    picks = set()
+    for _ in range(200):
+        out = apply_correction(shuffled, old, roll, mask, generator=gen)
+        assert out.metrics["token_masked_fraction"] == 0.5 and int(out.keep[:, 0].sum()) == 2
+        picks.add(tuple(out.keep[:, 0].tolist()))
+    assert len(picks) == 6  # all C(4, 2) pairs come up
+    with pytest.raises(UserError, match="needs a random stream"):
+        apply_correction(shuffled, old, roll, mask)
+    with pytest.raises(UserError, match="needs a filter"):
+        Correction(name="x", filter_shuffle=True).validate()
+    with pytest.raises(UserError, match="true or false"):
+        Correction(name="x", filter="token", filter_shuffle="yes").validate()
+
+
+def replace_fields(corr: Correction, **fields) -> Correction:
+    from dataclasses import replace
+
+    out = replace(corr, **fields)
+    out.validate()
+    return out
+
+
+def test_the_probe_refuses_a_shuffled_filter():
+    """The probe's estimator re-derives each preset's coefficients and has no random stream: a shuffled filter
+    there would silently be the plain one, so it is a one-line error."""
+    from types import SimpleNamespace
+
+    from runner.probe.estimator import plan
+
+    shuffled = replace_fields(_composed("geo-mask"), filter_shuffle=True)
+    with pytest.raises(UserError, match="filter_shuffle=true is a train-study control"):
+        plan([SimpleNamespace(correction=shuffled)])
+    assert len(plan([SimpleNamespace(correction=_composed("geo-mask"))])) == 1

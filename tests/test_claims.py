@@ -33,7 +33,8 @@ from runner.errors import UserError
 from tests.conftest import REPO
 
 EXPERIMENTS = list(CLAIMS)
-LINE = re.compile(r"^(?:(?P<world>[a-z]+)/)?(?P<name>[a-z0-9-]+): (?P<verdict>holds|does not hold|inconclusive|untestable here) — "
+LINE = re.compile(r"^(?:(?P<world>[a-z]+)/)?(?P<name>[a-z0-9-]+): (?P<verdict>holds|does not hold|inconclusive|"
+                  r"untestable here) — "
                   r"(?P<text>.*\d.*)$")
 WORLDS = list(registry.WORLDS)
 
@@ -537,27 +538,36 @@ def test_precision_rule():
 
 
 # ----------------------------------------------------------------------------------------- 5. staleness
-def _stale(vcpo=True, precursors=True, m2po=True, clip_collapses=False, icepop=True, explode=20.0, seeds=3,
-           ks=(2, 16)):
-    """Runs of the staleness experiment: seq-tis, tis, none, icepop, geo-mask at each k under PPO's clip, and
-    none without the trust region; which arms collapse (and how) is set by the flags."""
+STALE_ARMS = ("seq-tis", "tis", "none", "icepop", "geo-mask", "geo-mask-shuffled", "m2po-clip", "m2po-free")
+
+
+def _stale(vcpo=True, precursors=True, m2po=True, clip_collapses=False, icepop=True, explode=20.0, control=3.0,
+           plain_collapses=False, plain_explode=1.5, seeds=3, ks=(2, 16), arms=STALE_ARMS):
+    """Runs of the staleness experiment, one row per arm × k × seed (2 updates a step, so k = 16 steps is 32–33
+    optimizer updates): which arms collapse (and how) is set by the flags; `explode` is geo-mask's max grad norm
+    over its early median, `control` its shuffled control's, plain_explode plain PPO's (none); plain PPO
+    collapses where plain_collapses."""
     kmax = max(ks)
     rows = []
-    arms = [(c, "clip") for c in ("seq-tis", "tis", "none", "icepop", "geo-mask")] + [("none", "none")]
-    for corr, trust in arms:
+    for arm in arms:
         for k in ks:
             for s in range(seeds):
-                fell = ((corr == "seq-tis" and k == 2 and vcpo) or (corr == "icepop" and k == kmax and icepop)
-                        or (corr == "none" and trust == "none" and k == kmax and m2po)
-                        or (corr == "none" and trust == "clip" and k == kmax and clip_collapses))
+                fell = ((arm == "seq-tis" and k == 2 and vcpo) or (arm == "icepop" and k == kmax and icepop)
+                        or (arm == "m2po-free" and k == kmax and m2po)
+                        or (arm == "m2po-clip" and k == kmax and clip_collapses)
+                        or (arm == "none" and plain_collapses))
                 step = 30.0 + 5 * s if fell else math.nan
-                rows.append({"correction": corr, "trust": trust, "staleness": k, "seed": s,
+                rows.append({"arm": arm, "correction": arm.split("-shuffled")[0] if "m2po" not in arm else "none",
+                             "staleness": k, "staleness_updates": 2 * k, "seed": s,
                              "collapsed": float(fell), "collapse_step": step, "collapse_kind": "drop" if fell else "",
-                             "initial": 0.1, "peak": 0.8 if trust == "clip" else 0.7, "peak_step": 20.0,
+                             "initial": 0.1, "peak": 0.7 if arm == "m2po-free" else 0.8, "peak_step": 20.0,
                              "final": 0.2 if fell else 0.8, "steps": 99, "ess_early": 0.9,
                              "ess_before": (0.5 if precursors else 0.9) if fell else math.nan,
                              "spike_before": float(precursors) if fell else math.nan,
-                             "explode": explode if corr == "geo-mask" else 1.5})
+                             "explode": {"geo-mask": explode, "geo-mask-shuffled": control,
+                                         "none": plain_explode}.get(arm, 1.5),
+                             "clip_fraction": 0.1 if arm == "m2po-clip" else 0.0, "rejected": 0.9,
+                             "zero_grad": 0.0})
     return pd.DataFrame(rows)
 
 
@@ -565,21 +575,122 @@ def test_staleness_rule():
     v = staleness.staleness_verdict(_stale())
     assert v.verdict == HOLDS and (v.parts["V"], v.parts["M"], v.parts["A"]) == (HOLDS, HOLDS, HOLDS)
     assert "seq-tis 3/3 collapsed at steps 30, 35, 40 (drop) in 100 steps" in v.statement  # time to collapse
+    assert "k=16 steps = 32–33 updates" in v.statement and "k=2 steps = 4–5 updates" in v.statement  # both units
+    assert "clip fraction 10%" in v.statement  # M2PO's clipped arm: its clip sees the staleness
     assert v.parts["kmax"] == 16
-    # nothing collapses and the grad norm stays put: every part is ruled out
-    calm = staleness.staleness_verdict(_stale(vcpo=False, m2po=False, icepop=False, explode=1.2))
-    assert calm.verdict == FAILS and (calm.parts["V"], calm.parts["M"], calm.parts["A"]) == (FAILS, FAILS, FAILS)
     # seq-tis collapses at k = 2, but with no spike and no ESS fall ahead of it: not VCPO's collapse
     assert staleness.staleness_verdict(_stale(precursors=False)).parts["V"] == FAILS
     # the clipped run collapses as often as the untrusted one: the trust region is not what saves it
     assert staleness.staleness_verdict(_stale(clip_collapses=True)).parts["M"] == FAILS
-    # no untrusted arm in the data: M is untestable and left out of the verdict
-    v = staleness.staleness_verdict(_stale().query("trust == 'clip'"))
+    # no M2PO arms in the data: M is n/a and left out of the verdict
+    v = staleness.staleness_verdict(_stale(arms=STALE_ARMS[:6]))
     assert v.parts["M"] == "n/a" and v.verdict == HOLDS
-    # geo-mask's grad norm grows 5×, below the 10× of an explosion, in every seed: A2 does not hold
-    assert staleness.staleness_verdict(_stale(explode=5.0)).parts["areal"]["A2"] == FAILS
     with pytest.raises(UserError, match="k = 2"):
         staleness.staleness_verdict(_stale(ks=(4, 16)))
+
+
+def test_staleness_rule_is_untestable_where_nothing_collapses():
+    """A part whose arms never collapse, with or without the correction (or the trust region), cannot test
+    "X collapses": untestable here, with its numbers, never "does not hold"."""
+    calm = staleness.staleness_verdict(_stale(vcpo=False, m2po=False, icepop=False))
+    assert (calm.parts["V"], calm.parts["M"], calm.parts["areal"]["A1"]) == (stats.UNTESTABLE,) * 3
+    assert "neither seq-tis nor plain PPO collapses" in calm.statement and "neither arm collapses" in calm.statement
+    # A2 (a grad-norm claim, tested since geo-mask's grad norm does explode) still holds: 20× against a control's
+    # 3×; the collapse parts are untested, so the claim as a whole is inconclusive, not "holds"
+    assert calm.parts["areal"]["A2"] == HOLDS and calm.parts["A"] == UNSURE and calm.verdict == UNSURE
+    # every part untestable (no geo-mask arms): the claim is untestable here
+    none_tested = staleness.staleness_verdict(_stale(vcpo=False, m2po=False, icepop=False, arms=STALE_ARMS[:4] + STALE_ARMS[6:]))
+    assert none_tested.verdict == stats.UNTESTABLE
+    # seq-tis does not collapse at k = 2 while plain PPO does: a real "does not hold"
+    assert staleness.staleness_verdict(_stale(vcpo=False, plain_collapses=True)).parts["V"] == FAILS
+    # the clipped arm collapses, the untrusted one does not: M does not hold (its control collapsed)
+    assert staleness.staleness_verdict(_stale(m2po=False, clip_collapses=True)).parts["M"] == FAILS
+    # token-MIS does not collapse while plain PPO does: A1 does not hold
+    assert staleness.staleness_verdict(_stale(icepop=False, plain_collapses=True)).parts["areal"]["A1"] == FAILS
+
+
+def test_staleness_rule_judges_geo_rs_against_its_shuffled_control():
+    """A2: geo-mask's max/early-median grad norm must reach 10× and 2× its shuffled control's (same seed); where
+    neither geo-mask nor plain PPO ever reaches 10×, the world shows no explosion: untestable."""
+    a2 = lambda **kw: staleness.staleness_verdict(_stale(**kw)).parts["areal"]["A2"]  # noqa: E731
+    assert a2(explode=20.0, control=3.0) == HOLDS  # 20 ≥ 10 and 20/3 = 6.7 ≥ 2
+    assert a2(explode=5.0, control=1.0, plain_explode=12.0) == FAILS  # never 10×, while plain PPO's is 12×
+    assert a2(explode=5.0, control=1.0) == stats.UNTESTABLE  # nothing reaches 10× (plain PPO 1.5×)
+    assert a2(explode=20.0, control=15.0) == UNSURE  # 10× but only 1.33× its control: the averaging may be all of it
+    assert a2(explode=20.0, control=30.0) == FAILS  # the random control grows more: not geo-RS's selection
+    assert a2(explode=math.nan) == stats.UNTESTABLE  # geo-mask's gradient never non-zero: no ratio to judge
+    v = staleness.staleness_verdict(_stale(arms=tuple(a for a in STALE_ARMS if a != "geo-mask-shuffled")))
+    assert v.parts["areal"]["A2"] == UNSURE and "no shuffled control" in v.statement  # confounded alone
+    s = staleness.staleness_verdict(_stale(explode=5.0, control=4.0)).statement
+    assert "its shuffled control (as many rejected at random) 4–4×" in s and "plain PPO 1.5–1.5×" in s
+
+
+def test_staleness_arms_and_units():
+    assert staleness.arm_of("none", "behaviour", "clip", False) == "m2po-clip"
+    assert staleness.arm_of("none", "behaviour", "none", False) == "m2po-free"
+    assert staleness.arm_of("geo-mask", "old", "clip", True) == "geo-mask-shuffled"
+    assert staleness.arm_of("tis", "old", "none", False) == "tis (no trust region)"
+    runs = pd.DataFrame({"staleness": [2, 16], "staleness_updates": [8, 64]})  # 4 updates a step (mlp)
+    assert staleness._units(runs, 16) == "k=16 steps = 64–67 updates"
+
+
+def test_the_clipped_arm_sees_the_staleness(tmp_path):
+    """Real runs (bigram, bf16, 12 steps of 16 sequences): PPO's clip fraction at each step's first update.
+    Against old (the `none` arm) the ratio is exactly 1 there, so nothing is clipped at any k; against the
+    behaviour policy (M2PO's clipped arm) it grows with staleness: 0 at k = 0 (bf16 alone moves the ratio by
+    ~0.4%, far inside ±20%), above 0 at k = 2 (0.3% measured), and more at k = 8 (12% measured)."""
+    from runner.hydra_app.app import compose
+    from runner.studies import run_study
+
+    def first_update_clip(arm, k):
+        run_dir = tmp_path / f"{arm}-{k}"
+        run_study(compose(["experiment=staleness-breaks-tis", f"arm=staleness/{arm}", f"mismatch.staleness={k}",
+                           "train.steps=12", "rollout.batch_size=4", "rollout.group_size=4", "log.timing=false",
+                           "log.tokens_every=0", "log.quiet=true"]), run_dir)
+        rows = pd.read_csv(run_dir / "metrics.csv")
+        return float(rows.loc[rows["update"] == 0, "ppo_clip_fraction"].mean())
+
+    assert [first_update_clip("none", k) for k in (0, 8)] == [0.0, 0.0]
+    clipped = [first_update_clip("m2po-clip", k) for k in (0, 2, 8)]
+    assert clipped[0] == 0.0 < clipped[1] < clipped[2] and clipped[2] > 0.05, clipped
+
+
+def test_ess_and_grad_norm_leave_out_updates_with_an_exactly_zero_gradient(tmp_path):
+    """Real runs (bigram, bf16, k = 16, geo-mask, whose band rejects every token of many batches): the runs' ESS
+    (frames.run_frame) and its first-10-steps mean (staleness_runs' ess_early) are means over the updates whose
+    gradient is not exactly 0, never over a frozen θ's ESS; zero_grad is summary.json's zero_grad_fraction."""
+    from analysis.load import load_dataset
+    from tests.conftest import run_cli
+
+    for i, arm in enumerate(("geo-mask", "geo-mask-shuffled")):
+        code, _, err = run_cli("run", "experiment=staleness-breaks-tis", f"arm=staleness/{arm}", "mismatch.staleness=16",
+                               "train.steps=14", "rollout.batch_size=4", "rollout.group_size=4", "log.timing=false",
+                               "log.tokens_every=0", f"hydra.run.dir={tmp_path / 'sweep' / f'{i:02d}'}", "--quiet")
+        assert code == 0, err
+    runs = staleness.staleness_runs(load_dataset(tmp_path / "sweep"))
+    assert list(runs["arm"]) == ["geo-mask", "geo-mask-shuffled"]
+    for i, r in runs.iterrows():
+        m = pd.read_csv(tmp_path / "sweep" / f"{i:02d}" / "metrics.csv")
+        moving = m["grad_norm"] != 0
+        assert 0 < (~moving).mean() < 1  # some updates are frozen, some are not
+        assert r["zero_grad"] == pytest.approx((~moving).mean())
+        assert r["ess"] == pytest.approx(m.loc[moving, "ess"].mean())
+        assert r["ess_early"] == pytest.approx(m.loc[moving & (m["step"] < 10), "ess"].mean())
+        assert m.loc[~moving, "ess"].mean() != pytest.approx(m.loc[moving, "ess"].mean())  # it would matter
+
+
+def test_zero_grad_stretches_and_notes():
+    from analysis import zero_grad
+
+    # x = 0 … 5, zero at 1, 2 and 5: spans [1, 3) and [5, 6) (the last point covers the median spacing 1)
+    assert zero_grad.stretches([0, 1, 2, 3, 4, 5], [0, 1, 1, 0, 0, 1]) == [(1.0, 3.0), (5.0, 6.0)]
+    assert zero_grad.stretches([0, 1], [0, 0]) == []
+    frame = pd.DataFrame({"job": [0, 0, 0, 1, 1, 1], "x": [0, 1, 2, 0, 1, 2],
+                          "grad_norm": [0.0, 0.0, 1.0, 0.0, 2.0, float("nan")]})
+    assert zero_grad.frozen(frame).tolist() == [True, False, False]  # only x = 0 is zero in every run; NaN is not 0
+    frame["correction"] = ["geo-mask"] * 3 + ["none"] * 3
+    assert zero_grad.note(frame) == "gradient exactly 0 (θ not moving) in: geo-mask 67%, none 33% of updates"
+    assert zero_grad.note(frame.assign(grad_norm=1.0)) == ""
 
 
 # ----------------------------------------------------------------------------------------- 6. the seed bug
@@ -643,7 +754,8 @@ TINY = {
     "bias-variance-by-level": ["probe.repeats=16", "probe.n_boot=100"],
     "mismatch-low-prob-tokens": ["seed=0", "log.tokens_every=2", "mismatch.precision=bf16,fp16", "train.steps=4"],
     "precision-vs-algorithm": ["correction=none,geo-mask", "seed=range(0,2)", "train.steps=4"],
-    "staleness-breaks-tis": ["correction=none,seq-tis", "seed=0", "train.steps=4"],
+    "staleness-breaks-tis": ["arm=staleness/none,staleness/seq-tis,staleness/m2po-clip,staleness/m2po-free", "seed=0",
+                             "train.steps=4"],
     "seed-bug-end-to-end": ["seed=range(0,2)", "train.steps=4"],
 }
 TINY_WORLD = {
@@ -697,7 +809,8 @@ PINNED: dict = {
     # claim 4: bf16's gap to fp32 (1.19e-5) is far inside the chaos floor (another sampling stream: 0.00267)
     ("bigram", "precision-vs-algorithm"): pin("untestable here", (rf"fp16 0, bf16 {NUM}, against", 1.19e-5),
                                               (rf"sampling stream\) of {NUM}", 0.00267)),
-    ("bigram", "staleness-breaks-tis"): pin("does not hold", (rf"peak J {NUM}", 0.225)),
+    # nothing collapses in 4 steps: untestable (was "does not hold" before the positive-control rule)
+    ("bigram", "staleness-breaks-tis"): pin("untestable here", (rf"peak J {NUM}", 0.226), (rf"clip fraction {NUM}%", 2)),
     ("bigram", "seed-bug-end-to-end"): pin("holds", (rf"skip updates \({NUM}%", 31.2), (rf"paired Δ {NUM}", 7.84e-4)),
     ("mlp", "tis-tames-mismatch"): pin("untestable here", (rf"bf16: fp32 PPO final J {NUM}", 0.4609),
                                        (rf"fp8: .*?control: gap J_fp32 − J_PPO {NUM} ±", -0.00133)),
@@ -707,7 +820,7 @@ PINNED: dict = {
     # J every 20 steps: in 4 steps only J₀, the same in every arm, so every gap and the floor are 0
     ("mlp", "precision-vs-algorithm"): pin("untestable here", (rf"fp16 0, bf16 {NUM}, against", 0.0),
                                            (rf"sampling stream\) of {NUM}", 0.0)),
-    ("mlp", "staleness-breaks-tis"): pin("does not hold", (rf"peak J {NUM}", 0.381), (rf"PPO clip 0/1 collapsed in 4 steps, final {NUM}", 0.335)),
+    ("mlp", "staleness-breaks-tis"): pin("untestable here", (rf"peak J {NUM}", 0.381), (rf"clipped 0/1 collapsed in 4 steps, clip fraction {NUM}%, final 0.403", 8)),
     ("mlp", "seed-bug-end-to-end"): pin("inconclusive", (rf"skip updates \({NUM}%", 18.8), (rf"paired Δ {NUM}", -0.0518)),
     # the transformer's J is Monte Carlo (32 rollouts: J in steps of 1/32)
     ("transformer", "tis-tames-mismatch"): pin("untestable here", (rf"bf16: fp32 PPO final J {NUM}", 0.4688),
@@ -717,7 +830,7 @@ PINNED: dict = {
                                                      (rf"fp16: [^[]*?0\.5–0\.9: {NUM} \(74%\)", 1.6e-4)),
     ("transformer", "precision-vs-algorithm"): pin("untestable here", (rf"fp32 0, fp16 {NUM}", 0.0156),
                                                    (rf"sampling stream\) of {NUM}", 0.0469)),
-    ("transformer", "staleness-breaks-tis"): pin("does not hold", (rf"peak J {NUM}", 0.469)),
+    ("transformer", "staleness-breaks-tis"): pin("untestable here", (rf"peak J {NUM}", 0.469)),
     ("transformer", "seed-bug-end-to-end"): pin("holds", (rf"skip updates \({NUM}%", 81.2), (rf"paired Δ {NUM}", 0.0625)),
 }
 

@@ -308,3 +308,72 @@ def test_a_passed_correction_is_used_as_is():
     assert out.loss.item() == 3.0
     assert lp.grad.tolist() == [[-1.0, -1.0]]
     assert out.metrics["is_weight_mean"] == 2.0
+
+
+# ----------------------------------------------------------------------------------------- ratio against the behaviour policy
+# Two sequences of two tokens, the first update of a step (lp = old), token-mean, ε = 0.2. The engine's
+# log-probs roll are chosen so that the ratio against the behaviour policy is r = lp − roll → e^· =
+# [1.25, 0.9 | 0.7, 1.1], with A = [+1 | −1]:
+#   1.25, A = +1: min(1.25, 1.2) = 1.2, clipped (derivative 0);   0.9, A = +1: 0.9 (derivative −0.9)
+#   0.7,  A = −1: min(−0.7, −0.8) = −0.8, clipped (derivative 0);  1.1, A = −1: −1.1 (derivative +1.1)
+# loss = −(1.2 + 0.9 − 0.8 − 1.1) / 4 = −0.05; ∂loss/∂lp = [0, −0.225 | 0, 0.275]; clip fraction 2/4.
+# Against old the ratio is exactly 1 everywhere: loss −(1 + 1 − 1 − 1)/4 = 0, ∂loss/∂lp = ±0.25, clip 0.
+BEHAVIOUR_P = [[0.5, 0.3], [0.2, 0.55]]
+BEHAVIOUR_R = [[1.25, 0.9], [0.7, 1.1]]
+
+
+def _behaviour_case():
+    lp = torch.tensor(BEHAVIOUR_P).log()
+    roll = lp - torch.tensor(BEHAVIOUR_R).log()
+    adv = torch.tensor([[1.0, 1.0], [-1.0, -1.0]])
+    return lp, lp.clone(), roll, adv, torch.ones(2, 2)
+
+
+@pytest.mark.parametrize("finite_path", [True, False])
+def test_ppo_ratio_against_the_behaviour_policy(finite_path):
+    """The hand-computed case above, on the fused path and (an inf advantage at padding sends it to plain
+    autograd) on the plain one; ratio_against=old on the same inputs gives the ratio-1 numbers."""
+    lp, old, roll, adv, mask = _behaviour_case()
+    if not finite_path:  # a padded third column whose advantage is inf: the plain formula, same numbers
+        pad = lambda x, v: torch.cat([x, torch.full((2, 1), v)], 1)  # noqa: E731
+        lp, old, roll, adv, mask = pad(lp, -1.0), pad(old, -1.0), pad(roll, -1.0), pad(adv, math.inf), pad(mask, 0.0)
+    for against, loss, grad, clip in (("behaviour", -0.05, [[0.0, -0.225], [0.0, 0.275]], 0.5),
+                                      ("old", 0.0, [[-0.25, -0.25], [0.25, 0.25]], 0.0)):
+        x = lp.clone().requires_grad_(True)
+        out = policy_loss(LossSpec(ratio_against=against), Correction(), x, old, roll, adv, mask)
+        out.loss.backward()
+        assert float(out.loss.detach()) == pytest.approx(loss, abs=1e-6)
+        assert x.grad[:, :2].flatten().tolist() == pytest.approx(torch.tensor(grad).flatten().tolist(), abs=1e-6)
+        assert out.metrics["ppo_clip_fraction"] == clip
+        # policy_kl_k3 stays against old (how far θ moved within the step): 0 at the first update
+        assert out.metrics["policy_kl_k3"] == 0.0
+
+
+def test_gspo_without_a_correction_takes_the_behaviour_ratio():
+    """GSPO's sequence ratio exp(mean(lp − base)): against old it is 1 (loss −(1 − 1)/2 = 0); against the
+    behaviour policy it is s = [√(1.25·0.9), √(0.7·1.1)] = [1.0606602, 0.8774964], both inside [0.8, 1.2],
+    so loss = −(1.0606602 − 0.8774964)/2 = −0.0915819."""
+    lp, old, roll, adv, mask = _behaviour_case()
+    for against, expected in (("old", 0.0), ("behaviour", -(math.sqrt(1.25 * 0.9) - math.sqrt(0.7 * 1.1)) / 2)):
+        out = policy_loss(LossSpec(name="gspo", ratio_against=against), Correction(), lp, old, roll, adv, mask)
+        assert float(out.loss) == pytest.approx(expected, abs=1e-6)
+    assert -(math.sqrt(1.25 * 0.9) - math.sqrt(0.7 * 1.1)) / 2 == pytest.approx(-0.0915819, abs=1e-7)
+
+
+def test_ratio_against_validation_and_its_pairing_with_a_correction():
+    """behaviour with loss=reinforce (no ratio) and with a weighted correction (the weight would count the
+    mismatch twice) is refused in one line; a filter-only correction (geo-mask: weight none) is allowed, and
+    so is any correction against old; GSPO ignores coefficients, so it pairs with any correction."""
+    assert LossSpec.from_config({"ratio_against": "behaviour"}).ratio_against == "behaviour"
+    with pytest.raises(UserError, match="ratio_against='roll' is not one of: old, behaviour"):
+        LossSpec.from_config({"ratio_against": "roll"})
+    with pytest.raises(UserError, match="loss=reinforce has no ratio"):
+        LossSpec.from_config({"name": "reinforce", "ratio_against": "behaviour"})
+    behaviour = LossSpec(ratio_against="behaviour")
+    for weight in ("token", "sequence", "geometric"):
+        with pytest.raises(UserError, match="count it twice"):
+            behaviour.check_correction(Correction(name="w", weight=weight))
+    behaviour.check_correction(Correction(name="geo-mask", filter="geometric", low=0.999, high=1.001))
+    behaviour.check_correction(Correction())
+    LossSpec().check_correction(Correction(name="tis", weight="token"))
+    LossSpec(name="gspo", ratio_against="behaviour").check_correction(Correction(name="tis", weight="token"))

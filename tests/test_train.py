@@ -268,3 +268,26 @@ def test_tokens_csv_gives_back_the_float32_log_probs_exactly(tmp_path):
     back = np.array([float(row.split(",")[4]) for row in line.splitlines()], dtype=np.float32)
     assert np.array_equal(back, values, equal_nan=True)
     assert line.splitlines()[0] == "0,0,1,2,-2.77258873,-2.77258873"
+
+
+def test_zero_grad_fraction_counts_the_updates_whose_gradient_is_exactly_zero(tmp_path):
+    """One response per prompt: every GRPO advantage is r − mean(r) = 0, so every gradient is exactly 0 (1.0).
+    Two responses per prompt and a 0/1 reward that both often miss: some updates are exactly 0, some not (here
+    8 of 20); the fraction is the count of grad_norm = 0 rows over the updates. The default run: 0.0."""
+    alone, _ = train(tmp_path, ["rollout.group_size=1", "train.steps=3"], "alone")
+    assert alone["zero_grad_fraction"] == 1.0
+    mixed, run_dir = train(tmp_path, ["rollout.batch_size=1", "rollout.group_size=2", "train.updates_per_step=1",
+                                      "train.steps=20", "task=target-threshold", "task.min_count=4"], "mixed")
+    norms = [float(r["grad_norm"]) for r in rows(run_dir)]
+    assert 0 < mixed["zero_grad_fraction"] < 1
+    assert mixed["zero_grad_fraction"] == sum(g == 0.0 for g in norms) / len(norms)
+    assert json.loads((run_dir / "summary.json").read_text())["zero_grad_fraction"] == mixed["zero_grad_fraction"]
+    default, _ = train(tmp_path, ["train.steps=3"], "default")
+    assert default["zero_grad_fraction"] == 0.0
+
+
+def test_a_weighted_correction_against_the_behaviour_policy_is_refused_before_any_file(tmp_path):
+    with pytest.raises(UserError, match="count it twice") as err:
+        train(tmp_path, ["correction=tis", "loss.ratio_against=behaviour"])
+    assert "\n" not in str(err.value)
+    assert not (tmp_path / "run").exists()

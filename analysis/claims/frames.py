@@ -77,9 +77,12 @@ def run_frame(ds: Dataset, **keys: str):
     - from metrics.csv: peak (the highest evaluated J) and peak_step, final (mean J over the last quarter of the
       evaluations), drop (relative_drop(peak, final)), j_se (the mean Monte Carlo SE of J; NaN where J is
       exact), evaluations, ess, rejected (token_masked_fraction), seq_rejected, clamped, kl_k3 (the engine's
-      measured per-token mismatch), each a mean over updates, max_grad_norm, grad_norm_early (the median
-      of the first 20 positive finite norms), spikes (stats.spikes_of), nonfinite (updates with a NaN/inf
-      loss or gradient), steps (the last step logged);
+      measured per-token mismatch), each a mean over updates (ess over the updates whose gradient is not
+      exactly 0: where θ does not move, ESS ≡ 1 says nothing about stability), max_grad_norm,
+      grad_norm_early (the median of the first 20 positive finite norms), spikes (stats.spikes_of),
+      nonfinite (updates with a NaN/inf loss or gradient), zero_grad (the fraction of updates whose
+      gradient is exactly 0: summary.json's zero_grad_fraction, or grad_norm = 0 where it is missing),
+      steps (the last step logged);
     - low, high: the correction's band (NaN where a side is open, and both for a preset with no weight and no
       filter, which uses none)."""
     import math
@@ -111,6 +114,7 @@ def run_frame(ds: Dataset, **keys: str):
         final = final_of(ev["objective"])
         gn = g["grad_norm"].astype(float)
         early = gn[np.isfinite(gn) & (gn > 0)].head(20)
+        moving = g[gn != 0]  # updates whose gradient is not exactly 0
         bad = (g.get("nonfinite_loss", 0) + g.get("nonfinite_grad", 0)) > 0
         step = s.get("collapse_step")
         row = {"job": job, **{col: values[col].get(job) for col in keys},
@@ -122,12 +126,13 @@ def run_frame(ds: Dataset, **keys: str):
                "skipped": int(s.get("updates_skipped", 0) or 0), "updates": int(s.get("updates_run", len(g)) or 0),
                "peak": peak, "peak_step": peak_step, "final": final, "drop": relative_drop(peak, final),
                "j_se": float(ev["objective_se"].mean()) if ev["objective_se"].notna().any() else math.nan,
-               "evaluations": len(ev), "ess": mean_of(g, "ess"), "rejected": mean_of(g, "token_masked_fraction"),
+               "evaluations": len(ev), "ess": mean_of(moving, "ess"), "rejected": mean_of(g, "token_masked_fraction"),
                "seq_rejected": mean_of(g, "seq_masked_fraction"), "clamped": mean_of(g, "clamped_fraction"),
                "kl_k3": mean_of(g, "kl_k3"),
                "max_grad_norm": float(gn[np.isfinite(gn)].max()) if np.isfinite(gn).any() else math.nan,
                "grad_norm_early": float(early.median()) if len(early) else math.nan,
                "spikes": spikes_of(gn), "nonfinite": int(np.asarray(bad).sum()), "steps": int(g["step"].max()),
+               "zero_grad": as_float(s.get("zero_grad_fraction", float((gn == 0).mean()) if len(gn) else math.nan)),
                "low": band[job][0], "high": band[job][1]}
         rows.append(row)
     return pd.DataFrame(rows)

@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from runner.corrections import Correction
+from runner.errors import UserError
 from runner.losses import LossSpec, policy_loss
 from runner.probe.settings import Arm
 from runner.worlds.protocol import Params, flat
@@ -50,6 +51,9 @@ class PresetGroup:
 def plan(arms: list[Arm]) -> list[PresetGroup]:
     groups: dict[Correction, list[int]] = {}
     for i, arm in enumerate(arms):
+        if arm.correction.filter_shuffle:  # the probe's estimator has no random stream for it
+            raise UserError(f"probe: correction={arm.correction.name} with filter_shuffle=true is a train-study "
+                            "control; the probe does not shuffle")
         groups.setdefault(replace(arm.correction, low=None, high=None), []).append(i)
     out = []
     for corr, index in groups.items():

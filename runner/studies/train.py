@@ -25,7 +25,10 @@ Outputs in the run dir:
   events.csv    step, kind, detail, action. Kinds: nonfinite_loss, nonfinite_grad (detail: how
                 many tokens / entries, which sequences / parameter rows), all_rejected (every
                 token of a mini-batch rejected by the correction), nonfinite_params, collapse
-  summary.json  initial, final and best objective, events by kind, collapsed, wall time, steps run
+  summary.json  initial, final and best objective, events by kind, collapsed, wall time, steps run,
+                zero_grad_fraction (the share of updates whose gradient was exactly 0, grad_norm = 0:
+                every advantage 0, or every token rejected; θ does not move there, so ESS and grad
+                norm in those stretches say nothing about stability)
   DONE          written last, only when the run completed (it is absent after on_nonfinite=raise)
 
 `train.on_nonfinite` and collapse: see runner/training/faults.py. A collapse is logged once as a
@@ -103,6 +106,7 @@ class Writer:
         self.s = s
         self.metrics_csv, self.events, self.tokens_csv = open_writers(s, run_dir, monte_carlo)
         self.t0 = time.perf_counter()
+        self.updates_written = self.zero_grad_updates = 0
 
     def write(self, rec: StepRecord) -> None:
         s = self.s
@@ -120,6 +124,8 @@ class Writer:
             row = {"objective": "", "objective_se": "", **dict(zip(named, values))}  # "": not evaluated this step
             loss_counts = values[len(named):]
             row["clipped"] = int(row["clipped"])
+            self.updates_written += 1
+            self.zero_grad_updates += row["grad_norm"] == 0.0  # exactly: a NaN norm is not a zero gradient
             # metrics.csv's writer takes the constant cells (seed, correction, ...) from the run, the rest by name
             row.update({"step": rec.step, "update": u.update, "nonfinite_loss": int(not u.loss_finite),
                         "nonfinite_grad": int(not u.grad_finite), "skipped": int(u.skipped),
@@ -195,6 +201,8 @@ class Run:
             "steps_run": self.steps_run,
             "updates_run": trainer.updates_run,
             "updates_skipped": trainer.updates_skipped,
+            "zero_grad_fraction": (self.writer.zero_grad_updates / self.writer.updates_written
+                                   if self.writer.updates_written else 0.0),
             "initial_objective": trainer.initial_objective,
             "final_objective": self.final_objective,
             "peak_objective": trainer.collapse.peak,

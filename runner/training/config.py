@@ -95,13 +95,16 @@ def load(cfg: Mapping[str, Any]) -> Setup:
         raise UserError(f"train.updates_per_step ({train.updates_per_step}) > rollout.batch_size × "
                         f"rollout.group_size ({batch_size * group_size}): a mini-batch would be empty")
     log = _section(cfg, "log")
+    correction = Correction.from_config(_section(cfg, "correction"))
+    loss = LossSpec.from_config(_section(cfg, "loss"))
+    loss.check_correction(correction)
     return Setup(
         seed=seed,
         world=world,
         task=task,
         mismatch=Mismatch.from_config(_section(cfg, "mismatch")),
-        correction=Correction.from_config(_section(cfg, "correction")),
-        loss=LossSpec.from_config(_section(cfg, "loss")),
+        correction=correction,
+        loss=loss,
         train=train,
         batch_size=batch_size,
         group_size=group_size,

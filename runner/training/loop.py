@@ -37,6 +37,9 @@ from runner.worlds.engine import Engine, ParamHistory, Rollout
 # of a seed (2³² + s draws what s draws), so S is a 32-bit odd number: stream 1 sits near 2.65·10⁹, far from
 # every other stream of a realistic seed (2·seed, 2·seed + 1, seed + a multiple of 2³²).
 SAMPLING_STREAM = 0x9E3779B1
+# The shuffle stream's seed is this + seed, which the run's other two streams (2·seed, 2·seed + 1) never take
+# for any seed below it.
+SHUFFLE_SEED_OFFSET = 1_000_003
 
 
 @dataclass
@@ -76,6 +79,9 @@ class Trainer:
         # not change which tokens are sampled. 2·seed and 2·seed+1 keep seeds 0, 1, 2, ... disjoint.
         self.gen = torch.Generator(device=s.device).manual_seed(2 * s.seed)
         self.noise_gen = torch.Generator(device=s.device).manual_seed(2 * s.seed + 1)
+        # A third stream, only for a shuffled filter (a control arm), so that every other run's streams are untouched.
+        self.shuffle_gen = (torch.Generator(device=s.device).manual_seed(SHUFFLE_SEED_OFFSET + s.seed)
+                            if s.correction.filter_shuffle else None)
         self.params = {name: p.requires_grad_(True) for name, p in s.world.init_params(self.gen).items()}
         if s.mismatch.sampling_stream:
             # The same θ₀, other prompts and tokens: a fresh generator, far from every other stream.
@@ -115,7 +121,8 @@ class Trainer:
             self._note(record, self.collapse.observe_objective(step, float(record.objective)))
         else:
             self._note(record, self.collapse.observe_objective(step, float(record.reward), estimate=True))
-        parts = (apply_correction_split(s.correction, old, ro.roll, ro.mask, self.slices, metrics=s.metrics)
+        parts = (apply_correction_split(s.correction, old, ro.roll, ro.mask, self.slices, metrics=s.metrics,
+                                        generator=self.shuffle_gen)
                  if s.correction.ratio == "decoupled" else [None] * len(self.slices))
         for update, (sl, part) in enumerate(zip(self.slices, parts)):
             record.updates.append(self._update(record, update, sl, adv, part))
@@ -141,7 +148,7 @@ class Trainer:
         mask = ro.mask[sl]
         stats = s.world.token_stats(self.params, ro.prompts[sl], ro.tokens[sl])
         res = policy_loss(s.loss, s.correction, stats.logp, record.old[sl], ro.roll[sl], adv[sl], mask,
-                          metrics=s.metrics, correction=correction)
+                          metrics=s.metrics, correction=correction, generator=self.shuffle_gen)
         with torch.no_grad():
             tokens = res.tokens if res.tokens is not None else mask.sum()
             entropy = (stats.entropy * mask).sum() / tokens.clamp(min=1)
