@@ -107,6 +107,8 @@ def _rows_grid(n_rows: int, n_cols: int, style: str, row_height: float, panel_wi
     else:
         width = panel_width * n_cols + LEGEND_WIDTH
     fig = _new_figure((width, n_rows * row_height), style)
+    fig._is_study_legend_room = 0.0 if paper else LEGEND_WIDTH
+    fig._is_study_rows = n_rows
     axes = fig.subplots(n_rows, n_cols, squeeze=False)
     for r in range(n_rows):
         for c in range(n_cols):

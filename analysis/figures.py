@@ -47,6 +47,13 @@ def choose(ds: Dataset, kinds: Sequence[str] | None) -> tuple[list[str], dict[st
     return chosen, {k: r for k, r in avail.items() if r is not None}
 
 
+def default_dir(ds: Dataset, style: str = "default") -> Path:
+    """Where `is-study plot` puts a style's figures: PATH/figures, the paper style's in
+    PATH/figures/paper, so that drawing one style never overwrites the other (the report embeds
+    the default style's)."""
+    return ds.path / "figures" / ("paper" if style == "paper" else "")
+
+
 def render(ds: Dataset, out_dir: Path, kinds: Sequence[str] | None = None, style: str = "default",
            formats: Sequence[str] = ("png", "pdf")) -> tuple[dict[str, list[Path]], dict[str, str]]:
     """Draw and save; returns ({kind: [files]}, {skipped kind: reason})."""

@@ -46,6 +46,7 @@ title says which.
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
@@ -82,7 +83,9 @@ OUTLIER_NATS = 50.0  # |log-ratio| beyond this is a fault (e.g. an injected −1
 SEED_KEYS = ("seed",)
 CORRECTION_KEYS = ("correction",)
 STEP_LABEL = "training step (rollout batches)"
-LEGEND_WIDTH = 2.6  # inches the default style keeps on the right for the legend
+LEGEND_WIDTH = 2.6  # inches the default style keeps on the right for the legend (finish() then fits it)
+LEGEND_CHAR = 0.068  # inches a legend character takes in the default style (8.5 pt)
+TITLE_CHARS_PER_INCH = 10.5  # of the default style's title (9.5 pt DejaVu Sans)
 LINE_HEIGHT = {"default": 0.19, "paper": 0.125}  # inches per line of title or legend text
 
 
@@ -110,16 +113,99 @@ class Facet:
 
 
 class Facets(list):
-    """The facets drawn; `total` counts them all (at most `limit` are drawn)."""
+    """The facets drawn; `total` counts them all (at most `limit` are drawn). `left_out` and `why`:
+    the facets a figure chose not to draw (see `keep_differing` and `drop_flat`), and why, in words."""
 
     total: int = 0
+    left_out: list = []
+    why: str = ""
+    flat: list = []
+    flat_why: str = ""
 
     @property
     def note(self) -> str:
-        return f"first {len(self)} of {self.total} panels" if self.total > len(self) else ""
+        parts = []
+        if self.flat:
+            parts.append(f"{_count(len(self.flat), 'panel')} left out, {self.flat_why}: {_facet_list(self.flat)}")
+        if self.left_out:
+            parts.append(f"{len(self)} of {self.total - len(self.flat)} panels drawn, {self.why}; "
+                         f"left out: {_facet_list(self.left_out)}")
+        elif self.total > len(self) + len(self.flat):
+            parts.append(f"first {len(self)} of {self.total} panels")
+        return " · ".join(parts)
 
 
-def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int = MAX_FACETS,
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def _facet_list(fs: Sequence[Facet], most: int = 6) -> str:
+    """'band=loose, staleness=0; band=mid, staleness=0; +3 more' (keys by their last part)."""
+    names = [f.title("paper") or "the only panel" for f in fs]
+    return "; ".join(names[:most]) + (f"; +{len(names) - most} more" if len(names) > most else "")
+
+
+def _copy_facets(fs: Facets, keep: Sequence[int]) -> Facets:
+    out = Facets(fs[i] for i in keep)
+    out.total, out.left_out, out.why, out.flat, out.flat_why = fs.total, list(fs.left_out), fs.why, list(fs.flat), \
+        fs.flat_why
+    return out
+
+
+def arm_spread(frame, fs: Sequence[Facet], cols: Sequence[str], arm: str = "correction", x: str = "step") -> list[float]:
+    """Per facet, how far apart its arms are: the largest gap, at any x, between two arms' means over
+    seeds, as a fraction of that metric's range over the whole figure (the largest over `cols`).
+    0 for a facet with one arm."""
+    facet_of = {j: i for i, fc in enumerate(fs) for j in fc.jobs}
+    framed = frame.assign(_facet=frame["job"].map(facet_of)).dropna(subset=["_facet"])
+    means = framed.groupby(["_facet", arm, x], sort=False)[list(cols)].mean()
+    gaps = means.groupby(level=["_facet", x]).agg(lambda s: s.max() - s.min()).groupby(level="_facet").max()
+    out = np.zeros(len(fs))
+    for col in cols:
+        span = float(means[col].max() - means[col].min())
+        if span > 0 and np.isfinite(span):
+            for f, gap in gaps[col].items():
+                if np.isfinite(gap):
+                    out[int(f)] = max(out[int(f)], float(gap) / span)
+    return out.tolist()
+
+
+def keep_differing(fs: Facets, scores: Sequence[float], limit: int, arms: str = "corrections",
+                   what: str = "") -> Facets:
+    """At most `limit` facets: the ones whose arms differ most (`scores`, from arm_spread), in their
+    order; the note names the others and how close their arms are."""
+    if len(fs) <= limit:
+        return fs
+    order = sorted(range(len(fs)), key=lambda i: (-scores[i], i))
+    if any(scores):  # a cut never spends a panel on arms that coincide while others differ
+        order = [i for i in order if scores[i] > 0] + [i for i in order if scores[i] <= 0]
+        limit = min(limit, sum(1 for v in scores if v > 0))
+    keep, drop = sorted(order[:limit]), sorted(order[limit:])
+    out = _copy_facets(fs, keep)
+    out.left_out = [fs[i] for i in drop]
+    worst = max(scores[i] for i in drop)
+    out.why = (f"those where the {arms} differ most{' in ' + what if what else ''} (elsewhere their lines "
+               + ("coincide)" if worst == 0 else f"are within {_pct(worst)} of the axis of each other)"))
+    return out
+
+
+def _pct(fraction: float) -> str:
+    pct = 100 * float(fraction)
+    return "0" if pct == 0 else f"{pct:.2g}%" if pct < 10 else f"{pct:.0f}%"
+
+
+def drop_flat(fs: Facets, flat: Sequence[bool], why: str) -> Facets:
+    """The facets that show something: those marked `flat` are named in one line of the note
+    instead of drawn (unless every facet is flat: then they stay, and say it themselves)."""
+    if not any(flat) or all(flat):
+        return fs
+    out = _copy_facets(fs, [i for i, f in enumerate(flat) if not f])
+    out.flat = [fc for fc, f in zip(fs, flat) if f]
+    out.flat_why = why
+    return out
+
+
+def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int | None = MAX_FACETS,
            by_correction: bool = False) -> Facets:
     """One facet per combination of the swept keys other than seed and `exclude`, and other than the
     correction unless `by_correction` (a figure whose lines are something else, e.g. precision)."""
@@ -135,7 +221,8 @@ def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int = MAX_FAC
             label = ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values))
             out.append(Facet(label, grp["job"].tolist(), list(zip(keys, values))))
     out.total = len(out)
-    del out[limit:]
+    if limit is not None:
+        del out[limit:]
     return out
 
 
@@ -175,6 +262,8 @@ class Grid:
                 row = max(1.5, min(row, 11.0 / self.nrows))
             height = self.nrows * row
         self.fig = _new_figure((width, height), style)
+        self.fig._is_study_legend_room = 0.0 if self.paper else LEGEND_WIDTH
+        self.fig._is_study_rows = self.nrows
         self.axes = self.fig.subplots(self.nrows, self.ncols, squeeze=False)
         used = {self.pos(f, m) for f in range(n_facets) for m in range(n_metrics)}
         for r in range(self.nrows):
@@ -242,13 +331,35 @@ class Grid:
         return self.fig
 
 
+def _visible_length(text: str) -> int:
+    """Characters as drawn: a TeX command (\\theta) is one glyph; $, braces, ^ and _ are none."""
+    return len(re.sub(r"[${}^_]", "", re.sub(r"\\[A-Za-z]+\s?", "x", text)))
+
+
 def _fit(text: str, inches: float, paper: bool) -> str:
     """Wrap a panel title to its panel's width, or a y label to its height (about half an em a
-    character; a label with maths is left alone, its length says little about its width)."""
-    if "$" in text:
-        return text
+    character), at spaces outside maths ($J(\\theta)$ stays whole)."""
     chars = max(int(inches * 72 / ((8 if paper else 10) * 0.5)), 12)
-    return textwrap.fill(text, chars, break_long_words=False, break_on_hyphens=False)
+    if "$" not in text:
+        return textwrap.fill(text, chars, break_long_words=False, break_on_hyphens=False)
+    words, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "$":
+            depth ^= 1
+        if ch == " " and not depth:
+            words.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    words.append(cur)
+    lines = [""]
+    for w in words:
+        joined = f"{lines[-1]} {w}" if lines[-1] else w
+        if lines[-1] and _visible_length(joined) > chars:
+            lines.append(w)
+        else:
+            lines[-1] = joined
+    return "\n".join(lines)
 
 
 def _new_figure(size: tuple[float, float], style: str):
@@ -395,6 +506,14 @@ def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str
     style = "paper" if paper else "default"
     width = fig.get_figwidth()
     grow = 0.0
+    room = getattr(fig, "_is_study_legend_room", 0.0)  # inches the figure kept on the right for a legend
+    if not paper and room:
+        if legend_below or getattr(fig, "_is_study_rows", 2) <= 1 or not handles:
+            # One row of panels (a single run): a legend beside it took a third of the width; below, one line.
+            legend_below = True
+            width -= room
+        else:  # as wide as its longest entry needs, no wider
+            width += min(max(len(str(lab)) for lab in labels) * LEGEND_CHAR + 0.8, room + 1.0) - room
     if paper:
         text = note
         if text:
@@ -402,11 +521,17 @@ def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str
             fig.suptitle(wrapped, fontsize=6.5, x=0.01, ha="left", color="0.2")
             grow += (wrapped.count("\n") + 1) * LINE_HEIGHT[style] + 0.08
     else:
-        chars = max(int((width - (0 if legend_below else LEGEND_WIDTH)) * 12.5), 40)
-        wrapped = textwrap.fill(config + (f" · {note}" if note else ""), width=chars, break_long_words=True,
-                                break_on_hyphens=False)
-        fig.suptitle(f"{title}\n{wrapped}", fontsize="medium", x=0.01, ha="left")
-        grow += (wrapped.count("\n") + 2) * LINE_HEIGHT[style] + 0.15
+        # The title: the kind, then the config on one line (in full in the files' metadata), then the
+        # notes; wrapped to the panels' width (the legend on the right starts at the top, beside it).
+        legend_w = 0.0 if legend_below or not handles else width - (fig.get_figwidth() - room)
+        chars = max(int((width - legend_w) * TITLE_CHARS_PER_INCH), 40)
+        config_line = config if len(config) <= chars else config[:chars - 1].rstrip() + "…"
+        lines = [title, config_line]
+        if note:
+            lines.append(textwrap.fill(note, width=chars, break_long_words=True, break_on_hyphens=False))
+        text = "\n".join(lines)
+        fig.suptitle(text, fontsize="medium", x=0.01, ha="left")
+        grow += (text.count("\n") + 1) * LINE_HEIGHT[style] + 0.15
     if handles:
         if paper or legend_below:
             ncol = _legend_columns(labels, width, 0.048 if paper else 0.075)
@@ -641,7 +766,9 @@ def _training(ds: Dataset, style: str):
     se = per["se"].astype(float) if "se" in per.columns else None
     monte_carlo = se is not None and bool((se > 0).any())
     metrics = ("objective", "reward")
-    fs = facets(ds, df, limit=Grid.capacity(style, len(metrics)))
+    fs = facets(ds, df, limit=None)
+    # A cut keeps the panels where the corrections' J differ most (the batch reward is too noisy to rank by).
+    fs = keep_differing(fs, arm_spread(per, fs, ["objective"]), Grid.capacity(style, len(metrics)), what="J")
     names = _ordered(per["correction"].unique())
     grid = Grid(len(fs), 2, style)
     flagged = _ordered(per.loc[per["bad"].astype(bool), "correction"].unique())
@@ -1291,7 +1418,9 @@ def _masking(ds: Dataset, style: str):
     metrics = tuple(m for m in metrics if m not in flat)
     ylabels = tuple(lab for m, lab in zip(("token_masked_fraction", "clamped_fraction", "ess"), ylabels)
                     if m in metrics)
-    fs = facets(ds, df, limit=Grid.capacity(style, len(metrics)))
+    fs = facets(ds, df, limit=None)
+    fs = drop_flat(fs, *_flat_masking(per, fs, metrics))
+    fs = keep_differing(fs, arm_spread(per, fs, metrics), Grid.capacity(style, len(metrics)))
     names = _ordered(per["correction"].unique())
     grid = Grid(len(fs), len(metrics), style, row_height=(1.2 if style == "paper" else None))
     bands = _bands(per, fs, "step", metrics)
@@ -1328,6 +1457,34 @@ def _masking(ds: Dataset, style: str):
     return grid.finish(TITLES["masking"], ds, handles, labels, _notes(_seed_note(per, fs), gone, fs.note))
 
 
+FLAT_FRACTION = 0.02  # of a [0, 1] axis: a masked or clamped fraction this small, or an ESS this close to 1, reads as flat
+
+
+def _flat_masking(per, fs: Sequence[Facet], metrics: Sequence[str]) -> tuple[list[bool], str]:
+    """Which facets show nothing (every correction's mean line: masked and clamped fractions at most
+    FLAT_FRACTION, ESS at least 1 − FLAT_FRACTION, no undefined ESS), and the note's words for them."""
+    facet_of = {j: i for i, fc in enumerate(fs) for j in fc.jobs}
+    framed = per.assign(_facet=per["job"].map(facet_of))
+    means = framed.groupby(["_facet", "correction", "step"])[list(metrics)].mean().groupby(level="_facet")
+    worst = {m: (means[m].min() if m == "ess" else means[m].max()) for m in metrics}
+    undefined = framed.groupby("_facet")["undefined"].any()
+    flat = []
+    for f in range(len(fs)):
+        ok = not bool(undefined.get(f, False))
+        for m in metrics:
+            v = float(worst[m].get(f, np.nan))
+            ok = ok and np.isfinite(v) and (v >= 1 - FLAT_FRACTION if m == "ess" else v <= FLAT_FRACTION)
+        flat.append(ok)
+    words = {"token_masked_fraction": "masked", "clamped_fraction": "clamped"}
+    parts = []
+    for m in (m for m in metrics if m in words and any(flat)):
+        top = max(float(worst[m].get(f)) for f in range(len(fs)) if flat[f])
+        parts.append(f"nothing {words[m]}" if top == 0 else f"{words[m]} ≤ {_pct(top)}")
+    if "ess" in metrics and any(flat):
+        parts.append(f"ESS ≥ {min(float(worst['ess'].get(f)) for f in range(len(fs)) if flat[f]):.3g}")
+    return flat, "flat (" + ", ".join(parts) + " in every step)"
+
+
 # ----------------------------------------------------------------------------------------- render
 FIGURES: dict[str, Callable] = {
     "training": training_figure,
@@ -1343,7 +1500,8 @@ FIGURES: dict[str, Callable] = {
 def _metadata(fig, ext: str) -> dict:
     meta = getattr(fig, "_is_study_meta", None) or {}
     if ext == "png":
-        return {"Title": meta.get("Title", ""), "Description": meta.get("Subject", ""), "Software": "is-study"}
+        return {"Title": meta.get("Title", ""), "Description": meta.get("Subject", ""), "Software": "is-study",
+                "Style": getattr(fig, "_is_study_style", "default")}
     if ext == "pdf":
         # no CreationDate: the same runs give byte-identical PDFs, so regenerated figures diff only when drawn differently
         return {"Title": meta.get("Title", ""), "Subject": meta.get("Subject", ""), "Creator": "is-study",
@@ -1366,6 +1524,18 @@ def save(fig, out_dir: Path, name: str, style: str = "default", formats: Sequenc
                 fig.set_layout_engine("none")
             paths.append(path)
     return paths
+
+
+def drawn_style(png: Path) -> str | None:
+    """The style a PNG of ours was drawn in (its "Style" text chunk); None when it does not say
+    (drawn before the chunk was written, or not by is-study)."""
+    try:
+        from PIL import Image
+
+        with Image.open(png) as im:
+            return im.text.get("Style")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def ensure_dir(out_dir: Path) -> Path:

@@ -428,7 +428,7 @@ def aggregate(directory: Path = typer.Argument(..., help="A sweep dir (multirun/
 def plot(
     path: Path = typer.Argument(..., help="A run dir, a sweep dir (or its sweep.csv), or a probe dir.", show_default=False),
     kind: Optional[List[str]] = typer.Option(None, "--kind", "-k", help="Figure kind(s), repeated or comma-separated; default: all that apply."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: PATH/figures)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: PATH/figures; --style paper: PATH/figures/paper)."),
     style: str = typer.Option("default", "--style", help="default | paper (3.3 or 7 in wide, at most 3 rows, fonts for LaTeX)."),
 ) -> None:
     from analysis import figures, load_dataset, style as styles
@@ -436,7 +436,7 @@ def plot(
     styles.rc(style)  # an unknown style fails before any reading
     kinds = [k.strip() for item in (kind or []) for k in item.split(",") if k.strip()]
     ds = load_dataset(path)
-    written, skipped = figures.render(ds, out if out is not None else ds.path / "figures", kinds or None, style)
+    written, skipped = figures.render(ds, out if out is not None else figures.default_dir(ds, style), kinds or None, style)
     err = _console(stderr=True)
     for name, reason in skipped.items():
         err.print(f"[dim]skipped {name}: {reason}[/dim]")
