@@ -73,6 +73,7 @@ TITLES = {
     "survival": "Survival: seeds not yet collapsed",
     "bias-split": "Bias split into direction and size, against the response length (probe)",
     "length-heatmap": "Response length × correction",
+    "threshold-training": "Threshold trade-off (training): outcomes against the band",
 }
 SPIKE_FACTOR = 5.0  # a spike: grad norm above this many times the median of the trailing window
 SPIKE_WINDOW = 20
@@ -140,9 +141,10 @@ def _count(n: int, word: str) -> str:
 
 
 def _facet_list(fs: Sequence[Facet], most: int = 6) -> str:
-    """'band=loose, staleness=0; band=mid, staleness=0; +3 more' (keys by their last part)."""
+    """'band=loose, staleness=0; band=mid, staleness=0' (keys by their last part), or 'the other 23'
+    when there are more than `most`."""
     names = [f.title("paper") or "the only panel" for f in fs]
-    return "; ".join(names[:most]) + (f"; +{len(names) - most} more" if len(names) > most else "")
+    return "; ".join(names) if len(names) <= most else f"the other {len(names)}"
 
 
 def _copy_facets(fs: Facets, keep: Sequence[int]) -> Facets:
@@ -186,6 +188,27 @@ def keep_differing(fs: Facets, scores: Sequence[float], limit: int, arms: str = 
     worst = max(scores[i] for i in drop)
     out.why = (f"those where the {arms} differ most{' in ' + what if what else ''} (elsewhere their lines "
                + ("coincide)" if worst == 0 else f"are within {_pct(worst)} of the axis of each other)"))
+    return out
+
+
+def keep_distinct(fs: Facets, profiles: Sequence[Sequence[float]], limit: int, what: str = "") -> Facets:
+    """At most `limit` facets, for panels of one line each (nothing to compare within a panel): the
+    ones most unlike each other. The first is the one with the largest first value (e.g. the largest
+    KL), then each next the farthest from those kept (every value scaled by its range over the facets)."""
+    if len(fs) <= limit:
+        return fs
+    p = np.asarray(profiles, dtype=float)
+    span = np.ptp(p, axis=0)
+    p = (p - p.min(axis=0)) / np.where(span > 0, span, 1.0)
+    keep = [int(np.argmax(p[:, 0]))]
+    while len(keep) < limit:
+        dist = np.min(np.linalg.norm(p[:, None, :] - p[None, keep, :], axis=2), axis=1)
+        dist[keep] = -1
+        keep.append(int(np.argmax(dist)))
+    keep = sorted(keep)
+    out = _copy_facets(fs, keep)
+    out.left_out = [fc for i, fc in enumerate(fs) if i not in keep]
+    out.why = f"the ones most unlike each other{' ' + what if what else ''}"
     return out
 
 
@@ -679,6 +702,8 @@ def availability(ds: Dataset) -> dict[str, str | None]:
     pr = ds.probe
     if pr is None:
         out["threshold"] = out["presets"] = "no probe results here (probe.csv): run `is-study run study=probe`"
+        if ds.metrics is not None:
+            out["threshold"] += " (training runs against the band: --kind threshold-training)"
     elif not {"preset", "bias_norm"} <= set(pr.columns):
         out["threshold"] = out["presets"] = "probe.csv lacks preset / bias_norm"
     else:
@@ -691,6 +716,18 @@ def availability(ds: Dataset) -> dict[str, str | None]:
             "one band per preset: see --kind presets")
     out["mismatch"] = None if ds.tokens is not None else (
         "no tokens.csv here (per-token trainer and rollout log-probs, written by the train study)")
+    return out
+
+
+def flat_reasons(ds: Dataset, avail: dict[str, str | None]) -> dict[str, str]:
+    """kind -> why, for the kinds that can be drawn (`avail`) but would show only flat lines: left out
+    of the default choice with that reason, drawn when asked for by name."""
+    out = {}
+    if avail.get("stability") is None:
+        per = per_job(ds)
+        if per["nonfinite"].fillna(0).eq(0).all() and per["collapsed"].fillna(0).eq(0).all():
+            out["stability"] = (f"no NaN/inf update and no collapse in any of the {len(per)} runs: every line "
+                                "would be flat at 0 (--kind stability draws it anyway)")
     return out
 
 
@@ -913,9 +950,10 @@ def _stability(ds: Dataset, style: str):
     fs = facets(ds, ds.metrics, exclude=("mismatch.staleness", "staleness"), limit=Grid.capacity(style, 2))
     names = _ordered(per["correction"].unique())
     ks = sorted(per["staleness"].unique())
-    pos = {k: i for i, k in enumerate(ks)}
-    width = 0.6
-    offsets = {n: (i - (len(names) - 1) / 2) * (width / max(len(names), 1)) for i, n in enumerate(names)}
+    # A numeric axis (k = 0, 2, 8 are not evenly spaced); the corrections' points sit side by side
+    # around each k, a few percent of the axis apart, so that equal values do not hide each other.
+    span = float(ks[-1] - ks[0]) or 1.0
+    offsets = {n: (i - (len(names) - 1) / 2) * 0.025 * span for i, n in enumerate(names)}
     grid = Grid(len(fs), 2, style, sharex=True)
     for f, facet in enumerate(fs):
         sub = per[per["job"].isin(facet.jobs)]
@@ -930,7 +968,7 @@ def _stability(ds: Dataset, style: str):
                 stats = stats.dropna(subset=["mean"])
                 if stats.empty:
                     continue
-                xs = stats["staleness"].map(pos).to_numpy(dtype=float) + offsets[name]
+                xs = stats["staleness"].to_numpy(dtype=float) + offsets[name]
                 ax.plot(xs, stats["mean"], color=lk.color, linestyle=lk.linestyle, marker=lk.marker,
                         markersize=3.2 if style == "paper" else 4.5, label=name, gid="series")
                 if metric == "nonfinite" and stats["count"].max() > 1:
@@ -940,9 +978,9 @@ def _stability(ds: Dataset, style: str):
     for f in range(len(fs)):
         for m in range(2):
             ax = grid.ax(f, m)
-            ax.xaxis.set_major_locator(FixedLocator(list(range(len(ks)))))
+            ax.xaxis.set_major_locator(FixedLocator([float(k) for k in ks]))
             ax.set_xticklabels([fmt_value(k) for k in ks])
-            ax.set_xlim(-0.6, len(ks) - 0.4)
+            ax.set_xlim(ks[0] - 0.08 * span, ks[-1] + 0.08 * span)
     for m, nothing in enumerate(("no NaN/inf update in any run", "no run collapsed")):
         axes = grid.metric_axes(m)  # fractions: [0, 1], the points at 0 drawn over the axis
         floor_at_zero(axes, top_if_zero=1.05, zero_note=nothing)
