@@ -1106,6 +1106,11 @@ def _threshold(ds: Dataset, style: str):
     highs = pr["high"].astype(float)
     log_x = (highs > 0).all() and highs.max() / max(highs.min(), 1e-300) >= 8
     values = sorted(highs.unique())
+    # The band's lower threshold, where it changes with the upper one ([0.8, 1.25], [0.5, 2]): each
+    # tick names both, the lower beneath in brackets (a band sits at its upper threshold).
+    lows = pr.assign(_low=pr["low"].apply(_as_float) if "low" in pr.columns else np.nan).groupby("high")["_low"]
+    lower = {h: sorted(set(v for v in g if np.isfinite(v))) for h, g in lows}
+    both = len({v for vs in lower.values() for v in vs}) > 1 and len(values) <= (4 if style == "paper" else 6)
     for m, metric in enumerate(metrics):
         vals = pr[metric].astype(float)
         vals = vals[np.isfinite(vals)]
@@ -1115,13 +1120,19 @@ def _threshold(ds: Dataset, style: str):
             if log_x:
                 ax.set_xscale("log")
                 _threshold_ticks(ax, values, style)
+            if both:
+                _band_ticks(ax, values, lower)
             if log_y:
                 ax.set_yscale("log")
             if metric == "rel_mse":
                 ax.axhline(1.0, color="0.45", linestyle=":", linewidth=0.9, gid="reference", zorder=1)
         if not log_y:
             floor_at_zero(grid.metric_axes(m))
-    grid.label(_label(style, r"upper threshold $\rho_{\max}$ of the band (high)", r"upper threshold $\rho_{\max}$"),
+    xlabel = _label(style, r"upper threshold $\rho_{\max}$ of the band (high)", r"upper threshold $\rho_{\max}$")
+    if both:
+        xlabel = _label(style, r"band: upper threshold $\rho_{\max}$ (lower $\rho_{\min}$)",
+                        r"band: $\rho_{\max}$ ($\rho_{\min}$)")
+    grid.label(xlabel,
                [PROBE_YLABELS[m][style == "paper"] for m in metrics], fs)
     extra = []
     if n_starred:
@@ -1150,6 +1161,16 @@ def _threshold_ticks(ax, values: Sequence[float], style: str) -> None:
         ax.xaxis.set_major_locator(LogLocator(base=10))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, pos: f"{v:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _band_ticks(ax, values: Sequence[float], lower: dict) -> None:
+    """A tick at each band's upper threshold, labelled with both thresholds: '1.25\n(0.8)'."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.xaxis.set_major_locator(FixedLocator(list(values)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([f"{v:g}\n(" + ", ".join(f"{lo:g}" for lo in lower.get(v, [])) + ")" if lower.get(v) else f"{v:g}"
+                        for v in values])
 
 
 def _ci(stats):
@@ -1377,18 +1398,15 @@ def _mismatch(ds: Dataset, style: str):
         handles.append(Line2D([], [], color=color, marker="o", markersize=3.5))
         labels.append(f"{label} ({len(g):,} tokens)")
     ax_h.set_yscale("log")
+    edge = R * (2.5 if symlog else 1.25) if beyond_total else R
     if symlog:
         ax_h.set_xscale("symlog", linthresh=c, linscale=0.5)
-        # Decade ticks from 10·c outwards (ticks inside the linear region collide around 0), every
-        # other decade when the panel is narrow.
-        decades = 10.0 ** np.arange(math.ceil(math.log10(c)) + 1, math.floor(math.log10(R)) + 1)
-        if len(decades) > (2 if paper else 3):  # "−10⁻³" is ~0.45 in wide: a 4 in panel holds ~8 labels
-            decades = decades[::-1][::2][::-1]
         from matplotlib.ticker import FixedLocator
 
+        panel_in = (grid.fig.get_figwidth() - getattr(grid.fig, "_is_study_legend_room", 0.0)) / 3 - 0.6
+        decades = symlog_decades(c, R, edge, panel_in, paper)
         ax_h.xaxis.set_major_locator(FixedLocator([*(-decades[::-1]), 0.0, *decades]))
         ax_h.minorticks_off()
-    edge = R * (2.5 if symlog else 1.25) if beyond_total else R
     for color, n_below, n_above in tails:
         for n_side, span in ((n_below, [-edge, -R]), (n_above, [R, edge])):
             if n_side:
@@ -1430,6 +1448,27 @@ def _mismatch(ds: Dataset, style: str):
     labels += ["|Δp| per bin: median (solid), 90th pct. (dotted)", r"$p_{\mathrm{rollout}} = p_{\mathrm{train}}$"]
     note = f"{len(tok):,} tokens" + (f", by {key}" if key else "")
     return grid.finish(TITLES["mismatch"], ds, handles, labels, note)
+
+
+SYMLOG_LINSCALE = 0.5
+
+
+def symlog_decades(c: float, R: float, edge: float, panel_in: float, paper: bool) -> np.ndarray:
+    """The positive decade ticks of a symlog x axis (linear within ±c, drawn to ±edge) that fit a
+    panel `panel_in` wide: from the outermost decade ≤ R inwards, every `step`-th, so that two labels
+    ("−10⁻³", about 0.4 in, 0.3 in in the paper style) never touch, and none so close to 0 that it
+    runs into the "0"."""
+    decades = 10.0 ** np.arange(math.ceil(math.log10(c)) + 1, math.floor(math.log10(R)) + 1)
+    if not len(decades):
+        return decades
+    linear = SYMLOG_LINSCALE / (1 - 1 / 10)  # the linear stretch per side, in decades (matplotlib's rule)
+    units = 2 * (linear + math.log10(max(edge, R) / c))  # the axis's width in decades
+    per_unit = max(panel_in, 0.5) / units  # inches a decade takes
+    label = (0.3 if paper else 0.4) * 1.3  # a label's width, with a gap
+    step = max(1, math.ceil(label / per_unit))
+    kept = decades[::-1][::step][::-1]
+    at = linear + np.log10(kept / c)  # distance from 0, in decades
+    return kept[at * per_unit >= 0.75 * label]
 
 
 # ----------------------------------------------------------------------------------------- masking
