@@ -140,7 +140,7 @@ def _count(n: int, word: str) -> str:
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
-def _facet_list(fs: Sequence[Facet], most: int = 6) -> str:
+def _facet_list(fs: Sequence[Facet], most: int = 8) -> str:
     """'band=loose, staleness=0; band=mid, staleness=0' (keys by their last part), or 'the other 23'
     when there are more than `most`."""
     names = [f.title("paper") or "the only panel" for f in fs]
