@@ -87,6 +87,8 @@ STEP_LABEL = "training step (rollout batches)"
 LEGEND_WIDTH = 2.6  # inches the default style keeps on the right for the legend (finish() then fits it)
 LEGEND_CHAR = 0.068  # inches a legend character takes in the default style (8.5 pt)
 TITLE_CHARS_PER_INCH = 10.5  # of the default style's title (9.5 pt DejaVu Sans)
+CONFIG_LINES = 2  # lines of config in a default-style title at most
+ONE_ROW_MIN_WIDTH = 6.8  # inches: a single panel with its legend below keeps the width it had with the legend beside
 LINE_HEIGHT = {"default": 0.19, "paper": 0.125}  # inches per line of title or legend text
 
 
@@ -532,11 +534,12 @@ def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str
     room = getattr(fig, "_is_study_legend_room", 0.0)  # inches the figure kept on the right for a legend
     if not paper and room:
         if legend_below or getattr(fig, "_is_study_rows", 2) <= 1 or not handles:
-            # One row of panels (a single run): a legend beside it took a third of the width; below, one line.
+            # One row of panels (a single run): a legend beside it took a third of the width; below, one
+            # line. A single narrow panel keeps some of the room, for the title and the legend's entries.
             legend_below = True
-            width -= room
-        else:  # as wide as its longest entry needs, no wider
-            width += min(max(len(str(lab)) for lab in labels) * LEGEND_CHAR + 0.8, room + 1.0) - room
+            width = max(width - room, min(width, ONE_ROW_MIN_WIDTH))
+        else:  # as wide as its longest entry needs, no wider than the room kept
+            width += min(max(len(str(lab)) for lab in labels) * LEGEND_CHAR + 0.8, room) - room
     if paper:
         text = note
         if text:
@@ -548,8 +551,11 @@ def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str
         # notes; wrapped to the panels' width (the legend on the right starts at the top, beside it).
         legend_w = 0.0 if legend_below or not handles else width - (fig.get_figwidth() - room)
         chars = max(int((width - legend_w) * TITLE_CHARS_PER_INCH), 40)
-        config_line = config if len(config) <= chars else config[:chars - 1].rstrip() + "…"
-        lines = [title, config_line]
+        config_lines = textwrap.wrap(config, width=chars, break_long_words=True, break_on_hyphens=False) or [""]
+        if len(config_lines) > CONFIG_LINES:  # the rest is in the files' metadata
+            config_lines = config_lines[:CONFIG_LINES]
+            config_lines[-1] = config_lines[-1][:chars - 1].rstrip() + "…"
+        lines = [title, *config_lines]
         if note:
             lines.append(textwrap.fill(note, width=chars, break_long_words=True, break_on_hyphens=False))
         text = "\n".join(lines)
@@ -723,6 +729,16 @@ def flat_reasons(ds: Dataset, avail: dict[str, str | None]) -> dict[str, str]:
     """kind -> why, for the kinds that can be drawn (`avail`) but would show only flat lines: left out
     of the default choice with that reason, drawn when asked for by name."""
     out = {}
+    if avail.get("masking") is None:
+        df = ds.metrics
+        per = df.groupby(["job", "step"]).agg(
+            masked=("token_masked_fraction", "mean"), clamped=("clamped_fraction", "mean"), ess=("ess", "mean"),
+            bad=("is_weight_mean", lambda v: bool((~np.isfinite(v.astype(float))).any()))
+            if "is_weight_mean" in df.columns else ("ess", lambda v: False))
+        if (per["masked"].fillna(0).max() <= FLAT_FRACTION and per["clamped"].fillna(0).max() <= FLAT_FRACTION
+                and per["ess"].min() >= 1 - FLAT_FRACTION and not per["bad"].any()):
+            out["masking"] = (f"flat in every run: masked and clamped fractions ≤ {FLAT_FRACTION:g}, ESS ≥ "
+                              f"{per['ess'].min():.3g} in every step (--kind masking draws it anyway)")
     if avail.get("stability") is None:
         per = per_job(ds)
         if per["nonfinite"].fillna(0).eq(0).all() and per["collapsed"].fillna(0).eq(0).all():

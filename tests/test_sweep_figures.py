@@ -137,6 +137,22 @@ def test_flat_figures_are_skipped_with_a_reason_but_drawn_when_asked(ds):
     assert not (ds.path / "flat-check" / "stability.png").exists()
 
 
+def test_a_run_without_masking_skips_the_masking_figure(tmp_path):
+    """One run at staleness 0: nothing masked or clamped, ESS ≈ 1 in every step. The masking figure
+    was one flat ESS panel; the default choice skips it with the numbers, --kind still draws it."""
+    from analysis import figures, load_dataset
+
+    d = tmp_path / "r"
+    code, _, err = run_cli("run", "correction=icepop", "mismatch.staleness=0", "train.steps=4", "log.quiet=true",
+                           f"hydra.run.dir={d}")
+    assert code == 0, err
+    ds = load_dataset(d)
+    assert ds.metrics["token_masked_fraction"].eq(0).all() and ds.metrics["ess"].min() > 0.98
+    chosen, skipped = figures.choose(ds, None)
+    assert "masking" not in chosen and skipped["masking"].startswith("flat in every run")
+    assert figures.choose(ds, ["masking"])[0] == ["masking"]
+
+
 # ------------------------------------------------------------------------------ outcome against the band
 def test_threshold_training_draws_outcomes_against_the_band(ds):
     """A row per staleness, a column per outcome that is not 0 in every run, a line per correction
@@ -192,21 +208,22 @@ def test_training_y_labels_do_not_run_into_each_other(ds):
 
 
 def test_the_title_keeps_the_config_to_one_line(tmp_path):
-    """A run with many overrides: the title's config line is cut to one line (the whole config is in
-    the file's metadata)."""
+    """A run with many overrides: the title's config is cut to two lines (the whole config is in
+    the file's metadata); it ran to a third and fourth."""
     from analysis import figures, load_dataset
 
     d = tmp_path / "r"
     overrides = ["correction=seq-mask-tis", "train.steps=4", "rollout.batch_size=2", "rollout.group_size=2",
                  "correction.high=3", "correction.low=0.4", "mismatch.staleness=2", "train.lr=0.05",
+                 "train.updates_per_step=1", "train.grad_clip=2.0", "rollout.seq_len=8", "rollout.vocab_size=12",
                  "log.quiet=true"]
     code, _, err = run_cli("run", *overrides, f"hydra.run.dir={d}")
     assert code == 0, err
     ds = load_dataset(d)
     fig = figures.figure("training", ds)
     lines = fig._suptitle.get_text().split("\n")
-    assert lines[0] == "Training curves" and lines[1].endswith("…") and len(lines) == 2
-    assert "train.lr=0.05" in fig._is_study_meta["Subject"]
+    assert lines[0] == "Training curves" and lines[2].endswith("…") and len(lines) == 3
+    assert "rollout.vocab_size=12" in fig._is_study_meta["Subject"]
     # one row of panels: the legend goes below it, and the figure keeps no room for it on the right
     found = problems(fig)
     assert not found, found
