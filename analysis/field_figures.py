@@ -13,6 +13,10 @@ colour rules); analysis/figures.py joins `FIGURES` below to the base kinds.
                 bias ‖E ĝ − ∇J‖ / ‖∇J‖ against T; degenerate arms hollow, a Monte Carlo ∇J said so
     length-heatmap  a train sweep over T × correction: final J (mean over seeds) and the fraction of
                 seeds that collapsed, one cell each
+    threshold-training  a train sweep over the band [low, high]: final J (summary.json's, as per_job
+                reads it), peak-to-final drop, masked fraction, ESS and NaN/inf events against the band,
+                a line per correction, a row per other swept key (staleness, precision); an outcome that
+                is 0 in every run is said, not drawn
 """
 
 from __future__ import annotations
@@ -120,7 +124,7 @@ def _rows_grid(n_rows: int, n_cols: int, style: str, row_height: float, panel_wi
         width = panel_width * n_cols + LEGEND_WIDTH
     fig = _new_figure((width, n_rows * row_height), style)
     fig._is_study_legend_room = 0.0 if paper else LEGEND_WIDTH
-    fig._is_study_rows = n_rows
+    fig._is_study_facets = n_rows  # a row per facet
     axes = fig.subplots(n_rows, n_cols, squeeze=False)
     for r in range(n_rows):
         for c in range(n_cols):

@@ -33,7 +33,10 @@ The field's figures (analysis/field_figures.py, drawn from the same data):
     length-heatmap  a train sweep over T × correction: final J and the collapse rate per cell
 
 A sweep's other swept keys (everything but the correction and the seed) become small multiples,
-one panel per combination. Data lines carry gid="series"; markers and shaded areas carry other gids.
+one panel per combination. Panels that show nothing (masking: nothing masked or clamped, ESS ≈ 1) are
+named in one line instead; when a figure holds fewer panels than there are (the paper style), it keeps
+those where the corrections differ most (`arm_spread`, `keep_differing`) and names the others; a
+figure whose every line would be flat is skipped by the default choice (`flat_reasons`). Data lines carry gid="series"; markers and shaded areas carry other gids.
 
 Two styles: `default` (for a screen: the kind and the config in the title, the legend on the right)
 and `paper` (3.3 in, one column of a two-column paper, or 7 in, both columns, when the panels need
@@ -288,7 +291,7 @@ class Grid:
             height = self.nrows * row
         self.fig = _new_figure((width, height), style)
         self.fig._is_study_legend_room = 0.0 if self.paper else LEGEND_WIDTH
-        self.fig._is_study_rows = self.nrows
+        self.fig._is_study_facets = n_facets
         self.axes = self.fig.subplots(self.nrows, self.ncols, squeeze=False)
         used = {self.pos(f, m) for f in range(n_facets) for m in range(n_metrics)}
         for r in range(self.nrows):
@@ -533,8 +536,8 @@ def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str
     grow = 0.0
     room = getattr(fig, "_is_study_legend_room", 0.0)  # inches the figure kept on the right for a legend
     if not paper and room:
-        if legend_below or getattr(fig, "_is_study_rows", 2) <= 1 or not handles:
-            # One row of panels (a single run): a legend beside it took a third of the width; below, one
+        if legend_below or getattr(fig, "_is_study_facets", 2) <= 1 or not handles:
+            # One facet (a single run): a legend beside its panels took a third of the width; below, one
             # line. A single narrow panel keeps some of the room, for the title and the legend's entries.
             legend_below = True
             width = max(width - room, min(width, ONE_ROW_MIN_WIDTH))
