@@ -31,7 +31,7 @@ from runner.errors import UserError
 
 CASE_SUFFIXES = (".yaml", ".yml", ".json")
 MAX_TABLE_ROWS = 120
-REPORT_FIGURES = ("training", "stability", "survival", "length-heatmap", "presets", "threshold", "bias-split", "mismatch",
+REPORT_FIGURES = ("training", "threshold-training", "stability", "survival", "length-heatmap", "presets", "threshold", "bias-split", "mismatch",
                   "mismatch-over-training", "grad-norm", "masking")
 
 

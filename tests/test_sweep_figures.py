@@ -307,4 +307,5 @@ def test_paper_style_keeps_its_own_folder_and_the_report_embeds_the_default(band
     assert code == 0, err
     text = (tmp_path / "r.md").read_text()
     assert "figures/training.png" in text and "figures/paper/" not in text
+    assert "figures/threshold-training.png" in text  # the sweep's one result, in the report too
     assert plots.drawn_style(bands / "figures" / "masking.png") == "default"
