@@ -933,11 +933,13 @@ def _grad_norm(ds: Dataset, style: str):
                         markerfacecolor="none", markeredgewidth=1.0, color=kw["color"],
                         transform=ax.get_xaxis_transform(), clip_on=False, gid="zeros")
         ax.set_yscale("log")
-    for f in range(len(fs)):  # headroom for the marks on the edges
-        ax = grid.ax(f, 0)
-        lo, hi = ax.get_ylim()
+    # Headroom for the marks on the edges, from each panel's limits before any is widened: the panels
+    # share y, and widening them one after another from the limits the last one left compounded
+    # (9 panels stretched the axis down to 1e-7 and squashed the data into its top third).
+    limits = [grid.ax(f, 0).get_ylim() for f in range(len(fs))]
+    for f, (lo, hi) in enumerate(limits):
         if (n_bad or n_zero) and np.isfinite(hi) and hi > 0 and lo > 0:
-            ax.set_ylim(lo / (hi / lo) ** (0.12 if n_zero else 0), hi * (hi / lo) ** (0.12 if n_bad else 0))
+            grid.ax(f, 0).set_ylim(lo / (hi / lo) ** (0.12 if n_zero else 0), hi * (hi / lo) ** (0.12 if n_bad else 0))
     grid.label(_step_label(style), [_label(style, r"gradient norm $\|\nabla_\theta L\|_2$ before clipping",
                                            r"$\|\nabla_\theta L\|_2$ (unclipped)")], fs)
     extra = []

@@ -309,3 +309,29 @@ def test_paper_style_keeps_its_own_folder_and_the_report_embeds_the_default(band
     assert "figures/training.png" in text and "figures/paper/" not in text
     assert "figures/threshold-training.png" in text  # the sweep's one result, in the report too
     assert plots.drawn_style(bands / "figures" / "masking.png") == "default"
+
+
+def test_zero_gradient_marks_do_not_stretch_a_shared_log_axis(tmp_path):
+    """geo-mask rejects every token at staleness ≥ 1 (gradient exactly 0, marked on the bottom edge).
+    The panels share y, and the room for the marks was added once per panel, each time from the limits
+    the previous one left: 4 panels gave the data 58% of the log axis (9 panels: down to 1e-7). Added
+    once, the data keep over 75% of it."""
+    from analysis import figures, load_dataset
+
+    d = tmp_path / "z"
+    code, _, err = run_cli("sweep", "correction=tis,geo-mask", "mismatch.staleness=0,1,2,4", "seed=0", "train.steps=6",
+                           "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.tokens_every=0",
+                           f"hydra.sweep.dir={d}")
+    assert code == 0, err
+    ds = load_dataset(d)
+    assert (ds.metrics["grad_norm"] == 0).any() and (ds.metrics["grad_norm"] > 0).any()
+    for style in ("default", "paper"):
+        fig = figures.figure("grad-norm", ds, style)
+        axes = visible_axes(fig)
+        assert len(axes) == 4 and any(ln.get_gid() == "zeros" for ax in axes for ln in ax.get_lines())
+        vals = np.concatenate([np.asarray(ln.get_ydata(), dtype=float) for ax in axes for ln in ax.get_lines()
+                               if ln.get_gid() == "series"])
+        vals = vals[np.isfinite(vals) & (vals > 0)]
+        lo, hi = axes[0].get_ylim()
+        share = math.log10(vals.max() / vals.min()) / math.log10(hi / lo)
+        assert share > 0.75, (style, lo, hi, share)
