@@ -134,7 +134,7 @@ class Facets(list):
         if self.flat:
             parts.append(f"{_count(len(self.flat), 'panel')} left out, {self.flat_why}: {_facet_list(self.flat)}")
         if self.left_out:
-            parts.append(f"{len(self)} of {self.total - len(self.flat)} panels drawn, {self.why}; "
+            parts.append(f"{len(self)} of {self.total} panels drawn, {self.why}; "
                          f"left out: {_facet_list(self.left_out)}")
         elif self.total > len(self) + len(self.flat):
             parts.append(f"first {len(self)} of {self.total} panels")
