@@ -13,6 +13,10 @@ colour rules); analysis/figures.py joins `FIGURES` below to the base kinds.
                 bias ‖E ĝ − ∇J‖ / ‖∇J‖ against T; degenerate arms hollow, a Monte Carlo ∇J said so
     length-heatmap  a train sweep over T × correction: final J (mean over seeds) and the fraction of
                 seeds that collapsed, one cell each
+    threshold-training  a train sweep over the band [low, high]: final J (summary.json's, as per_job
+                reads it), peak-to-final drop, masked fraction, ESS and NaN/inf events against the band,
+                a line per correction, a row per other swept key (staleness, precision); an outcome that
+                is 0 in every run is said, not drawn
 """
 
 from __future__ import annotations
@@ -25,8 +29,8 @@ import numpy as np
 from analysis import style as st
 from analysis.load import DEGENERATE_RULE, Dataset, fmt_value, per_job, probe_frame
 from analysis.plots import (LEGEND_WIDTH, TITLES, Grid, _as_float, _fit, _label, _legend_for, _line_kwargs,
-                            _new_figure, _notes, _ordered, _seeds, _step_label, facets, finish, floor_at_zero,
-                            never_learned_note)
+                            _new_figure, _notes, _ordered, _seeds, _step_label, arm_spread, facets, finish,
+                            floor_at_zero, keep_differing, keep_distinct, never_learned_note)
 
 # Keys whose values are the engine's precision: the lines of mismatch-over-training, never its panels.
 PRECISION_KEYS = ("mismatch.precision", "mismatch", "precision")
@@ -47,6 +51,7 @@ def availability(ds: Dataset, base: dict[str, str | None]) -> dict[str, str | No
     out["survival"] = _survival_reason(ds, base["training"])
     out["length-heatmap"] = base["training"] or _lengths_reason(ds)
     out["bias-split"] = _bias_split_reason(ds)
+    out["threshold-training"] = _band_reason(ds, base["training"])
     return out
 
 
@@ -59,6 +64,17 @@ def _survival_reason(ds: Dataset, base: str | None) -> str | None:
     if len(summaries) < 2 and not any(s["collapsed"] for s in summaries):
         return "one run that did not collapse: a survival curve needs a sweep (several seeds) or a collapse"
     return None
+
+
+def flat_reasons(ds: Dataset, avail: dict[str, str | None]) -> dict[str, str]:
+    """kind -> why, for the field's kinds that can be drawn but would show only flat lines."""
+    out = {}
+    if avail.get("survival") is None:
+        summaries = [j.summary for j in ds.jobs]
+        if not any(s["collapsed"] for s in summaries):
+            out["survival"] = (f"no run collapsed (of {len(summaries)}): every survival line would be flat at 1 "
+                               "(--kind survival draws it anyway)")
+    return out
 
 
 def job_lengths(ds: Dataset) -> dict[int, float]:
@@ -107,6 +123,8 @@ def _rows_grid(n_rows: int, n_cols: int, style: str, row_height: float, panel_wi
     else:
         width = panel_width * n_cols + LEGEND_WIDTH
     fig = _new_figure((width, n_rows * row_height), style)
+    fig._is_study_legend_room = 0.0 if paper else LEGEND_WIDTH
+    fig._is_study_facets = n_rows  # a row per facet
     axes = fig.subplots(n_rows, n_cols, squeeze=False)
     for r in range(n_rows):
         for c in range(n_cols):
@@ -221,6 +239,24 @@ MOT_YLABELS = {
     "entropy": (r"entropy of $\pi_\theta$ (nats per token)", "entropy (nats)"),
 }
 MOT_WORDS = {"kl_k3": "kl_k3", "chi2_token": "χ²", "max_abs_prob_diff": "max|Δp|", "entropy": "entropy"}
+MOT_ABS_YLABELS = {"chi2_token": (r"$|\chi^2|$ per token (|mean $\rho^2 - 1$|)", r"$|\chi^2|$ per token")}
+
+
+def _mismatch_profiles(per, fs: Sequence, metrics: Sequence[str]) -> list[list[float]]:
+    """Per facet, its typical mismatch: the median of each metric over its rows (log10 of the size for
+    all but the entropy), for telling apart panels that have one line each."""
+    facet_of = {j: i for i, fc in enumerate(fs) for j in fc.jobs}
+    framed = per.assign(_facet=per["job"].map(facet_of))
+    out = []
+    for f in range(len(fs)):
+        rows = framed[framed["_facet"] == f]
+        vec = []
+        for m in metrics:
+            v = rows[m].astype(float)
+            v = v if m == "entropy" else np.log10(v.abs().where(v.abs() > 0))
+            vec.append(float(v.median()) if v.notna().any() else 0.0)
+        out.append(vec)
+    return out
 
 
 def mismatch_over_training_figure(ds: Dataset, style: str = "default"):
@@ -239,9 +275,18 @@ def _mismatch_over_training(ds: Dataset, style: str):
     seed = {"seed": ("seed", "first")} if "seed" in df.columns else {}
     per = (df.groupby(["job", "step"], sort=False)
              .agg(precision=("precision", "first"), **seed, **agg).reset_index())
-    fs = facets(ds, df, exclude=PRECISION_KEYS, by_correction=True, limit=st.PAPER_MAX_ROWS if paper else 4)
+    fs = facets(ds, df, exclude=PRECISION_KEYS, by_correction=True, limit=None)
+    limit = st.PAPER_MAX_ROWS if paper else 4
+    if per["precision"].nunique() > 1:  # the lines are precisions: keep the panels where they differ most
+        fs = keep_differing(fs, arm_spread(per, fs, metrics, arm="precision"), limit, arms="precisions")
+    else:
+        fs = keep_distinct(fs, _mismatch_profiles(per, fs, metrics), limit,
+                           what="in their mismatch (median " + ", ".join(MOT_WORDS[m] for m in metrics) + ")")
     facet_of = {j: i for i, fc in enumerate(fs) for j in fc.jobs}
     per = per.assign(_facet=per["job"].map(facet_of)).dropna(subset=["_facet"])
+    # A metric whose estimate changes sign (χ²: its sampling noise exceeds its size) is drawn as its
+    # absolute value on a log axis, hollow where it was negative: a symlog axis made it flip every step.
+    absolute = [m for m in metrics if m != "entropy" and _spread_scale(per[m].to_numpy(dtype=float)) == "symlog"]
     precisions = sorted(per["precision"].astype(str).unique(),
                         key=lambda p: (st.PRECISION_ORDER.index(p) if p in st.PRECISION_ORDER else 99, p))
     colors = st.dimension_colors("mismatch.precision", precisions)
@@ -267,10 +312,20 @@ def _mismatch_over_training(ds: Dataset, style: str):
             for m, metric in enumerate(metrics):
                 ax = axes[f][m]
                 y = cur[(metric, "median")].to_numpy(dtype=float)
+                y_raw = cur_raw[metric].to_numpy(dtype=float)
+                if metric in absolute:
+                    negative = y < 0
+                    y, y_raw = np.abs(y), np.abs(y_raw)
                 if window > 1:
-                    ax.plot(cur_raw["step"], cur_raw[metric], color=colors[p], linewidth=0.4 if paper else 0.6,
+                    ax.plot(cur_raw["step"], y_raw, color=colors[p], linewidth=0.4 if paper else 0.6,
                             alpha=0.3, gid="raw")
                 ax.plot(cur["step"], y, color=colors[p], linewidth=1.0 if paper else 1.3, label=p, gid="series")
+                if metric in absolute and negative.any():
+                    ax.plot(cur["step"].to_numpy()[negative], y[negative], linestyle="none", marker="o",
+                            markersize=2.2 if paper else 3, markerfacecolor="white", markeredgecolor=colors[p],
+                            markeredgewidth=0.7, gid="negative", zorder=4)
+                if metric in absolute:
+                    continue  # a min–max band of a value that changes sign has no absolute value
                 if n_jobs.get((f, p), 1) > 1:
                     ax.fill_between(cur["step"], cur[(metric, "min")], cur[(metric, "max")], color=colors[p],
                                     alpha=0.15, linewidth=0, gid="band")
@@ -280,7 +335,10 @@ def _mismatch_over_training(ds: Dataset, style: str):
     for m, metric in enumerate(metrics):
         column = [axes[f][m] for f in range(len(fs))]
         values = per[metric].to_numpy(dtype=float)
-        scale = "linear" if metric == "entropy" else _spread_scale(values)
+        scale = "linear" if metric == "entropy" else "log" if metric in absolute else _spread_scale(values)
+        if metric in absolute:
+            notes.append(f"{MOT_WORDS[metric]} changes sign (its sampling noise exceeds its size): drawn as "
+                         f"|{MOT_WORDS[metric]}| on a log axis, hollow where negative")
         if scale == "log":
             for ax in column:
                 ax.set_yscale("log")
@@ -293,8 +351,9 @@ def _mismatch_over_training(ds: Dataset, style: str):
             floor_at_zero(column)
     if zero_lines:
         notes.append("exactly 0, not drawn on a log axis: " + ", ".join(dict.fromkeys(zero_lines)))
-    _label_rows(fig, axes, _step_label(style), [MOT_YLABELS[m][paper] for m in metrics],
-                [fc.title(style) for fc in fs], paper)
+    _label_rows(fig, axes, _step_label(style),
+                [(MOT_ABS_YLABELS.get(m) or MOT_YLABELS[m])[paper] if m in absolute else MOT_YLABELS[m][paper]
+                 for m in metrics], [fc.title(style) for fc in fs], paper)
     handles = [Line2D([], [], color=colors[p], linewidth=1.5) for p in precisions]
     labels = [f"engine precision {p}" for p in precisions]
     low, high = _seed_count(per, ("_facet", "precision"))
@@ -739,9 +798,158 @@ def _length_heatmap(ds: Dataset, style: str):
     return _finish(fig, "length-heatmap", ds, [], [], paper, _notes(*notes, fs.note), legend_below=True)
 
 
+# ----------------------------------------------------------------------------------------- threshold (training)
+BAND_KEYS = ("band", "correction.low", "correction.high")  # swept keys that set a correction's [low, high]
+BAND_METRICS = ("final_J", "drop", "masked", "ess", "nonfinite_events")
+BAND_YLABELS = {
+    "final_J": (r"final $J(\theta)$", r"final $J(\theta)$"),
+    "drop": ("peak-to-final drop of J", "peak − final J"),
+    "masked": ("masked tokens (mean fraction over the run)", "masked (frac.)"),
+    "ess": ("ESS (mean fraction over the run)", "ESS (frac.)"),
+    "nonfinite_events": ("NaN/inf loss or gradient events per run", "NaN/inf events"),
+}
+BAND_EMPTY = {
+    "drop": "J never fell from its peak in any run (drop 0)",
+    "masked": "no token masked in any run",
+    "nonfinite_events": "no NaN/inf event in any run",
+}
+
+
+def band_frame(ds: Dataset):
+    """One row per train job: correction, the band (low, high, and its name where a `band` key was
+    swept) and the outcomes drawn against it: final_J (summary.json's final_objective, as per_job
+    reads it), drop (peak − final J), masked and ess (means over the run's updates; ESS only where
+    the weights were finite) and nonfinite_events."""
+    df = ds.metrics
+    per = per_job(ds)
+    weights_ok = np.isfinite(df["is_weight_mean"].astype(float)) if "is_weight_mean" in df.columns else True
+    runs = df.assign(_ess=df["ess"].where(weights_ok) if "ess" in df.columns else np.nan).groupby("job").agg(
+        masked=("token_masked_fraction", "mean") if "token_masked_fraction" in df.columns else ("step", lambda s: np.nan),
+        ess=("_ess", "mean"))
+    for key in ("low", "high"):
+        if key in df.columns:
+            per[key] = per["job"].map(df.groupby("job")[key].first().astype(float))
+        else:
+            per[key] = per["job"].map({j.index: _as_float(j.value(f"correction.{key}")) for j in ds.jobs})
+    per["final_J"] = per["final_objective"].astype(float).where(per["nonfinite_params"] != 1)
+    per["drop"] = (per["best_objective"].astype(float) - per["final_objective"].astype(float)).clip(lower=0)
+    per["masked"] = per["job"].map(runs["masked"])
+    per["ess"] = per["job"].map(runs["ess"])
+    return per
+
+
+def _band_reason(ds: Dataset, base: str | None) -> str | None:
+    if base is not None:
+        return base
+    per = band_frame(ds)
+    if per[["low", "high"]].isna().all().all():
+        return "the runs record no correction.low / correction.high (a correction without a band)"
+    bands = per.groupby("correction")[["low", "high"]].apply(lambda g: len(g.drop_duplicates()))
+    if not len(bands) or bands.max() < 2:
+        return ("needs train runs at ≥ 2 bands of one correction (a sweep over correction.high, correction.low or "
+                "an experiment's band key, e.g. experiment=threshold-tradeoff)")
+    return None
+
+
+def threshold_training_figure(ds: Dataset, style: str = "default"):
+    with st.using(style):
+        return _threshold_training(ds, style)
+
+
+def _band_positions(per) -> tuple[dict, str, bool]:
+    """{(low, high): x}, the x label and whether x is a log axis: a band sits at its upper threshold
+    when the upper ones differ, else at its lower one."""
+    pairs = sorted({(lo, hi) for lo, hi in zip(per["low"], per["high"])}, key=lambda p: (p[1], -p[0]))
+    highs = {hi for _, hi in pairs if np.isfinite(hi)}
+    by_high = len(highs) >= 2
+    xs = {p: (p[1] if by_high else p[0]) for p in pairs}
+    vals = np.array([v for v in xs.values() if np.isfinite(v)])
+    log = len(vals) > 1 and (vals > 0).all() and vals.max() / vals.min() >= 4
+    where = "upper" if by_high else "lower"
+    return xs, where, bool(log)
+
+
+def _threshold_training(ds: Dataset, style: str):
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    paper = style == "paper"
+    per = band_frame(ds)
+    xs, where, log_x = _band_positions(per)
+    per["_x"] = [xs.get((lo, hi), np.nan) for lo, hi in zip(per["low"], per["high"])]
+    per = per.dropna(subset=["_x"])
+    metrics = [m for m in BAND_METRICS if per[m].notna().any()]
+    empty = [m for m in metrics if m in BAND_EMPTY and per[m].fillna(0).eq(0).all()]
+    metrics = [m for m in metrics if m not in empty]
+    fs = facets(ds, per, exclude=BAND_KEYS, limit=None)
+    fs = keep_differing(fs, arm_spread(per, fs, ["final_J"], x="_x"), st.PAPER_MAX_ROWS if paper else 4, what="final J")
+    names = _ordered(per["correction"].unique())
+    fig, axes = _rows_grid(len(fs), len(metrics), style, row_height=1.45 if paper else 2.6, panel_width=3.0)
+    for f, facet in enumerate(fs):
+        sub = per[per["job"].isin(facet.jobs)]
+        for name in names:
+            cur = sub[sub["correction"] == name]
+            if cur.empty:
+                continue
+            lk = st.look(name)
+            stats = cur.groupby("_x")[metrics].agg(["mean", "min", "max"]).sort_index()
+            for m, metric in enumerate(metrics):
+                ax = axes[f][m]
+                x = stats.index.to_numpy(dtype=float)
+                ax.plot(x, stats[(metric, "mean")], color=lk.color, linestyle=lk.linestyle, marker=lk.marker,
+                        markersize=3.2 if paper else 4.5, label=name, gid="series")
+                if cur.groupby("_x").size().max() > 1:
+                    ax.vlines(x, stats[(metric, "min")], stats[(metric, "max")], color=lk.color, linewidth=1.0,
+                              alpha=0.6, gid="range")
+    bands = sorted(xs.items(), key=lambda kv: kv[1])
+    named = {}
+    if "band" in per.columns:
+        named = {(lo, hi): str(b) for b, lo, hi in zip(per["band"], per["low"], per["high"])}
+    ticks = [x for _, x in bands]
+    labels = [_band_label(p, named.get(p), paper) for p, _ in bands]
+    for f in range(len(fs)):
+        for m, metric in enumerate(metrics):
+            ax = axes[f][m]
+            if log_x:
+                ax.set_xscale("log")
+            ax.xaxis.set_major_locator(FixedLocator(ticks))
+            ax.xaxis.set_minor_locator(NullLocator())
+            ax.set_xticklabels(labels if f == len(fs) - 1 else [""] * len(labels))
+            if log_x:
+                lo, hi = min(ticks), max(ticks)
+                ax.set_xlim(lo / (hi / lo) ** 0.12, hi * (hi / lo) ** 0.12)
+    for m, metric in enumerate(metrics):
+        column = [axes[f][m] for f in range(len(fs))]
+        if metric in ("masked", "ess"):
+            floor_at_zero(column, top_if_zero=1.0, ceiling=1.03)
+        elif metric in ("drop", "nonfinite_events"):
+            floor_at_zero(column)
+    xlabel = "band [low, high]"
+    _label_rows(fig, axes, xlabel, [BAND_YLABELS[m][paper] for m in metrics], [fc.title(style) for fc in fs], paper)
+    for ax in axes[-1]:
+        ax.tick_params(axis="x", labelsize=6 if paper else 8)
+    handles, labels = _legend_for(names, marker=True)
+    low, high = _seed_count(per.assign(_f=per["job"].map({j: i for i, fc in enumerate(fs) for j in fc.jobs})),
+                            ("_f", "correction", "_x"))
+    seeds = f"mean over {_seeds(low, high)}, bars: min–max" if high > 1 else "one seed per point"
+    seeds += (f"; final J: summary.json's final_objective; a band sits at its {where} threshold"
+              + (" (log axis)" if log_x else ""))
+    gone = "; ".join(BAND_EMPTY[m] for m in empty)
+    return _finish(fig, "threshold-training", ds, handles, labels, paper,
+                   _notes(seeds, f"{gone} (panel{'s' if len(empty) > 1 else ''} left out)" if empty else "",
+                          never_learned_note(per), fs.note))
+
+
+def _band_label(pair, name: str | None, paper: bool) -> str:
+    lo, hi = pair
+    text = f"{'—' if not np.isfinite(lo) else f'{lo:g}'}–{'—' if not np.isfinite(hi) else f'{hi:g}'}"
+    return f"{name}\n{text}" if name else text
+
+
 FIGURES = {
     "mismatch-over-training": mismatch_over_training_figure,
     "survival": survival_figure,
     "bias-split": bias_split_figure,
     "length-heatmap": length_heatmap_figure,
+    "threshold-training": threshold_training_figure,
 }

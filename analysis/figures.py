@@ -16,10 +16,14 @@ from runner.errors import UserError
 KINDS = plots.KINDS + tuple(field_figures.FIGURES)
 FIGURES: dict[str, Callable] = {**plots.FIGURES, **field_figures.FIGURES}
 
-def availability(ds: Dataset) -> dict[str, str | None]:
-    """kind -> None when the figure can be drawn from `ds`, else the reason it cannot."""
+def availability(ds: Dataset, flat: bool = True) -> dict[str, str | None]:
+    """kind -> None when the figure can be drawn from `ds`, else the reason it cannot (or, with
+    `flat`, the reason it would show nothing: every line flat, e.g. no run collapsed)."""
     out = plots.availability(ds)
     out.update(field_figures.availability(ds, out))
+    if flat:
+        out.update(plots.flat_reasons(ds, out))
+        out.update(field_figures.flat_reasons(ds, out))
     return out
 
 
@@ -35,7 +39,7 @@ def choose(ds: Dataset, kinds: Sequence[str] | None) -> tuple[list[str], dict[st
     for k in kinds or ():
         if k not in FIGURES:
             raise UserError(f"unknown --kind {k!r}; valid: {', '.join(KINDS)}")
-    avail = availability(ds)
+    avail = availability(ds, flat=not kinds)  # a kind asked for by name is drawn even if flat
     if kinds:
         for k in kinds:
             if avail[k] is not None:
@@ -45,6 +49,13 @@ def choose(ds: Dataset, kinds: Sequence[str] | None) -> tuple[list[str], dict[st
     if not chosen:
         raise UserError(f"{ds.path}: nothing to plot (" + "; ".join(f"{k}: {r}" for k, r in avail.items()) + ")")
     return chosen, {k: r for k, r in avail.items() if r is not None}
+
+
+def default_dir(ds: Dataset, style: str = "default") -> Path:
+    """Where `is-study plot` puts a style's figures: PATH/figures, the paper style's in
+    PATH/figures/paper, so that drawing one style never overwrites the other (the report embeds
+    the default style's)."""
+    return ds.path / "figures" / ("paper" if style == "paper" else "")
 
 
 def render(ds: Dataset, out_dir: Path, kinds: Sequence[str] | None = None, style: str = "default",

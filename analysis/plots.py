@@ -33,7 +33,10 @@ The field's figures (analysis/field_figures.py, drawn from the same data):
     length-heatmap  a train sweep over T × correction: final J and the collapse rate per cell
 
 A sweep's other swept keys (everything but the correction and the seed) become small multiples,
-one panel per combination. Data lines carry gid="series"; markers and shaded areas carry other gids.
+one panel per combination. Panels that show nothing (masking: nothing masked or clamped, ESS ≈ 1) are
+named in one line instead; when a figure holds fewer panels than there are (the paper style), it keeps
+those where the corrections differ most (`arm_spread`, `keep_differing`) and names the others; a
+figure whose every line would be flat is skipped by the default choice (`flat_reasons`). Data lines carry gid="series"; markers and shaded areas carry other gids.
 
 Two styles: `default` (for a screen: the kind and the config in the title, the legend on the right)
 and `paper` (3.3 in, one column of a two-column paper, or 7 in, both columns, when the panels need
@@ -46,6 +49,7 @@ title says which.
 from __future__ import annotations
 
 import math
+import re
 import textwrap
 from collections import Counter
 from dataclasses import dataclass, field
@@ -73,6 +77,7 @@ TITLES = {
     "survival": "Survival: seeds not yet collapsed",
     "bias-split": "Bias split into direction and size, against the response length (probe)",
     "length-heatmap": "Response length × correction",
+    "threshold-training": "Threshold trade-off (training): outcomes against the band",
 }
 SPIKE_FACTOR = 5.0  # a spike: grad norm above this many times the median of the trailing window
 SPIKE_WINDOW = 20
@@ -83,7 +88,11 @@ OUTLIER_NATS = 50.0  # |log-ratio| beyond this is a fault (e.g. an injected −1
 SEED_KEYS = ("seed",)
 CORRECTION_KEYS = ("correction",)
 STEP_LABEL = "training step (rollout batches)"
-LEGEND_WIDTH = 2.6  # inches the default style keeps on the right for the legend
+LEGEND_WIDTH = 2.6  # inches the default style keeps on the right for the legend (finish() then fits it)
+LEGEND_CHAR = 0.068  # inches a legend character takes in the default style (8.5 pt)
+TITLE_CHARS_PER_INCH = 10.5  # of the default style's title (9.5 pt DejaVu Sans)
+CONFIG_LINES = 2  # lines of config in a default-style title at most
+ONE_ROW_MIN_WIDTH = 6.8  # inches: a single panel with its legend below keeps the width it had with the legend beside
 LINE_HEIGHT = {"default": 0.19, "paper": 0.125}  # inches per line of title or legend text
 
 
@@ -111,16 +120,121 @@ class Facet:
 
 
 class Facets(list):
-    """The facets drawn; `total` counts them all (at most `limit` are drawn)."""
+    """The facets drawn; `total` counts them all (at most `limit` are drawn). `left_out` and `why`:
+    the facets a figure chose not to draw (see `keep_differing` and `drop_flat`), and why, in words."""
 
     total: int = 0
+    left_out: list = []
+    why: str = ""
+    flat: list = []
+    flat_why: str = ""
 
     @property
     def note(self) -> str:
-        return f"first {len(self)} of {self.total} panels" if self.total > len(self) else ""
+        parts = []
+        if self.flat:
+            parts.append(f"{_count(len(self.flat), 'panel')} left out, {self.flat_why}: {_facet_list(self.flat)}")
+        if self.left_out:
+            parts.append(f"{len(self)} of {self.total} panels drawn, {self.why}; "
+                         f"left out: {_facet_list(self.left_out)}")
+        elif self.total > len(self) + len(self.flat):
+            parts.append(f"first {len(self)} of {self.total} panels")
+        return " · ".join(parts)
 
 
-def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int = MAX_FACETS,
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def _facet_list(fs: Sequence[Facet], most: int = 8) -> str:
+    """'band=loose, staleness=0; band=mid, staleness=0' (keys by their last part), or 'the other 23'
+    when there are more than `most`."""
+    names = [f.title("paper") or "the only panel" for f in fs]
+    return "; ".join(names) if len(names) <= most else f"the other {len(names)}"
+
+
+def _copy_facets(fs: Facets, keep: Sequence[int]) -> Facets:
+    out = Facets(fs[i] for i in keep)
+    out.total, out.left_out, out.why, out.flat, out.flat_why = fs.total, list(fs.left_out), fs.why, list(fs.flat), \
+        fs.flat_why
+    return out
+
+
+def arm_spread(frame, fs: Sequence[Facet], cols: Sequence[str], arm: str = "correction", x: str = "step") -> list[float]:
+    """Per facet, how far apart its arms are: the largest gap, at any x, between two arms' means over
+    seeds, as a fraction of that metric's range over the whole figure (the largest over `cols`).
+    0 for a facet with one arm."""
+    facet_of = {j: i for i, fc in enumerate(fs) for j in fc.jobs}
+    framed = frame.assign(_facet=frame["job"].map(facet_of)).dropna(subset=["_facet"])
+    means = framed.groupby(["_facet", arm, x], sort=False)[list(cols)].mean()
+    gaps = means.groupby(level=["_facet", x]).agg(lambda s: s.max() - s.min()).groupby(level="_facet").max()
+    out = np.zeros(len(fs))
+    for col in cols:
+        span = float(means[col].max() - means[col].min())
+        if span > 0 and np.isfinite(span):
+            for f, gap in gaps[col].items():
+                if np.isfinite(gap):
+                    out[int(f)] = max(out[int(f)], float(gap) / span)
+    return out.tolist()
+
+
+def keep_differing(fs: Facets, scores: Sequence[float], limit: int, arms: str = "corrections",
+                   what: str = "") -> Facets:
+    """At most `limit` facets: the ones whose arms differ most (`scores`, from arm_spread), in their
+    order; the note names the others and how close their arms are."""
+    if len(fs) <= limit:
+        return fs
+    order = sorted(range(len(fs)), key=lambda i: (-scores[i], i))
+    if any(scores):  # a cut never spends a panel on arms that coincide while others differ
+        order = [i for i in order if scores[i] > 0] + [i for i in order if scores[i] <= 0]
+        limit = min(limit, sum(1 for v in scores if v > 0))
+    keep, drop = sorted(order[:limit]), sorted(order[limit:])
+    out = _copy_facets(fs, keep)
+    out.left_out = [fs[i] for i in drop]
+    worst = max(scores[i] for i in drop)
+    out.why = (f"those where the {arms} differ most{' in ' + what if what else ''} (elsewhere their lines "
+               + ("coincide)" if worst == 0 else f"are within {_pct(worst)} of the axis of each other)"))
+    return out
+
+
+def keep_distinct(fs: Facets, profiles: Sequence[Sequence[float]], limit: int, what: str = "") -> Facets:
+    """At most `limit` facets, for panels of one line each (nothing to compare within a panel): the
+    ones most unlike each other. The first is the one with the largest first value (e.g. the largest
+    KL), then each next the farthest from those kept (every value scaled by its range over the facets)."""
+    if len(fs) <= limit:
+        return fs
+    p = np.asarray(profiles, dtype=float)
+    span = np.ptp(p, axis=0)
+    p = (p - p.min(axis=0)) / np.where(span > 0, span, 1.0)
+    keep = [int(np.argmax(p[:, 0]))]
+    while len(keep) < limit:
+        dist = np.min(np.linalg.norm(p[:, None, :] - p[None, keep, :], axis=2), axis=1)
+        dist[keep] = -1
+        keep.append(int(np.argmax(dist)))
+    keep = sorted(keep)
+    out = _copy_facets(fs, keep)
+    out.left_out = [fc for i, fc in enumerate(fs) if i not in keep]
+    out.why = f"the ones most unlike each other{' ' + what if what else ''}"
+    return out
+
+
+def _pct(fraction: float) -> str:
+    pct = 100 * float(fraction)
+    return "0" if pct == 0 else f"{pct:.2g}%" if pct < 10 else f"{pct:.0f}%"
+
+
+def drop_flat(fs: Facets, flat: Sequence[bool], why: str) -> Facets:
+    """The facets that show something: those marked `flat` are named in one line of the note
+    instead of drawn (unless every facet is flat: then they stay, and say it themselves)."""
+    if not any(flat) or all(flat):
+        return fs
+    out = _copy_facets(fs, [i for i, f in enumerate(flat) if not f])
+    out.flat = [fc for fc, f in zip(fs, flat) if f]
+    out.flat_why = why
+    return out
+
+
+def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int | None = MAX_FACETS,
            by_correction: bool = False) -> Facets:
     """One facet per combination of the swept keys other than seed and `exclude`, and other than the
     correction unless `by_correction` (a figure whose lines are something else, e.g. precision)."""
@@ -136,7 +250,8 @@ def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int = MAX_FAC
             label = ", ".join(f"{k}={fmt_value(v)}" for k, v in zip(keys, values))
             out.append(Facet(label, grp["job"].tolist(), list(zip(keys, values))))
     out.total = len(out)
-    del out[limit:]
+    if limit is not None:
+        del out[limit:]
     return out
 
 
@@ -176,6 +291,8 @@ class Grid:
                 row = max(1.5, min(row, 11.0 / self.nrows))
             height = self.nrows * row
         self.fig = _new_figure((width, height), style)
+        self.fig._is_study_legend_room = 0.0 if self.paper else LEGEND_WIDTH
+        self.fig._is_study_facets = n_facets
         self.axes = self.fig.subplots(self.nrows, self.ncols, squeeze=False)
         used = {self.pos(f, m) for f in range(n_facets) for m in range(n_metrics)}
         for r in range(self.nrows):
@@ -243,13 +360,35 @@ class Grid:
         return self.fig
 
 
+def _visible_length(text: str) -> int:
+    """Characters as drawn: a TeX command (\\theta) is one glyph; $, braces, ^ and _ are none."""
+    return len(re.sub(r"[${}^_]", "", re.sub(r"\\[A-Za-z]+\s?", "x", text)))
+
+
 def _fit(text: str, inches: float, paper: bool) -> str:
     """Wrap a panel title to its panel's width, or a y label to its height (about half an em a
-    character; a label with maths is left alone, its length says little about its width)."""
-    if "$" in text:
-        return text
+    character), at spaces outside maths ($J(\\theta)$ stays whole)."""
     chars = max(int(inches * 72 / ((8 if paper else 10) * 0.5)), 12)
-    return textwrap.fill(text, chars, break_long_words=False, break_on_hyphens=False)
+    if "$" not in text:
+        return textwrap.fill(text, chars, break_long_words=False, break_on_hyphens=False)
+    words, depth, cur = [], 0, ""
+    for ch in text:
+        if ch == "$":
+            depth ^= 1
+        if ch == " " and not depth:
+            words.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    words.append(cur)
+    lines = [""]
+    for w in words:
+        joined = f"{lines[-1]} {w}" if lines[-1] else w
+        if lines[-1] and _visible_length(joined) > chars:
+            lines.append(w)
+        else:
+            lines[-1] = joined
+    return "\n".join(lines)
 
 
 def _new_figure(size: tuple[float, float], style: str):
@@ -396,6 +535,15 @@ def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str
     style = "paper" if paper else "default"
     width = fig.get_figwidth()
     grow = 0.0
+    room = getattr(fig, "_is_study_legend_room", 0.0)  # inches the figure kept on the right for a legend
+    if not paper and room:
+        if legend_below or getattr(fig, "_is_study_facets", 2) <= 1 or not handles:
+            # One facet (a single run): a legend beside its panels took a third of the width; below, one
+            # line. A single narrow panel keeps some of the room, for the title and the legend's entries.
+            legend_below = True
+            width = max(width - room, min(width, ONE_ROW_MIN_WIDTH))
+        else:  # as wide as its longest entry needs, no wider than the room kept
+            width += min(max(len(str(lab)) for lab in labels) * LEGEND_CHAR + 0.8, room) - room
     if paper:
         text = note
         if text:
@@ -403,11 +551,20 @@ def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str
             fig.suptitle(wrapped, fontsize=6.5, x=0.01, ha="left", color="0.2")
             grow += (wrapped.count("\n") + 1) * LINE_HEIGHT[style] + 0.08
     else:
-        chars = max(int((width - (0 if legend_below else LEGEND_WIDTH)) * 12.5), 40)
-        wrapped = textwrap.fill(config + (f" · {note}" if note else ""), width=chars, break_long_words=True,
-                                break_on_hyphens=False)
-        fig.suptitle(f"{title}\n{wrapped}", fontsize="medium", x=0.01, ha="left")
-        grow += (wrapped.count("\n") + 2) * LINE_HEIGHT[style] + 0.15
+        # The title: the kind, then the config on one line (in full in the files' metadata), then the
+        # notes; wrapped to the panels' width (the legend on the right starts at the top, beside it).
+        legend_w = 0.0 if legend_below or not handles else width - (fig.get_figwidth() - room)
+        chars = max(int((width - legend_w) * TITLE_CHARS_PER_INCH), 40)
+        config_lines = textwrap.wrap(config, width=chars, break_long_words=True, break_on_hyphens=False) or [""]
+        if len(config_lines) > CONFIG_LINES:  # the rest is in the files' metadata
+            config_lines = config_lines[:CONFIG_LINES]
+            config_lines[-1] = config_lines[-1][:chars - 1].rstrip() + "…"
+        lines = [title, *config_lines]
+        if note:
+            lines.append(textwrap.fill(note, width=chars, break_long_words=True, break_on_hyphens=False))
+        text = "\n".join(lines)
+        fig.suptitle(text, fontsize="medium", x=0.01, ha="left")
+        grow += (text.count("\n") + 1) * LINE_HEIGHT[style] + 0.15
     if handles:
         if paper or legend_below:
             ncol = _legend_columns(labels, width, 0.048 if paper else 0.075)
@@ -555,6 +712,8 @@ def availability(ds: Dataset) -> dict[str, str | None]:
     pr = ds.probe
     if pr is None:
         out["threshold"] = out["presets"] = "no probe results here (probe.csv): run `is-study run study=probe`"
+        if ds.metrics is not None:
+            out["threshold"] += " (training runs against the band: --kind threshold-training)"
     elif not {"preset", "bias_norm"} <= set(pr.columns):
         out["threshold"] = out["presets"] = "probe.csv lacks preset / bias_norm"
     else:
@@ -567,6 +726,28 @@ def availability(ds: Dataset) -> dict[str, str | None]:
             "one band per preset: see --kind presets")
     out["mismatch"] = None if ds.tokens is not None else (
         "no tokens.csv here (per-token trainer and rollout log-probs, written by the train study)")
+    return out
+
+
+def flat_reasons(ds: Dataset, avail: dict[str, str | None]) -> dict[str, str]:
+    """kind -> why, for the kinds that can be drawn (`avail`) but would show only flat lines: left out
+    of the default choice with that reason, drawn when asked for by name."""
+    out = {}
+    if avail.get("masking") is None:
+        df = ds.metrics
+        per = df.groupby(["job", "step"]).agg(
+            masked=("token_masked_fraction", "mean"), clamped=("clamped_fraction", "mean"), ess=("ess", "mean"),
+            bad=("is_weight_mean", lambda v: bool((~np.isfinite(v.astype(float))).any()))
+            if "is_weight_mean" in df.columns else ("ess", lambda v: False))
+        if (per["masked"].fillna(0).max() <= FLAT_FRACTION and per["clamped"].fillna(0).max() <= FLAT_FRACTION
+                and per["ess"].min() >= 1 - FLAT_FRACTION and not per["bad"].any()):
+            out["masking"] = (f"flat in every run: masked and clamped fractions ≤ {FLAT_FRACTION:g}, ESS ≥ "
+                              f"{per['ess'].min():.3g} in every step (--kind masking draws it anyway)")
+    if avail.get("stability") is None:
+        per = per_job(ds)
+        if per["nonfinite"].fillna(0).eq(0).all() and per["collapsed"].fillna(0).eq(0).all():
+            out["stability"] = (f"no NaN/inf update and no collapse in any of the {len(per)} runs: every line "
+                                "would be flat at 0 (--kind stability draws it anyway)")
     return out
 
 
@@ -642,7 +823,9 @@ def _training(ds: Dataset, style: str):
     se = per["se"].astype(float) if "se" in per.columns else None
     monte_carlo = se is not None and bool((se > 0).any())
     metrics = ("objective", "reward")
-    fs = facets(ds, df, limit=Grid.capacity(style, len(metrics)))
+    fs = facets(ds, df, limit=None)
+    # A cut keeps the panels where the corrections' J differ most (the batch reward is too noisy to rank by).
+    fs = keep_differing(fs, arm_spread(per, fs, ["objective"]), Grid.capacity(style, len(metrics)), what="J")
     names = _ordered(per["correction"].unique())
     grid = Grid(len(fs), 2, style)
     flagged = _ordered(per.loc[per["bad"].astype(bool), "correction"].unique())
@@ -755,11 +938,13 @@ def _grad_norm(ds: Dataset, style: str):
                         markerfacecolor="none", markeredgewidth=1.0, color=kw["color"],
                         transform=ax.get_xaxis_transform(), clip_on=False, gid="zeros")
         ax.set_yscale("log")
-    for f in range(len(fs)):  # headroom for the marks on the edges
-        ax = grid.ax(f, 0)
-        lo, hi = ax.get_ylim()
+    # Headroom for the marks on the edges, from each panel's limits before any is widened: the panels
+    # share y, and widening them one after another from the limits the last one left compounded
+    # (9 panels stretched the axis down to 1e-7 and squashed the data into its top third).
+    limits = [grid.ax(f, 0).get_ylim() for f in range(len(fs))]
+    for f, (lo, hi) in enumerate(limits):
         if (n_bad or n_zero) and np.isfinite(hi) and hi > 0 and lo > 0:
-            ax.set_ylim(lo / (hi / lo) ** (0.12 if n_zero else 0), hi * (hi / lo) ** (0.12 if n_bad else 0))
+            grid.ax(f, 0).set_ylim(lo / (hi / lo) ** (0.12 if n_zero else 0), hi * (hi / lo) ** (0.12 if n_bad else 0))
     grid.label(_step_label(style), [_label(style, r"gradient norm $\|\nabla_\theta L\|_2$ before clipping",
                                            r"$\|\nabla_\theta L\|_2$ (unclipped)")], fs)
     extra = []
@@ -792,9 +977,10 @@ def _stability(ds: Dataset, style: str):
     fs = facets(ds, ds.metrics, exclude=("mismatch.staleness", "staleness"), limit=Grid.capacity(style, 2))
     names = _ordered(per["correction"].unique())
     ks = sorted(per["staleness"].unique())
-    pos = {k: i for i, k in enumerate(ks)}
-    width = 0.6
-    offsets = {n: (i - (len(names) - 1) / 2) * (width / max(len(names), 1)) for i, n in enumerate(names)}
+    # A numeric axis (k = 0, 2, 8 are not evenly spaced); the corrections' points sit side by side
+    # around each k, a few percent of the axis apart, so that equal values do not hide each other.
+    span = float(ks[-1] - ks[0]) or 1.0
+    offsets = {n: (i - (len(names) - 1) / 2) * 0.025 * span for i, n in enumerate(names)}
     grid = Grid(len(fs), 2, style, sharex=True)
     for f, facet in enumerate(fs):
         sub = per[per["job"].isin(facet.jobs)]
@@ -809,7 +995,7 @@ def _stability(ds: Dataset, style: str):
                 stats = stats.dropna(subset=["mean"])
                 if stats.empty:
                     continue
-                xs = stats["staleness"].map(pos).to_numpy(dtype=float) + offsets[name]
+                xs = stats["staleness"].to_numpy(dtype=float) + offsets[name]
                 ax.plot(xs, stats["mean"], color=lk.color, linestyle=lk.linestyle, marker=lk.marker,
                         markersize=3.2 if style == "paper" else 4.5, label=name, gid="series")
                 if metric == "nonfinite" and stats["count"].max() > 1:
@@ -819,9 +1005,9 @@ def _stability(ds: Dataset, style: str):
     for f in range(len(fs)):
         for m in range(2):
             ax = grid.ax(f, m)
-            ax.xaxis.set_major_locator(FixedLocator(list(range(len(ks)))))
+            ax.xaxis.set_major_locator(FixedLocator([float(k) for k in ks]))
             ax.set_xticklabels([fmt_value(k) for k in ks])
-            ax.set_xlim(-0.6, len(ks) - 0.4)
+            ax.set_xlim(ks[0] - 0.08 * span, ks[-1] + 0.08 * span)
     for m, nothing in enumerate(("no NaN/inf update in any run", "no run collapsed")):
         axes = grid.metric_axes(m)  # fractions: [0, 1], the points at 0 drawn over the axis
         floor_at_zero(axes, top_if_zero=1.05, zero_note=nothing)
@@ -948,6 +1134,11 @@ def _threshold(ds: Dataset, style: str):
     highs = pr["high"].astype(float)
     log_x = (highs > 0).all() and highs.max() / max(highs.min(), 1e-300) >= 8
     values = sorted(highs.unique())
+    # The band's lower threshold, where it changes with the upper one ([0.8, 1.25], [0.5, 2]): each
+    # tick names both, the lower beneath in brackets (a band sits at its upper threshold).
+    lows = pr.assign(_low=pr["low"].apply(_as_float) if "low" in pr.columns else np.nan).groupby("high")["_low"]
+    lower = {h: sorted(set(v for v in g if np.isfinite(v))) for h, g in lows}
+    both = len({v for vs in lower.values() for v in vs}) > 1 and len(values) <= (4 if style == "paper" else 6)
     for m, metric in enumerate(metrics):
         vals = pr[metric].astype(float)
         vals = vals[np.isfinite(vals)]
@@ -957,13 +1148,19 @@ def _threshold(ds: Dataset, style: str):
             if log_x:
                 ax.set_xscale("log")
                 _threshold_ticks(ax, values, style)
+            if both:
+                _band_ticks(ax, values, lower)
             if log_y:
                 ax.set_yscale("log")
             if metric == "rel_mse":
                 ax.axhline(1.0, color="0.45", linestyle=":", linewidth=0.9, gid="reference", zorder=1)
         if not log_y:
             floor_at_zero(grid.metric_axes(m))
-    grid.label(_label(style, r"upper threshold $\rho_{\max}$ of the band (high)", r"upper threshold $\rho_{\max}$"),
+    xlabel = _label(style, r"upper threshold $\rho_{\max}$ of the band (high)", r"upper threshold $\rho_{\max}$")
+    if both:
+        xlabel = _label(style, r"band: upper threshold $\rho_{\max}$ (lower $\rho_{\min}$)",
+                        r"band: $\rho_{\max}$ ($\rho_{\min}$)")
+    grid.label(xlabel,
                [PROBE_YLABELS[m][style == "paper"] for m in metrics], fs)
     extra = []
     if n_starred:
@@ -992,6 +1189,16 @@ def _threshold_ticks(ax, values: Sequence[float], style: str) -> None:
         ax.xaxis.set_major_locator(LogLocator(base=10))
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, pos: f"{v:g}"))
     ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def _band_ticks(ax, values: Sequence[float], lower: dict) -> None:
+    """A tick at each band's upper threshold, labelled with both thresholds: '1.25\n(0.8)'."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.xaxis.set_major_locator(FixedLocator(list(values)))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([f"{v:g}\n(" + ", ".join(f"{lo:g}" for lo in lower.get(v, [])) + ")" if lower.get(v) else f"{v:g}"
+                        for v in values])
 
 
 def _ci(stats):
@@ -1219,18 +1426,15 @@ def _mismatch(ds: Dataset, style: str):
         handles.append(Line2D([], [], color=color, marker="o", markersize=3.5))
         labels.append(f"{label} ({len(g):,} tokens)")
     ax_h.set_yscale("log")
+    edge = R * (2.5 if symlog else 1.25) if beyond_total else R
     if symlog:
         ax_h.set_xscale("symlog", linthresh=c, linscale=0.5)
-        # Decade ticks from 10·c outwards (ticks inside the linear region collide around 0), every
-        # other decade when the panel is narrow.
-        decades = 10.0 ** np.arange(math.ceil(math.log10(c)) + 1, math.floor(math.log10(R)) + 1)
-        if len(decades) > (2 if paper else 3):  # "−10⁻³" is ~0.45 in wide: a 4 in panel holds ~8 labels
-            decades = decades[::-1][::2][::-1]
         from matplotlib.ticker import FixedLocator
 
+        panel_in = (grid.fig.get_figwidth() - getattr(grid.fig, "_is_study_legend_room", 0.0)) / 3 - 0.6
+        decades = symlog_decades(c, R, edge, panel_in, paper)
         ax_h.xaxis.set_major_locator(FixedLocator([*(-decades[::-1]), 0.0, *decades]))
         ax_h.minorticks_off()
-    edge = R * (2.5 if symlog else 1.25) if beyond_total else R
     for color, n_below, n_above in tails:
         for n_side, span in ((n_below, [-edge, -R]), (n_above, [R, edge])):
             if n_side:
@@ -1274,6 +1478,27 @@ def _mismatch(ds: Dataset, style: str):
     return grid.finish(TITLES["mismatch"], ds, handles, labels, note)
 
 
+SYMLOG_LINSCALE = 0.5
+
+
+def symlog_decades(c: float, R: float, edge: float, panel_in: float, paper: bool) -> np.ndarray:
+    """The positive decade ticks of a symlog x axis (linear within ±c, drawn to ±edge) that fit a
+    panel `panel_in` wide: from the outermost decade ≤ R inwards, every `step`-th, so that two labels
+    ("−10⁻³", about 0.4 in, 0.3 in in the paper style) never touch, and none so close to 0 that it
+    runs into the "0"."""
+    decades = 10.0 ** np.arange(math.ceil(math.log10(c)) + 1, math.floor(math.log10(R)) + 1)
+    if not len(decades):
+        return decades
+    linear = SYMLOG_LINSCALE / (1 - 1 / 10)  # the linear stretch per side, in decades (matplotlib's rule)
+    units = 2 * (linear + math.log10(max(edge, R) / c))  # the axis's width in decades
+    per_unit = max(panel_in, 0.5) / units  # inches a decade takes
+    label = (0.3 if paper else 0.4) * 1.3  # a label's width, with a gap
+    step = max(1, math.ceil(label / per_unit))
+    kept = decades[::-1][::step][::-1]
+    at = linear + np.log10(kept / c)  # distance from 0, in decades
+    return kept[at * per_unit >= 0.75 * label]
+
+
 # ----------------------------------------------------------------------------------------- masking
 def masking_figure(ds: Dataset, style: str = "default"):
     with st.using(style):
@@ -1298,7 +1523,9 @@ def _masking(ds: Dataset, style: str):
     metrics = tuple(m for m in metrics if m not in flat)
     ylabels = tuple(lab for m, lab in zip(("token_masked_fraction", "clamped_fraction", "ess"), ylabels)
                     if m in metrics)
-    fs = facets(ds, df, limit=Grid.capacity(style, len(metrics)))
+    fs = facets(ds, df, limit=None)
+    fs = drop_flat(fs, *_flat_masking(per, fs, metrics))
+    fs = keep_differing(fs, arm_spread(per, fs, metrics), Grid.capacity(style, len(metrics)))
     names = _ordered(per["correction"].unique())
     grid = Grid(len(fs), len(metrics), style, row_height=(1.2 if style == "paper" else None))
     bands = _bands(per, fs, "step", metrics)
@@ -1335,6 +1562,34 @@ def _masking(ds: Dataset, style: str):
     return grid.finish(TITLES["masking"], ds, handles, labels, _notes(_seed_note(per, fs), gone, fs.note))
 
 
+FLAT_FRACTION = 0.02  # of a [0, 1] axis: a masked or clamped fraction this small, or an ESS this close to 1, reads as flat
+
+
+def _flat_masking(per, fs: Sequence[Facet], metrics: Sequence[str]) -> tuple[list[bool], str]:
+    """Which facets show nothing (every correction's mean line: masked and clamped fractions at most
+    FLAT_FRACTION, ESS at least 1 − FLAT_FRACTION, no undefined ESS), and the note's words for them."""
+    facet_of = {j: i for i, fc in enumerate(fs) for j in fc.jobs}
+    framed = per.assign(_facet=per["job"].map(facet_of))
+    means = framed.groupby(["_facet", "correction", "step"])[list(metrics)].mean().groupby(level="_facet")
+    worst = {m: (means[m].min() if m == "ess" else means[m].max()) for m in metrics}
+    undefined = framed.groupby("_facet")["undefined"].any()
+    flat = []
+    for f in range(len(fs)):
+        ok = not bool(undefined.get(f, False))
+        for m in metrics:
+            v = float(worst[m].get(f, np.nan))
+            ok = ok and np.isfinite(v) and (v >= 1 - FLAT_FRACTION if m == "ess" else v <= FLAT_FRACTION)
+        flat.append(ok)
+    words = {"token_masked_fraction": "masked", "clamped_fraction": "clamped"}
+    parts = []
+    for m in (m for m in metrics if m in words and any(flat)):
+        top = max(float(worst[m].get(f)) for f in range(len(fs)) if flat[f])
+        parts.append(f"nothing {words[m]}" if top == 0 else f"{words[m]} ≤ {_pct(top)}")
+    if "ess" in metrics and any(flat):
+        parts.append(f"ESS ≥ {min(float(worst['ess'].get(f)) for f in range(len(fs)) if flat[f]):.3g}")
+    return flat, "flat (" + ", ".join(parts) + " in every step)"
+
+
 # ----------------------------------------------------------------------------------------- render
 FIGURES: dict[str, Callable] = {
     "training": training_figure,
@@ -1350,7 +1605,8 @@ FIGURES: dict[str, Callable] = {
 def _metadata(fig, ext: str) -> dict:
     meta = getattr(fig, "_is_study_meta", None) or {}
     if ext == "png":
-        return {"Title": meta.get("Title", ""), "Description": meta.get("Subject", ""), "Software": "is-study"}
+        return {"Title": meta.get("Title", ""), "Description": meta.get("Subject", ""), "Software": "is-study",
+                "Style": getattr(fig, "_is_study_style", "default")}
     if ext == "pdf":
         # no CreationDate: the same runs give byte-identical PDFs, so regenerated figures diff only when drawn differently
         return {"Title": meta.get("Title", ""), "Subject": meta.get("Subject", ""), "Creator": "is-study",
@@ -1373,6 +1629,18 @@ def save(fig, out_dir: Path, name: str, style: str = "default", formats: Sequenc
                 fig.set_layout_engine("none")
             paths.append(path)
     return paths
+
+
+def drawn_style(png: Path) -> str | None:
+    """The style a PNG of ours was drawn in (its "Style" text chunk); None when it does not say
+    (drawn before the chunk was written, or not by is-study)."""
+    try:
+        from PIL import Image
+
+        with Image.open(png) as im:
+            return im.text.get("Style")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def ensure_dir(out_dir: Path) -> Path:

@@ -31,7 +31,7 @@ from runner.errors import UserError
 
 CASE_SUFFIXES = (".yaml", ".yml", ".json")
 MAX_TABLE_ROWS = 120
-REPORT_FIGURES = ("training", "stability", "survival", "length-heatmap", "presets", "threshold", "bias-split", "mismatch",
+REPORT_FIGURES = ("training", "threshold-training", "stability", "survival", "length-heatmap", "presets", "threshold", "bias-split", "mismatch",
                   "mismatch-over-training", "grad-norm", "masking")
 
 
@@ -597,7 +597,9 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
     fig_dir = ds.path / "figures"
     if filters:
         fig_dir = fig_dir / re.sub(r"[^A-Za-z0-9._=,-]+", "_", "_".join(filters))
-    missing = [k for k in kinds if not (fig_dir / f"{k}.png").is_file()]
+    # The default style's figures, never a paper-style PNG that an older `plot --style paper` left here.
+    missing = [k for k in kinds if not (fig_dir / f"{k}.png").is_file()
+               or plots.drawn_style(fig_dir / f"{k}.png") not in (None, "default")]
     note = []
     if missing:
         try:

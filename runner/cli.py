@@ -487,12 +487,14 @@ def aggregate(directory: Path = typer.Argument(..., help="A sweep dir (multirun/
     "mismatch-over-training (kl_k3, χ², max|Δp| and entropy vs step, a line per precision), survival (seeds not yet "
     "collapsed vs step, with ESS and grad norm aligned on each collapse), bias-split (a probe sweep over "
     "rollout.seq_len: direction and size of the bias vs T), length-heatmap (a train sweep over rollout.seq_len × "
-    "correction: final J and collapse rate). By default every kind the data allows; files are KIND.png and KIND.pdf "
-    "in --out."))
+    "correction: final J and collapse rate), threshold-training (a train sweep over the band: final J, peak-to-final "
+    "drop, masked fraction, ESS and NaN/inf events vs [low, high], a line per correction). By default every kind the "
+    "data allows, and not one that would only show flat lines (plot says which it skipped and why); files are "
+    "KIND.png and KIND.pdf in --out."))
 def plot(
     path: Path = typer.Argument(..., help="A run dir, a sweep dir (or its sweep.csv), or a probe dir.", show_default=False),
     kind: Optional[List[str]] = typer.Option(None, "--kind", "-k", help="Figure kind(s), repeated or comma-separated; default: all that apply."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: PATH/figures)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: PATH/figures; --style paper: PATH/figures/paper)."),
     style: str = typer.Option("default", "--style", help="default | paper (3.3 or 7 in wide, at most 3 rows, fonts for LaTeX)."),
 ) -> None:
     from analysis import figures, load_dataset, style as styles
@@ -500,7 +502,7 @@ def plot(
     styles.rc(style)  # an unknown style fails before any reading
     kinds = [k.strip() for item in (kind or []) for k in item.split(",") if k.strip()]
     ds = load_dataset(path)
-    written, skipped = figures.render(ds, out if out is not None else ds.path / "figures", kinds or None, style)
+    written, skipped = figures.render(ds, out if out is not None else figures.default_dir(ds, style), kinds or None, style)
     err = _console(stderr=True)
     for name, reason in skipped.items():
         err.print(f"[dim]skipped {name}: {reason}[/dim]")

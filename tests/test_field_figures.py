@@ -119,9 +119,11 @@ def test_mismatch_over_training_one_line_per_precision(precisions):
     assert kl_med["fp16"] * 10 < kl_med["bf16"] and kl_med["bf16"] * 10 < kl_med["fp8"]  # decades apart
     assert kl.get_yscale() == "log" and entropy.get_yscale() == "linear"
     assert f"bf16 {kl_med['bf16']:.2g}" in _title(fig) and "median over 2 seeds" in _title(fig)
-    # χ² (mean ρ² − 1) changes sign at this mismatch: its noise exceeds it, and the figure says so.
+    # χ² (mean ρ² − 1) changes sign at this mismatch: its noise exceeds it, and the figure says so. A
+    # symlog axis made the line flip every step (issue 31): it is |χ²| on a log axis, hollow where negative.
     assert (m["chi2_token"] < 0).any() and (m["chi2_token"] > 0).any()
-    assert chi2.get_yscale() == "symlog" and "changes sign" in _title(fig)
+    assert chi2.get_yscale() == "log" and "|" in chi2.get_ylabel() and "changes sign" in _title(fig)
+    assert all((np.asarray(ln.get_ydata(), dtype=float) >= 0).all() for ln in _series(chi2))
     from analysis import style
     from matplotlib.colors import to_hex
 

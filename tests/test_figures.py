@@ -121,7 +121,12 @@ def test_size_follows_content(cells, probe_one_band):
 
     for kind, fig in _figures(cells, TRAIN_KINDS, "default").items():
         rows = panel_rows(fig)
-        assert fig.get_figheight() <= 3.1 * rows + 1.6, (kind, rows, fig.get_size_inches())  # + title and x labels
+        # + title and x labels, and a legend's lines where it sits below the panels (one facet: issue 31)
+        renderer = draw(fig)
+        box = fig.legends[0].get_window_extent(renderer) if fig.legends else None
+        below = box is not None and box.y1 < min(ax.get_window_extent(renderer).y0 for ax in visible_axes(fig))
+        extra = box.height / fig.dpi + 0.3 if below else 0.0
+        assert fig.get_figheight() <= 3.1 * rows + 1.6 + extra, (kind, rows, fig.get_size_inches())
         assert fig.get_figwidth() <= 17.5, (kind, fig.get_size_inches())
     for style, most in (("default", 4.5), ("paper", 3.0)):
         assert plots.presets_figure(load_dataset(probe_one_band), style).get_figheight() < most  # 3 presets
@@ -347,3 +352,21 @@ def test_objective_every_n_steps_is_one_connected_line(tmp_path):
     assert line.get_marker() == "o"
     (reward_line,) = _series(reward)
     assert len(reward_line.get_xdata()) == ds.metrics["step"].nunique() == 6
+
+
+def test_threshold_ticks_name_both_thresholds_and_the_legend_keeps_off_the_title(probe_bands):
+    """The bands [0.8, 1.25], [0.5, 2], [0.2, 5] change both thresholds; the x axis showed only the
+    upper one (1, 2, 3, 4, 5). Each tick is a band now, the lower threshold beneath. One facet: the
+    legend sits below the panels, never over the title's lines (issue 31)."""
+    from tests.figure_checks import draw
+
+    for style in ("default", "paper"):
+        fig = _figures(probe_bands, ["threshold"], style)["threshold"]
+        ax = visible_axes(fig)[0]
+        assert [t.get_text() for t in ax.get_xticklabels()] == ["1.25\n(0.8)", "2\n(0.5)", "5\n(0.2)"]
+        assert "lower" in ax.get_xlabel() or r"\rho_{\min}" in ax.get_xlabel()
+        renderer = draw(fig)
+        legend = fig.legends[0].get_window_extent(renderer)
+        assert legend.y1 < min(a.get_window_extent(renderer).y0 for a in visible_axes(fig))
+        if fig._suptitle is not None and fig._suptitle.get_text():
+            assert not legend.overlaps(fig._suptitle.get_window_extent(renderer))
