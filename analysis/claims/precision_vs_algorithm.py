@@ -37,6 +37,7 @@ def precision_frame(ds: Dataset):
     """One row per update where J was evaluated: precision, correction, seed, t (global update index), step,
     objective, objective_se (NaN where J is exact)."""
     df = required(ds.metrics, "training metrics (sweep.csv)", ds.path)
+    df = df[df["reward"].notna()] if "reward" in df.columns else df  # the updates' J, as before metrics.csv's final row
     df = with_keys(ds, df, precision="mismatch.precision", correction="correction", seed="seed")
     if "objective_se" not in df.columns:
         df["objective_se"] = np.nan
