@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from analysis import style as st
-from analysis.load import DEGENERATE_RULE, Dataset, fmt_value, per_job, probe_frame
+from analysis.load import DEGENERATE_RULE, Dataset, fmt_value, per_job, probe_frame, update_rows
 from analysis.plots import (LEGEND_WIDTH, TITLES, Grid, _as_float, _fit, _label, _legend_for, _line_kwargs,
                             _new_figure, _notes, _ordered, _seeds, _step_label, arm_spread, facets, finish,
                             floor_at_zero, keep_differing, keep_distinct, never_learned_note)
@@ -268,7 +268,7 @@ def _mismatch_over_training(ds: Dataset, style: str):
     from matplotlib.lines import Line2D
 
     paper = style == "paper"
-    df = ds.metrics
+    df = update_rows(ds.metrics)  # the final row (J only) is no update
     metrics = [m for m in MOT_METRICS if m in df.columns and df[m].notna().any()]
     # A step's value: the mean over its updates (max|Δp|: the largest of them, as its name says).
     agg = {m: (m, "max" if m == "max_abs_prob_diff" else "mean") for m in metrics}
@@ -450,7 +450,7 @@ def _survival(ds: Dataset, style: str):
     from matplotlib.lines import Line2D
 
     paper = style == "paper"
-    df = ds.metrics
+    df = update_rows(ds.metrics)  # the final row (J only) is no update
     per = per_job(ds)
     per["last_step"] = per["job"].map(df.groupby("job")["step"].max())
     per["event"] = per["collapse_step"].astype(float).where(per["collapsed"] == 1)
@@ -524,7 +524,7 @@ def _survival(ds: Dataset, style: str):
 def _lead_lag(ds: Dataset, grid, fs, names, per, paper: bool) -> None:
     """ESS and grad norm against (step − collapse step), per correction: the median over its
     collapsed runs, each run thin beneath when there are several."""
-    df = ds.metrics
+    df = update_rows(ds.metrics)  # the final row (J only) is no update
     n_upd = int(df["update"].max()) + 1 if "update" in df.columns else 1
     event = dict(zip(per["job"], per["event"]))
     rows = df[df["job"].map(event).notna()]

@@ -43,7 +43,7 @@ except AttributeError:  # pragma: no cover
 JOB_COLUMNS = ("job", "job_num", "run_dir")  # how sweep.csv may name the job of a row
 # sweep.csv keeps one column where a swept key and a metrics column hold the same value (runner/aggregate.py
 # SAME_AS): a bare sweep.csv gets the key back under its config name, so its figures facet as the job dirs'
-CONFIG_NAME_OF = {"staleness": "mismatch.staleness"}
+CONFIG_NAME_OF = {"staleness": "mismatch.staleness", "precision": "mismatch.precision"}
 DATA_FILES = ("metrics.csv", "probe.csv")
 MAX_TOKEN_ROWS = 400_000  # per dataset: enough for every histogram, bounded memory
 
@@ -584,6 +584,14 @@ def describe(ds: Dataset) -> str:
 
 
 # ----------------------------------------------------------------------------------------- per job
+def update_rows(df):
+    """metrics rows of updates only: without each run's final row (J after the last update, no reward,
+    its per-update cells empty, which a figure would otherwise take for NaN/inf values)."""
+    if df is None or "reward" not in df.columns:
+        return df
+    return df[df["reward"].notna()]
+
+
 def per_job(ds: Dataset):
     """One row per train job: correction, staleness, precision, the key columns, and
     updates, nonfinite (fraction of updates with a NaN/inf loss or gradient), nonfinite_events
@@ -599,16 +607,20 @@ def per_job(ds: Dataset):
     loss_bad = df["nonfinite_loss"].fillna(0) if "nonfinite_loss" in df.columns else 0
     grad_bad = df["nonfinite_grad"].fillna(0) if "nonfinite_grad" in df.columns else 0
     events = loss_bad + grad_bad
-    frame = df.assign(_bad=events > 0, _events=events,
+    # metrics.csv's final row (J after the last update, runner/schema.py) is no update: it has no reward
+    updates = df["reward"].notna() if "reward" in df.columns else True
+    frame = df.assign(_bad=events > 0, _events=events, _update=updates,
                       _skipped=df["skipped"].fillna(0) if "skipped" in df.columns else 0)
     seed = {"seed": ("seed", "first")} if "seed" in frame.columns else {}
     precision = {"precision": ("precision", "first")} if "precision" in frame.columns else {}
     per = (frame.groupby("job", sort=True)
                 .agg(correction=("correction", "first"), staleness=("staleness", "first"), **precision, **seed,
-                     updates=("step", "size"), nonfinite=("_bad", "mean"), nonfinite_events=("_events", "sum"),
+                     updates=("_update", "sum"), nonfinite=("_bad", "sum"), nonfinite_events=("_events", "sum"),
                      skipped=("_skipped", "sum"), last_objective=("objective", "last"),
                      max_objective=("objective", "max"), last_reward=("reward", "last"))
                 .reset_index())
+    per["nonfinite"] = per["nonfinite"] / per["updates"].where(per["updates"] > 0)
+    per["updates"] = per["updates"].astype(int)
     per["first_bad"] = per["job"].map(frame.loc[frame["_bad"]].groupby("job")["step"].min())
     summ = {j.index: j.summary or {} for j in ds.jobs}
     done = {j.index: j.done for j in ds.jobs}
@@ -626,6 +638,7 @@ def per_job(ds: Dataset):
     per["initial_objective"] = [summ.get(j, {}).get("initial_objective", np.nan) for j in per["job"]]
     for key in ("peak_step", "collapse_step", "collapse_reason"):
         per[key] = [summ.get(j, {}).get(key) for j in per["job"]]
+    # final_objective: J after the last update, the last J of metrics.csv (its final row) and summary.json's.
     # NaN/inf parameters end a run: its J is undefined from then on (summary.json's final_objective
     # is null, and final_objective above falls back to the last finite J, from before the NaN).
     per["nonfinite_params"] = [float(summ[j]["nonfinite_params"]) if "nonfinite_params" in summ.get(j, {})

@@ -60,7 +60,7 @@ import numpy as np
 
 from analysis import style as st
 from analysis import zero_grad
-from analysis.load import DEGENERATE_RULE, Dataset, describe, fmt_value, per_job, probe_frame
+from analysis.load import DEGENERATE_RULE, Dataset, describe, fmt_value, per_job, probe_frame, update_rows
 from runner.errors import UserError
 
 # The base kinds; analysis/figures.py adds the field's (analysis/field_figures.py) and dispatches.
@@ -881,7 +881,7 @@ def grad_norm_figure(ds: Dataset, style: str = "default"):
 def _grad_norm(ds: Dataset, style: str):
     from matplotlib.lines import Line2D
 
-    df = ds.metrics
+    df = update_rows(ds.metrics)  # the final row (J only) is no update
     n_updates = int(df["update"].max()) + 1 if "update" in df.columns else 1
     x = df["step"] + (df["update"] / n_updates if "update" in df.columns else 0)
     cols = ["job", "correction", "grad_norm"] + [c for c in ("seed", "all_rejected") if c in df.columns]
@@ -1506,7 +1506,7 @@ def masking_figure(ds: Dataset, style: str = "default"):
 
 
 def _masking(ds: Dataset, style: str):
-    df = ds.metrics
+    df = update_rows(ds.metrics)  # the final row (J only) is no update
     metrics = ("token_masked_fraction", "clamped_fraction", "ess")
     ylabels = ("masked tokens (fraction)", "clamped tokens (fraction)", "ESS (fraction of tokens)") if style != "paper" \
         else ("masked (frac.)", "clamped (frac.)", "ESS (frac.)")

@@ -318,7 +318,9 @@ def _train_table(ds: Dataset) -> str:
         note = f"\n\n_(first {MAX_TABLE_ROWS} of {len(rows)} rows)_"
         rows = rows[:MAX_TABLE_ROWS]
     legend = ("\n\nJ(θ) is the exact expected reward of the policy (0–1); mean ± s.d. over the " + word +
-              " where there are several. NaN/inf events count NaN/inf losses and gradients (events.csv). learned: "
+              " where there are several. final J(θ): J after the last update (summary.json's final_objective, the "
+              "last J of metrics.csv and sweep.csv). NaN/inf events count NaN/inf losses and gradients (events.csv). "
+              "learned: "
               "runs whose J rose above its start (a flat run neither learned nor collapsed).")
     return _table(rows) + note + legend
 
@@ -395,8 +397,9 @@ def drop_table(ds: Dataset) -> str | None:
         cell = ", ".join(f"{k}={row[k]}" for k in (*DROP_CELL, *others))
         lead = (f"Largest mean drop: **{mean:.3f}** at {cell} ({row['peak − final']} over {n} seed"
                 f"{'s' if n != 1 else ''}; worst {row['worst seed']}).\n\n")
-    legend = ("\n\npeak − final: J at the run's best evaluation minus J at its last (summary.json's peak_objective − "
-              "final_objective), mean ± s.d. over the seeds (peak J too: over the runs that have a final J); "
+    legend = ("\n\npeak − final: J at the run's best evaluation minus J after its last update (summary.json's "
+              "peak_objective − final_objective), mean ± s.d. over the seeds (peak J too: over the runs that have a "
+              "final J); "
               "worst seed: the largest drop. ")
     if bool(per["nan_params"].any()):
         legend += ("A run that ended with NaN parameters has no final J: it is left out of the drop and counted under "

@@ -1,4 +1,6 @@
-"""One tidy table per sweep: `is-study aggregate DIR` (and the end of every `is-study sweep`).
+"""One tidy table per sweep: `is-study aggregate DIR` (and the end of every `is-study sweep`); or per set
+of separate runs: `is-study aggregate runs/2026-12-01 runs/2026-12-02/10-11-12 --out DIR` (aggregate_runs:
+every run dir at or below the paths is a job, numbered 0, 1, ... in path order; the tables go into DIR).
 
 A job is a directory under the sweep dir holding `.hydra/overrides.yaml` (Hydra writes it before the
 job starts). Everything about a job is read from its own files, never from directory names:
@@ -11,22 +13,29 @@ job starts). Everything about a job is read from its own files, never from direc
     reported by path and reason, left out of every table but the summary, and `--resume` reruns it.
 
 Files written in the sweep dir, each atomically (a temporary file of its own, then rename):
-  sweep.csv          every finished job's metrics.csv rows (train study: one row per update),
+  sweep.csv          every finished job's metrics.csv rows (train study: one row per update, then the
+                     run's final row: J after the last update, runner/schema.py),
                      prefixed by `job` and one column per override key of the jobs (swept or fixed on
-                     the command line, e.g. `correction`, `correction.high`, `seed`). A per-job column
+                     the command line, e.g. `correction`, `correction.high`, `seed`). A key has one
+                     name in every table here, the studies' own name for it where they have one
+                     (SAME_AS: `staleness` for mismatch.staleness, `precision` for
+                     mismatch.precision), so the tables merge on it without a rename. A per-job column
                      that already holds an override key's value is kept and the key's column left
-                     out: the same name (`seed`, `correction`), or a known alias (`staleness` is
-                     `mismatch.staleness`). When the correction's band is set by something else than
+                     out. When the correction's band is set by something else than
                      `correction.low` / `correction.high` (a band preset such as threshold-tradeoff's
                      `band=tight`, or the presets' own bands), numeric `low` and `high` columns follow
                      the keys, resolved from each job's config.
   sweep_summary.csv  one row per job, finished or not: job, the override keys (and low, high as
-                     above), status (done / failed / incomplete / damaged), error (for a damaged job:
-                     the file and what is wrong with it), job_dir (relative to the sweep dir), then
-                     summary.json flattened (`events.collapse`, ...; its own `status` as
-                     `summary.status`).
+                     above), status (done / failed / incomplete / damaged), error (for a failed or
+                     damaged job: what went wrong), run_dir (the job dir relative to the table's dir,
+                     as ./00, so pandas reads it as text and it still resolves after the sweep dir is
+                     moved: sweep_dir / run_dir), then summary.json flattened (`events.collapse`, ...;
+                     its own `status` as `summary.status`; its absolute run_dir left out). A column
+                     empty for every job (error when none failed, collapse_step when none collapsed)
+                     is left out.
   sweep_probe.csv    the same as sweep.csv for studies that write probe.csv instead of metrics.csv
   sweep_events.csv   the same for events.csv (train study: NaN/inf, all_rejected, collapse events)
+  sweep_tokens.csv   the same for tokens.csv (train study: per-token trainer and engine log-probs)
 A table no job has is not written (and a stale copy from an earlier aggregate is removed).
 "Finished" = DONE or ERROR: a failed job's rows are kept when its table is whole (they show what led
 to the failure); an incomplete or damaged job's rows are not, nor a failed job's whose table is
@@ -55,10 +64,12 @@ from runner.records import DONE, ERROR, fmt, unique_temp, write_failed
 
 SUMMARY_CSV = "sweep_summary.csv"
 # per-job table -> its aggregate in the sweep dir
-TABLES = {"metrics.csv": "sweep.csv", "probe.csv": "sweep_probe.csv", "events.csv": "sweep_events.csv"}
+TABLES = {"metrics.csv": "sweep.csv", "probe.csv": "sweep_probe.csv", "events.csv": "sweep_events.csv",
+          "tokens.csv": "sweep_tokens.csv"}
 STATUSES = ("done", "failed", "incomplete", "damaged")
-# override key -> the column of the studies' tables that records the same value
-SAME_AS = {"mismatch.staleness": "staleness"}
+# override key -> the name of its column in every table written here: the name the studies' own files
+# (metrics.csv, tokens.csv, summary.json, probe.csv) give the same value, so the tables merge on it
+SAME_AS = {"mismatch.staleness": "staleness", "mismatch.precision": "precision"}
 BAND_KEYS = {"low": "correction.low", "high": "correction.high"}
 
 
@@ -139,16 +150,7 @@ def find_jobs(sweep_dir: Path | str) -> list[Job]:
         num = _job_num(job_dir)
         if num is None:
             continue
-        try:
-            strings = [str(s) for s in (_yaml_load(overrides_file) or [])]
-            overrides = parse_job_overrides(strings)
-        except (OSError, ValueError, TypeError, UserError, yaml.YAMLError) as exc:
-            strings, overrides = [], []
-            bad = Damage(overrides_file, f"unreadable ({type(exc).__name__})")
-            jobs.append(Job(num, job_dir, overrides, "damaged", f".hydra/overrides.yaml: {bad.reason}", strings, bad))
-            continue
-        status, error, found = job_status(job_dir)
-        jobs.append(Job(num, job_dir, overrides, status, error, strings, found))
+        jobs.append(_read_job(num, job_dir))
     jobs.sort(key=lambda j: j.num)
     return jobs
 
@@ -177,6 +179,18 @@ def band_values(jobs: list[Job], keys: list[str]) -> dict[int, list[str]] | None
         given = dict(job.overrides)
         seen.setdefault(tuple(given.get(k) for k in direct), set()).add(tuple(band))
     return bands if any(len(v) > 1 for v in seen.values()) else None
+
+
+def column_name(key: str) -> str:
+    """The column an override key is written under (SAME_AS: `staleness` for mismatch.staleness)."""
+    return SAME_AS.get(key, key)
+
+
+def run_dir_cell(job_dir: Path, table_dir: Path) -> str:
+    """A job dir relative to the table's dir, so the table stays right when the sweep dir moves; "./00"
+    rather than "00", so pandas reads the column as text, not as the number 0."""
+    rel = os.path.relpath(job_dir, table_dir)
+    return rel if rel.startswith(("..", os.sep)) else os.path.join(".", rel)
 
 
 def _key_values(job: Job, keys: list[str]) -> list[str]:
@@ -267,7 +281,7 @@ def concat_table(jobs: list[Job], keys: list[str], table: str, out_path: Path,
     # own low / high over the band columns
     kept = [k for k in keys if SAME_AS.get(k) not in columns]
     band = bands is not None and not any(c in columns for c in BAND_KEYS)
-    prefix_names = ["job", *kept, *(BAND_KEYS if band else ())]
+    prefix_names = ["job", *map(column_name, kept), *(BAND_KEYS if band else ())]
     cols = [c for c in columns if c not in set(prefix_names)]
     with _AtomicCsv(out_path) as out:
         out.writerow([*prefix_names, *cols])
@@ -275,13 +289,21 @@ def concat_table(jobs: list[Job], keys: list[str], table: str, out_path: Path,
             prefix = [str(job.num), *_key_values(job, kept), *(bands[job.num] if band else ())]
             pos = {c: i for i, c in enumerate(header)}
             idx = [pos.get(c, -1) for c in cols]
+            # a key this job was not given (separate runs: one set seed=1, another did not) takes the
+            # table's own value of the same name, not an empty cell
+            fill = [(1 + n, pos[k]) for n, k in enumerate(kept) if not prefix[1 + n] and k in pos]
             with open(job.dir / table, newline="", encoding="utf-8") as f:
                 reader = csv.reader(f)
                 next(reader, None)
                 for row in reader:
                     if not row:
                         continue
-                    out.writerow(prefix + [row[i] if 0 <= i < len(row) else "" for i in idx])
+                    head = prefix
+                    if fill:
+                        head = list(prefix)
+                        for at, i in fill:
+                            head[at] = row[i] if i < len(row) else ""
+                    out.writerow(head + [row[i] if 0 <= i < len(row) else "" for i in idx])
                     out.rows += 1
     return out.rows
 
@@ -308,11 +330,12 @@ def _read_summary(job_dir: Path) -> dict[str, Any]:
 
 def write_summary(jobs: list[Job], keys: list[str], out_path: Path,
                   bands: dict[int, list[str]] | None = None) -> int:
-    own = ["status", "error", "job_dir"]
-    fixed = ["job", *keys, *(BAND_KEYS if bands is not None else ()), *own]
-    # summary.json's copies of a key's value are left out (`seed`, `staleness` for
-    # mismatch.staleness); its fields named like our own columns are kept as summary.NAME
-    copies = set(fixed) - set(own) | {SAME_AS[k] for k in keys if k in SAME_AS}
+    own = ["status", "error", "run_dir"]
+    fixed = ["job", *map(column_name, keys), *(BAND_KEYS if bands is not None else ()), *own]
+    # summary.json's copies of a key's value are left out (`seed`, `staleness` for mismatch.staleness), and
+    # so is its run_dir (absolute, stale once the sweep dir moves: run_dir above is relative to the table);
+    # its other fields named like our own columns are kept as summary.NAME
+    copies = set(fixed) - {"status", "error"}
     # a damaged job's summary.json is not trusted (it may be what is damaged)
     flats = [_flatten(_read_summary(job.dir)) if job.status != "damaged" else {} for job in jobs]
     columns: dict[str, None] = {}
@@ -320,32 +343,87 @@ def write_summary(jobs: list[Job], keys: list[str], out_path: Path,
         for c in flat:
             if c not in copies:
                 columns.setdefault(c, None)
-    cols = list(columns)
-    names = [f"summary.{c}" if c in own else c for c in cols]
+    # a key this job was not given takes summary.json's value of the same name (`seed`, `staleness`)
+    rows = [[str(job.num), *(v or fmt(flat.get(column_name(k))) for k, v in zip(keys, _key_values(job, keys))),
+             *(bands[job.num] if bands is not None else []), job.status, job.error or "",
+             run_dir_cell(job.dir, out_path.parent), *(fmt(flat.get(c)) for c in columns)]
+            for job, flat in zip(jobs, flats)]
+    names = fixed + [f"summary.{c}" if c in own else c for c in columns]
+    # a column empty for every job says nothing (error when none failed, collapse_step when none
+    # collapsed, world.eos_token without an EOS token): left out; `status` and `collapsed` still say it
+    keep = [i for i, name in enumerate(names) if i < len(fixed) - len(own) or name in ("status", "run_dir")
+            or any(row[i] != "" for row in rows)]
     with _AtomicCsv(out_path) as out:
-        out.writerow(fixed + names)
-        for job, flat in zip(jobs, flats):
-            rel = os.path.relpath(job.dir, out_path.parent)
-            band = bands[job.num] if bands is not None else []
-            out.writerow([str(job.num), *_key_values(job, keys), *band, job.status, job.error or "", rel,
-                          *(fmt(flat.get(c)) for c in cols)])
+        out.writerow([names[i] for i in keep])
+        for row in rows:
+            out.writerow([row[i] for i in keep])
             out.rows += 1
     return out.rows
 
 
-def aggregate(sweep_dir: Path | str) -> Report:
-    """Write sweep.csv, sweep_summary.csv (and sweep_probe.csv / sweep_events.csv when jobs have
-    those tables) in the sweep dir; return what was found and written."""
-    sweep_dir = Path(sweep_dir)
-    jobs = find_jobs(sweep_dir)
-    if not jobs:
-        raise UserError(f"no sweep jobs in {sweep_dir} (no */.hydra/overrides.yaml)")
+def _read_job(num: int, job_dir: Path) -> Job:
+    overrides_file = job_dir / ".hydra" / "overrides.yaml"
+    try:
+        strings = [str(s) for s in (_yaml_load(overrides_file) or [])]
+        overrides = parse_job_overrides(strings)
+    except (OSError, ValueError, TypeError, UserError, yaml.YAMLError) as exc:
+        bad = Damage(overrides_file, f"unreadable ({type(exc).__name__})")
+        return Job(num, job_dir, [], "damaged", f".hydra/overrides.yaml: {bad.reason}", [], bad)
+    status, error, found = job_status(job_dir)
+    return Job(num, job_dir, overrides, status, error, strings, found)
+
+
+def find_runs(paths: Iterable[Path | str]) -> list[Job]:
+    """Every run dir (a dir holding .hydra/overrides.yaml) given or below the given paths, e.g. the
+    runs/DATE/TIME dirs of separate `is-study run`s, numbered 0, 1, ... in the order given (below one
+    path: sorted by path, so runs/DATE/TIME sort by time). A dir found twice is counted once."""
+    dirs: dict[Path, None] = {}
+    for path in map(Path, paths):
+        if not path.is_dir():
+            raise UserError(f"not a directory: {path}")
+        if (path / ".hydra" / "overrides.yaml").is_file():
+            found = [path]
+        else:
+            found = sorted(f.parent.parent for f in path.glob("**/.hydra/overrides.yaml"))
+        if not found:
+            raise UserError(f"no run dirs in {path} (nothing holds .hydra/overrides.yaml)")
+        for d in found:
+            dirs.setdefault(d.resolve(), None)
+    return [_read_job(num, d) for num, d in enumerate(dirs)]
+
+
+def _write_tables(jobs: list[Job], out_dir: Path) -> Report:
     keys = override_keys(jobs)
     bands = band_values(jobs, keys)
     written: dict[str, int] = {}
     for table, name in TABLES.items():
-        rows = concat_table(jobs, keys, table, sweep_dir / name, bands if table == "metrics.csv" else None)
-        if (sweep_dir / name).is_file():
+        rows = concat_table(jobs, keys, table, out_dir / name, bands if table == "metrics.csv" else None)
+        if (out_dir / name).is_file():
             written[name] = rows
-    written[SUMMARY_CSV] = write_summary(jobs, keys, sweep_dir / SUMMARY_CSV, bands)
-    return Report(sweep_dir, jobs, keys, written, bands is not None)
+    written[SUMMARY_CSV] = write_summary(jobs, keys, out_dir / SUMMARY_CSV, bands)
+    return Report(out_dir, jobs, keys, written, bands is not None)
+
+
+def aggregate(sweep_dir: Path | str) -> Report:
+    """Write sweep.csv, sweep_summary.csv (and sweep_probe.csv / sweep_events.csv / sweep_tokens.csv
+    when jobs have those tables) in the sweep dir; return what was found and written."""
+    sweep_dir = Path(sweep_dir)
+    jobs = find_jobs(sweep_dir)
+    if not jobs:
+        raise UserError(f"no sweep jobs in {sweep_dir} (no */.hydra/overrides.yaml)")
+    return _write_tables(jobs, sweep_dir)
+
+
+def aggregate_runs(paths: Iterable[Path | str], out_dir: Path | str) -> Report:
+    """The same tables for separate runs (`is-study aggregate runs/2026-12-01 runs/2026-12-02 --out
+    DIR`): every run dir at or below `paths` is a job (find_runs), and the tables go into out_dir
+    (created if need be), with each run's run_dir relative to it."""
+    jobs = find_runs(paths)
+    out_dir = Path(out_dir)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create {out_dir}: {exc.strerror or exc}") from None
+    if not os.access(out_dir, os.W_OK):
+        raise UserError(f"cannot write to {out_dir}: permission denied")
+    return _write_tables(jobs, out_dir)

@@ -452,23 +452,39 @@ def sweep(
 
 # ----------------------------------------------------------------------------------------- aggregate
 @app.command(help=(
-    "Write sweep.csv and sweep_summary.csv for a sweep dir (also done at the end of every sweep).  "
-    "[dim]e.g. is-study aggregate multirun/tradeoff[/dim]\n\n"
+    "Write sweep.csv and sweep_summary.csv for a sweep dir (also done at the end of every sweep), or for "
+    "separate runs.  [dim]e.g. is-study aggregate multirun/tradeoff;  is-study aggregate runs/2026-12-01 "
+    "runs/2026-12-02 --out tables/both[/dim]\n\n"
     "sweep.csv: every finished job's metrics.csv rows, prefixed by job and one column per override key, read "
     "from each job's .hydra/overrides.yaml. sweep_summary.csv: one row per job (status done / failed / "
-    "incomplete / damaged, error, summary.json). sweep_probe.csv / sweep_events.csv likewise for probe.csv / "
-    "events.csv. A job whose files are damaged (cut short, garbage appended) is named with the file and the "
-    "reason, left out of the tables, and rerun by the sweep's command with --resume."))
-def aggregate(directory: Path = typer.Argument(..., help="A sweep dir (multirun/NAME).", show_default=False)) -> None:
-    from runner.aggregate import STATUSES, aggregate as run_aggregate
+    "incomplete / damaged, error, run_dir relative to the table, summary.json). sweep_probe.csv / "
+    "sweep_events.csv / sweep_tokens.csv likewise for probe.csv / events.csv / tokens.csv. A job whose files "
+    "are damaged (cut short, garbage appended) is named with the file and the reason, left out of the "
+    "tables, and rerun by the sweep's command with --resume.\n\n"
+    "Separate runs (runs/DATE/TIME of is-study run): give their dirs, or dirs above them; every run dir "
+    "found is a job (numbered in path order) and the tables go into --out (default: the one directory given)."))
+def aggregate(directories: List[Path] = typer.Argument(..., help="A sweep dir (multirun/NAME), or run dirs "
+                                                       "or dirs holding them (runs/DATE).", show_default=False),
+              out: Optional[Path] = typer.Option(None, "--out", help="Where the tables of separate runs go "
+                                       "(default: the one directory given).", show_default=False)) -> None:
+    from runner.aggregate import STATUSES, aggregate as run_aggregate, aggregate_runs, find_jobs
     from runner.sweep import aggregate_hints, problem_lines
 
-    report = run_aggregate(directory)
+    sweep = len(directories) == 1 and directories[0].is_dir() and bool(find_jobs(directories[0]))
+    if sweep and out is None:
+        report = run_aggregate(directories[0])
+    else:
+        if out is None:
+            if len(directories) > 1 or (directories[0] / ".hydra" / "overrides.yaml").is_file():
+                raise UserError("several runs: say where their tables go with --out DIR")
+            out = directories[0]
+        report = aggregate_runs(directories, out)
     err = _console(stderr=True)
     counts = {s: len(report.by_status(s)) for s in STATUSES}
-    err.print(f"[bold]aggregate[/bold] {directory}: {len(report.jobs)} jobs ("
+    where = directories[0] if sweep and out is None else " ".join(map(str, directories))
+    err.print(f"[bold]aggregate[/bold] {where}: {len(report.jobs)} jobs ("
               + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")", soft_wrap=True)
-    for line in problem_lines(report) + aggregate_hints(report):
+    for line in problem_lines(report) + (aggregate_hints(report) if sweep and out is None else []):
         err.print(line, soft_wrap=True)
     for file, rows in report.written.items():
         typer.echo(f"{report.sweep_dir / file}\t{rows} rows")

@@ -2,7 +2,10 @@
 columns, `runner.metrics` computes the correction metrics under these names, and `analysis.load`
 reads them, all from here.
 
-metrics.csv (study=train), one row per optimizer update:
+metrics.csv (study=train), one row per optimizer update, then a final row (step = train.steps, update 0)
+holding J(θ_T) after the last update in `objective` (and objective_se) with the other per-update cells
+empty: the run's final J, the same number as summary.json's final_objective. Select the update rows
+with `df[df["reward"].notna()]` (every update row has its step's reward).
   ids        the run's constants repeated on every row, so concatenated runs stay self-describing
   training   what one update did (reward: the step's mean sampled reward; objective: J(θ_t), exact or
              Monte Carlo with objective_se beside it, empty on steps between evaluations; clipped:
@@ -38,7 +41,8 @@ def metrics_columns(metrics: bool = True, timing: bool = True, monte_carlo: bool
 ALL_METRICS_COLUMNS = metrics_columns(monte_carlo=True)
 
 # tokens.csv: every generated token's trainer (fp32) and engine log-probs at sampled steps
-TOKEN_COLUMNS = ("step", "seq", "pos", "token", "old", "roll")
+# with the run's constants after `step`, as in metrics.csv, so tokens of many runs concatenate
+TOKEN_COLUMNS = ("step", *CONSTANT_COLUMNS, "seq", "pos", "token", "old", "roll")
 
 # events.csv
 EVENT_COLUMNS = ("step", "kind", "detail", "action")

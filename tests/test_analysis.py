@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -65,7 +66,7 @@ def test_load_run_is_tidy_with_override_columns(run_dir):
     from analysis import load
 
     df = load(run_dir)
-    assert len(df) == 6 * 2  # steps × train.updates_per_step
+    assert len(df) == 6 * 2 + 1  # steps × train.updates_per_step, then the final row (J after the last update)
     assert {"job", "step", "update", "objective", "grad_norm", "correction", "train.steps"} <= set(df.columns)
     assert set(df["correction"]) == {BUG} and set(df["train.steps"]) == {6}
     assert df.attrs["kind"] == "run" and df.attrs["swept"] == [] and "correction" in df.attrs["keys"]
@@ -76,7 +77,7 @@ def test_load_sweep_reads_keys_from_hydra_files(sweep_dir, tmp_path):
 
     df = load(sweep_dir)
     assert df.attrs["swept"] == ["correction", "mismatch.staleness", "seed"]
-    assert len(df) == 8 * 6 * 2 and df["job"].nunique() == 8
+    assert len(df) == 8 * (6 * 2 + 1) and df["job"].nunique() == 8
     per_job = df.groupby("job")[["correction", "mismatch.staleness", "seed"]].nunique()
     assert (per_job == 1).all().all()
     # The same table from the job dirs alone (no sweep.csv), and the keys never come from dir names.
@@ -90,6 +91,36 @@ def test_load_sweep_reads_keys_from_hydra_files(sweep_dir, tmp_path):
     a = df[cols].astype(str).sort_values(cols).reset_index(drop=True)
     b = df2[cols].astype(str).sort_values(cols).reset_index(drop=True)
     assert a.equals(b)
+
+
+def test_per_job_counts_updates_not_the_final_row(sweep_dir):
+    """metrics.csv's final row (J after the last update) is no update: per_job still counts 6 steps × 2
+    updates, its NaN/inf fraction is over those 12, and its final J is the table's last J."""
+    import pandas as pd
+
+    from analysis.load import load_dataset, per_job
+
+    ds = load_dataset(sweep_dir)
+    per = per_job(ds).set_index("job")
+    assert (per["updates"] == 6 * 2).all()
+    df = ds.metrics
+    bad = ((df["nonfinite_loss"].fillna(0) + df["nonfinite_grad"].fillna(0)) > 0).groupby(df["job"]).sum()
+    pd.testing.assert_series_equal(per["nonfinite"], bad / 12, check_names=False)
+    last_j = df.dropna(subset=["objective"]).groupby("job")["objective"].last()
+    assert (per["final_objective"] == last_j).all()
+
+
+def test_a_bare_sweep_csv_gets_both_short_keys_back(sweep_dir, tmp_path):
+    """sweep.csv names the keys staleness and precision as metrics.csv does; read alone, it gets their
+    config names back, so figures facet as with the job dirs."""
+    from analysis import load
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    shutil.copy(sweep_dir / "sweep.csv", bare / "sweep.csv")
+    df = load(bare / "sweep.csv")
+    assert (df["mismatch.staleness"] == df["staleness"]).all() and (df["mismatch.precision"] == df["precision"]).all()
+    assert "mismatch.staleness" in df.attrs["swept"] and "mismatch.precision" not in df.attrs["swept"]
 
 
 def test_load_probe_one_row_per_cell(probe_dir):

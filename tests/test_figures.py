@@ -140,8 +140,11 @@ def test_all_zero_panels_start_at_zero_and_say_so(one_seed, cells):
     tick, nor do J and the reward."""
     from analysis import figures, load_dataset, plots
 
+    from analysis.load import update_rows
+
     ds = load_dataset(one_seed)
-    assert ds.metrics["token_masked_fraction"].eq(0).all() and ds.metrics["clamped_fraction"].eq(0).all()
+    updates = update_rows(ds.metrics)  # not the final rows (J after the last update: no update cells)
+    assert updates["token_masked_fraction"].eq(0).all() and updates["clamped_fraction"].eq(0).all()
     stab = plots.stability_figure(ds)
     axes = visible_axes(stab)
     assert len(axes) == 4 and all(ax.get_ylim() == (0.0, 1.05) for ax in axes)
@@ -163,10 +166,11 @@ def test_ess_of_nan_weights_is_a_gap_with_marks(cells):
     undefined. It used to be drawn at 0; it is a gap where every seed's is undefined, and a mark
     under the data at every step where some seed's is."""
     from analysis import load_dataset, plots
+    from analysis.load import update_rows
 
     ds = load_dataset(cells)
     fig = plots.masking_figure(ds)
-    m = ds.metrics
+    m = update_rows(ds.metrics)  # the final rows (J after the last update) have no weights
     ess_panels = visible_axes(fig)[8:]  # the ESS row: panels 8–11 (3 metric rows × 4 facets)
     facet_jobs = [sorted(m.loc[(m["correction.high"] == h) & (m["mismatch.staleness"] == k), "job"].unique())
                   for h in (2, 5) for k in (0, 2)]
@@ -351,7 +355,9 @@ def test_objective_every_n_steps_is_one_connected_line(tmp_path):
     assert list(line.get_xdata()) == evaluated and np.isfinite(np.asarray(line.get_ydata(), float)).all()
     assert line.get_marker() == "o"
     (reward_line,) = _series(reward)
-    assert len(reward_line.get_xdata()) == ds.metrics["step"].nunique() == 6
+    # every update step's reward (the final row, step 6, holds J after the last update and no reward)
+    y = np.asarray(reward_line.get_ydata(), float)
+    assert list(np.asarray(reward_line.get_xdata())[np.isfinite(y)]) == list(range(6))
 
 
 def test_threshold_ticks_name_both_thresholds_and_the_legend_keeps_off_the_title(probe_bands):

@@ -39,7 +39,7 @@ from tests.conftest import REPO, kill_at_first_done, run_cli
 # with it meets it running, short enough for CI
 SWEEP = ["correction=tis,icepop", "seed=0,1", "train.steps=300", "rollout.batch_size=2", "rollout.group_size=2",
          "log.quiet=true", "log.timing=false", "log.tokens_every=0"]
-JOBS, ROWS_PER_JOB = 4, 600
+JOBS, ROWS_PER_JOB = 4, 600 + 1  # 300 steps × 2 updates, then the final row (J after the last update)
 TINY = ["train.steps=3", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.timing=false"]
 
 
@@ -209,7 +209,7 @@ def test_aggregate_reports_damaged_jobs_and_resume_restores_the_exact_table(undi
     assert f"DAMAGED job 1 [correction=tis seed=1 " in err and f"({cut})" in err
     assert "ends in the middle of a line" in err
     assert f"DAMAGED job 2 [correction=icepop seed=0 " in err and f"({d / '02' / 'metrics.csv'})" in err
-    assert f"line 602 has 1 cell, the header {width}" in err
+    assert f"line {ROWS_PER_JOB + 2} has 1 cell, the header {width}" in err
     assert "rerun them: is-study sweep" in err and "--resume" in err
     assert "(2 done, 0 failed, 0 incomplete, 2 damaged)" in err
     rows = _read_csv(d / "sweep.csv")
@@ -217,7 +217,7 @@ def test_aggregate_reports_damaged_jobs_and_resume_restores_the_exact_table(undi
     summary = {r["job"]: r for r in _read_csv(d / "sweep_summary.csv")}
     assert [summary[j]["status"] for j in "0123"] == ["done", "damaged", "damaged", "done"]
     assert summary["1"]["error"] == "metrics.csv: ends in the middle of a line (cut short?)"
-    assert summary["2"]["error"] == f"metrics.csv: line 602 has 1 cell, the header {width}"
+    assert summary["2"]["error"] == f"metrics.csv: line {ROWS_PER_JOB + 2} has 1 cell, the header {width}"
 
     code, out, _ = run_cli("sweep", *SWEEP, f"hydra.sweep.dir={d}", "--resume", "--dry-run")
     assert code == 0 and "4 jobs, 2 already done (dry run" in out, out
@@ -426,4 +426,4 @@ def test_a_full_disk_in_a_sweep_fails_the_job_and_resume_reruns_it(tmp_path, mon
     code, _, err = run_cli("sweep", *args, "--resume")
     assert code == 0, err
     assert {r["status"] for r in _read_csv(d / "sweep_summary.csv")} == {"done"}
-    assert len(_read_csv(d / "sweep.csv")) == 2 * 3 * 2
+    assert len(_read_csv(d / "sweep.csv")) == 2 * (3 * 2 + 1)

@@ -103,3 +103,17 @@ def test_the_command_is_the_recorded_one(sweep, tmp_path):
     (copy / "sweep.json").write_text(json.dumps(manifest))
     text = _report(copy)
     assert re.search(r"is-study sweep correction=tis,\S+ mismatch\.staleness=2,10 .*--launcher joblib", text)
+
+
+def test_the_reports_final_j_is_the_tables_last_j(sweep):
+    """One final J: the report's final J(θ) cell is the mean of each run's last J in sweep.csv (J after the
+    last update), not J at the start of the last step."""
+    import pandas as pd
+
+    table = pd.read_csv(sweep / "sweep.csv")
+    last = table.dropna(subset=["objective"]).groupby("job").last()
+    tis = last[(last["correction"] == "tis") & (last["staleness"] == 2)]["objective"]
+    assert (last["step"] == 25).all()  # the final row: step = train.steps
+    text = _report(sweep)
+    row = next(ln for ln in text.splitlines() if ln.startswith("| tis") and "| 2 " in ln)
+    assert f"{tis.mean():.3f} ± {tis.std():.3f}" in row

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -25,7 +26,7 @@ from runner.hydra_app import launch
 from tests.conftest import REPO, kill_at_first_done, run_cli
 
 TINY = ["train.steps=3", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.timing=false"]
-ROWS_PER_JOB = 3 * 2  # steps × train.updates_per_step
+ROWS_PER_JOB = 3 * 2 + 1  # steps × train.updates_per_step, then the final row (J after the last update)
 GRID = ["correction=tis,icepop", "correction.high=2,5", "seed=0,1"]  # 2 × 2 × 2
 GRID_KEYS = ["correction", "correction.high", "seed"]
 
@@ -60,7 +61,7 @@ def _check_grid_sweep(sweep_dir: Path) -> None:
         per_job.setdefault(r["job"], []).append(r)
     assert sorted(per_job, key=int) == [str(i) for i in range(8)]
     assert all(len(v) == ROWS_PER_JOB for v in per_job.values())
-    assert [r["step"] for r in per_job["0"]] == ["0", "0", "1", "1", "2", "2"]
+    assert [r["step"] for r in per_job["0"]] == ["0", "0", "1", "1", "2", "2", "3"]
     summary = _read_csv(sweep_dir / "sweep_summary.csv")
     assert len(summary) == 8 and {r["status"] for r in summary} == {"done"}
     assert all(r["summary.status"] == "ok" and r["steps_run"] == "3" for r in summary)
@@ -180,9 +181,9 @@ def test_sigkill_then_resume_reruns_only_unfinished_jobs(tmp_path, cli):
     for name, mtime in done_before.items():
         assert done_after[name] == mtime, f"job dir {name} was rerun"
     rows = _read_csv(d / "sweep.csv")
-    assert len(rows) == 8 * 60 * 2
+    assert len(rows) == 8 * (60 * 2 + 1)
     for job_dir in d.glob("*/.hydra"):  # no job holds rows of two attempts
-        assert len(_read_csv(job_dir.parent / "metrics.csv")) == 60 * 2
+        assert len(_read_csv(job_dir.parent / "metrics.csv")) == 60 * 2 + 1
 
 
 def test_resume_needs_the_same_overrides_and_a_fresh_sweep_refuses_an_old_dir(basic_sweep, cli):
@@ -323,8 +324,9 @@ def test_failing_jobs_do_not_lose_the_others_and_rerun_on_resume(tmp_path, cli, 
         text = (d / f"0{j}" / "ERROR").read_text()
         assert text.splitlines()[0] == statuses[j]["error"] and "Traceback" in text
     assert "--resume" in err  # the hint to rerun what failed
-    # finished jobs' rows: job 0 (3 steps × 1 update), and the partial rows jobs 1 and 3 wrote before raising
-    assert [r["job"] for r in _read_csv(d / "sweep.csv")] == ["0", "0", "0", "1", "3"]
+    # finished jobs' rows: job 0 (3 steps × 1 update and the final row), and the partial rows jobs 1 and 3
+    # wrote before raising
+    assert [r["job"] for r in _read_csv(d / "sweep.csv")] == ["0", "0", "0", "0", "1", "3"]
 
     monkeypatch.setattr(train, "run", real_run)
     done0 = (d / "00" / "DONE").stat().st_mtime_ns
@@ -333,7 +335,7 @@ def test_failing_jobs_do_not_lose_the_others_and_rerun_on_resume(tmp_path, cli, 
     statuses = {r["job"]: r["status"] for r in _read_csv(d / "sweep_summary.csv")}
     assert statuses == {"0": "done", "1": "done", "2": "failed", "3": "failed"}
     assert not (d / "01" / "ERROR").exists()
-    assert len(_read_csv(d / "01" / "metrics.csv")) == 3  # rerun from scratch: no row of the failed attempt
+    assert len(_read_csv(d / "01" / "metrics.csv")) == 3 + 1  # rerun from scratch: no row of the failed attempt
     assert (d / "00" / "DONE").stat().st_mtime_ns == done0
 
 
@@ -541,3 +543,84 @@ def test_bench_sweep_measures_a_cold_start_without_bytecode(tmp_path):
     assert figures["nocache"]["speedup"] == round(figures["nocache"]["basic"]["wall_s"]
                                                   / figures["nocache"]["joblib"]["wall_s"], 2)
     assert "nocache joblib: wall" in res.stdout
+
+
+# ----------------------------------------------------------------------------------------- tables for pandas
+@pytest.fixture(scope="module")
+def world_sweep(tmp_path_factory):
+    """staleness × precision (2 × 2 jobs, tokens logged every step): the keys the studies' own files name."""
+    sweep_dir = tmp_path_factory.mktemp("sweeps") / "world"
+    code, _, err = run_cli("sweep", "mismatch.staleness=0,2", "mismatch.precision=bf16,fp16", *TINY,
+                           "log.tokens_every=1", f"hydra.sweep.dir={sweep_dir}")
+    assert code == 0, err
+    return sweep_dir
+
+
+def test_sweep_tables_merge_on_one_name_per_key(world_sweep):
+    """Every table names a key as the studies' files do (staleness, not mismatch.staleness), so pandas
+    merges them on the same names without a rename; sweep.csv's last J is sweep_summary.csv's final J."""
+    import pandas as pd
+
+    tables = {name: pd.read_csv(world_sweep / name)
+              for name in ("sweep.csv", "sweep_summary.csv", "sweep_events.csv", "sweep_tokens.csv")}
+    for name, df in tables.items():
+        assert not [c for c in df.columns if c.startswith("mismatch.")], name
+        assert {"job", "staleness", "precision"} <= set(df.columns), name
+    keys = ["job", "staleness", "precision"]
+    summary = tables["sweep_summary.csv"]
+    last_j = tables["sweep.csv"].groupby(keys, as_index=False)["objective"].last()
+    merged = last_j.merge(summary[[*keys, "final_objective"]], on=keys, validate="one_to_one")
+    assert len(merged) == 4
+    assert (merged["objective"] == merged["final_objective"]).all()  # one final J, to the last bit
+    tokens = tables["sweep_tokens.csv"].drop_duplicates(keys)
+    assert len(tokens.merge(summary, on=keys)) == 4
+    assert {(r.staleness, r.precision) for r in tokens.itertuples()} == {(k, p) for k in (0, 2)
+                                                                        for p in ("bf16", "fp16")}
+    assert "objective" not in summary.columns and set(summary["objective_kind"]) == {"exact"}
+
+
+def test_sweep_summary_reads_cleanly_and_survives_a_move(world_sweep, tmp_path):
+    """run_dir is text (./00, not the integer 0) relative to the sweep dir, so it still resolves after the
+    sweep dir is moved; no column is empty in every row."""
+    import pandas as pd
+
+    moved = tmp_path / "elsewhere" / "world"
+    shutil.copytree(world_sweep, moved)
+    summary = pd.read_csv(moved / "sweep_summary.csv")
+    assert summary["run_dir"].tolist() == ["./00", "./01", "./02", "./03"]
+    assert not pd.api.types.is_numeric_dtype(summary["run_dir"])
+    assert "job_dir" not in summary.columns  # one column for the job's dir
+    assert all((moved / d / "summary.json").is_file() for d in summary["run_dir"])
+    assert not summary.columns[summary.isna().all()].tolist()  # error, collapse_step, ... when none failed
+    cells = summary.select_dtypes(exclude="number").to_numpy().ravel()
+    assert not [v for v in cells if isinstance(v, str) and os.path.isabs(v)]  # summary.json's absolute run_dir
+
+
+def test_aggregate_combines_separate_runs(tmp_path, cli):
+    """`is-study aggregate runs/DAY1 runs/DAY2 --out DIR`: every run dir below the paths is a job; keys a run
+    was not given come from its own files."""
+    import pandas as pd
+
+    runs = tmp_path / "runs"
+    for day, args in (("day1/10-00-00", ["seed=1"]), ("day1/11-00-00", ["correction=tis"]),
+                      ("day2/09-00-00", ["mismatch.staleness=3"])):
+        code, _, err = cli("run", *args, *TINY, f"hydra.run.dir={runs / day}")
+        assert code == 0, err
+    code, _, err = cli("aggregate", str(runs / "day1"), str(runs / "day2"))
+    assert code == 2 and err.count("\n") == 1 and "--out" in err  # several runs: where should the tables go?
+    out = tmp_path / "tables"
+    code, stdout, err = cli("aggregate", str(runs / "day1"), str(runs / "day2"), "--out", str(out))
+    assert code == 0, err
+    assert f"{out / 'sweep.csv'}\t{3 * ROWS_PER_JOB} rows" in stdout
+    table = pd.read_csv(out / "sweep.csv")
+    summary = pd.read_csv(out / "sweep_summary.csv")
+    cells = {(r.job, r.seed, r.correction, r.staleness) for r in summary.itertuples()}
+    assert cells == {(0, 1, "none", 1), (1, 0, "tis", 1), (2, 0, "none", 3)}
+    assert set(table.groupby("job")[["seed", "correction", "staleness"]].first().itertuples(name=None)) == {
+        (0, 1, "none", 1), (1, 0, "tis", 1), (2, 0, "none", 3)}
+    assert [(out / d).resolve() for d in summary["run_dir"]] == [
+        (runs / d).resolve() for d in ("day1/10-00-00", "day1/11-00-00", "day2/09-00-00")]
+    # a directory of runs alone: the tables go into it
+    code, stdout, err = cli("aggregate", str(runs))
+    assert code == 0, err
+    assert len(pd.read_csv(runs / "sweep_summary.csv")) == 3

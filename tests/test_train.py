@@ -32,6 +32,11 @@ def rows(run_dir, name="metrics.csv"):
         return list(csv.DictReader(f))
 
 
+def update_rows(run_dir):
+    """metrics.csv without its final row (J after the last update: no reward, no update)."""
+    return [r for r in rows(run_dir) if r["reward"] != ""]
+
+
 def test_outputs_and_columns(tmp_path):
     summary, run_dir = train(tmp_path, ["correction=seq-mask-tis", "train.steps=5"])
     assert sorted(p.name for p in run_dir.iterdir()) == ["DONE", "events.csv", "metrics.csv", "summary.json", "tokens.csv"]
@@ -41,8 +46,11 @@ def test_outputs_and_columns(tmp_path):
     assert {t["step"] for t in tokens} == {"0"}
     assert float(tokens[0]["old"]) == pytest.approx(math.log(1 / 16), abs=1e-6)  # uniform θ₀ in fp32
     assert float(tokens[0]["roll"]) == -2.765625  # log(1/16) rounded to bf16
+    # the run's keys on every token row, as on metrics.csv's, so concatenated runs keep them
+    assert {(t["seed"], t["correction"], t["staleness"], t["precision"]) for t in tokens} == {
+        ("0", "seq-mask-tis", "1", "bf16")}
     metrics = rows(run_dir)
-    assert len(metrics) == 5 * 2  # one row per update: steps × updates_per_step
+    assert len(metrics) == 5 * 2 + 1  # one row per update (steps × updates_per_step), then the final row
     required = ["step", "update", "seed", "correction", "staleness", "reward", "objective", "loss", "grad_norm",
                 "update_norm", "nonfinite_loss", "nonfinite_grad", "skipped", "entropy", "wall_ms", *METRICS]
     assert set(required) <= set(metrics[0])
@@ -61,7 +69,7 @@ def test_outputs_and_columns(tmp_path):
 def test_on_policy_training_improves_the_exact_objective(tmp_path):
     """k=0, fp32, no noise, correction=none, default steps: J rises from 0.25 to above 0.9."""
     summary, run_dir = train(tmp_path, ["mismatch=none", "correction=none"])
-    metrics = rows(run_dir)
+    metrics = update_rows(run_dir)
     assert len(metrics) == 200 * 2
     # With no mismatch at all, the engine's log-probs are the trainer's: every weight is exactly 1.
     assert all(float(r["kl_k1"]) == 0.0 and float(r["is_weight_mean"]) == 1.0 for r in metrics)
@@ -117,7 +125,7 @@ def test_deterministic_bytes(tmp_path):
 def test_staleness_shows_in_the_mismatch_metrics(tmp_path):
     """k=3 in fp32: roll ≠ old once θ has moved (kl_k1 ≠ 0 from step 1 on); k=0 fp32: exactly 0."""
     _, stale = train(tmp_path, ["mismatch=none", "mismatch.staleness=3", "train.steps=6"], "stale")
-    kl = [float(r["kl_k1"]) for r in rows(stale) if r["update"] == "0"]
+    kl = [float(r["kl_k1"]) for r in update_rows(stale) if r["update"] == "0"]
     assert kl[0] == 0.0 and all(abs(v) > 1e-4 for v in kl[1:])
 
 
@@ -234,10 +242,10 @@ def test_one_correction_evaluation_per_step_changes_no_number(tmp_path, monkeypa
     monkeypatch.setattr(train_module, "apply_correction_split", lambda corr, old, roll, mask, groups, **kw: [None] * len(groups))
     _, each = train(tmp_path, args, "each")
     a, b = rows(once), rows(each)
-    assert len(a) == len(b) == 45
+    assert len(a) == len(b) == 45 + 1
     for ra, rb in zip(a, b):
         for key in ra:
-            if key in METRICS and key != "ppo_clip_fraction":
+            if key in METRICS and key != "ppo_clip_fraction" and ra[key] != "":
                 assert float(ra[key]) == pytest.approx(float(rb[key]), rel=1e-5, abs=1e-7), key
             else:
                 assert ra[key] == rb[key], key
@@ -253,7 +261,8 @@ def test_a_bypass_ratio_is_evaluated_by_each_update(tmp_path, monkeypatch):
     summary, run_dir = train(tmp_path, ["correction=tis", "correction.ratio=bypass", "train.steps=10"], "bypass")
     assert calls == [] and summary["status"] == "ok"
     assert summary["final_objective"] > summary["initial_objective"]
-    assert len(rows(run_dir)) == 20 and all(math.isfinite(float(r["is_weight_mean"])) for r in rows(run_dir))
+    assert len(update_rows(run_dir)) == 20
+    assert all(math.isfinite(float(r["is_weight_mean"])) for r in update_rows(run_dir))
     train(tmp_path, ["correction=tis", "train.steps=10"], "decoupled")
     assert calls == ["decoupled"] * 10
 
@@ -261,13 +270,14 @@ def test_a_bypass_ratio_is_evaluated_by_each_update(tmp_path, monkeypatch):
 def test_tokens_csv_gives_back_the_float32_log_probs_exactly(tmp_path):
     import numpy as np
 
-    from runner.studies.train import TOKEN_ROW
+    from runner.studies.train import token_row_template
 
+    row = token_row_template({"seed": 3, "correction": "a,b%", "staleness": 2, "precision": "bf16"})
     values = np.array([-2.7725887298583984, -1e-8, -87.33654, -0.1, np.nan, -np.inf], dtype=np.float32)
-    line = "".join(TOKEN_ROW % (0, i, 1, 2, float(v), float(v)) for i, v in enumerate(values))
-    back = np.array([float(row.split(",")[4]) for row in line.splitlines()], dtype=np.float32)
+    line = "".join(row % (0, i, 1, 2, float(v), float(v)) for i, v in enumerate(values))
+    back = np.array([float(next(csv.reader([ln]))[8]) for ln in line.splitlines()], dtype=np.float32)
     assert np.array_equal(back, values, equal_nan=True)
-    assert line.splitlines()[0] == "0,0,1,2,-2.77258873,-2.77258873"
+    assert line.splitlines()[0] == '0,3,"a,b%",2,bf16,0,1,2,-2.77258873,-2.77258873'
 
 
 def test_zero_grad_fraction_counts_the_updates_whose_gradient_is_exactly_zero(tmp_path):
@@ -278,7 +288,7 @@ def test_zero_grad_fraction_counts_the_updates_whose_gradient_is_exactly_zero(tm
     assert alone["zero_grad_fraction"] == 1.0
     mixed, run_dir = train(tmp_path, ["rollout.batch_size=1", "rollout.group_size=2", "train.updates_per_step=1",
                                       "train.steps=20", "task=target-threshold", "task.min_count=4"], "mixed")
-    norms = [float(r["grad_norm"]) for r in rows(run_dir)]
+    norms = [float(r["grad_norm"]) for r in update_rows(run_dir)]
     assert 0 < mixed["zero_grad_fraction"] < 1
     assert mixed["zero_grad_fraction"] == sum(g == 0.0 for g in norms) / len(norms)
     assert json.loads((run_dir / "summary.json").read_text())["zero_grad_fraction"] == mixed["zero_grad_fraction"]
@@ -291,3 +301,32 @@ def test_a_weighted_correction_against_the_behaviour_policy_is_refused_before_an
         train(tmp_path, ["correction=tis", "loss.ratio_against=behaviour"])
     assert "\n" not in str(err.value)
     assert not (tmp_path / "run").exists()
+
+
+def test_the_last_logged_j_is_the_summarys_final_j(tmp_path):
+    """One definition of final J: J(θ_T) after the last update. metrics.csv ends with a row at step T =
+    train.steps (update 0, no reward, no update cells) holding it, so the table's last J is summary.json's
+    final_objective to the last bit, also when J is evaluated only every few steps (7 steps, J every 3:
+    evaluated at 0, 3, 6 and after the last update, at 7)."""
+    import pandas as pd
+
+    summary, run_dir = train(tmp_path, ["train.steps=7", "train.objective_every=3", "log.timing=false"])
+    df = pd.read_csv(run_dir / "metrics.csv")
+    last = df.iloc[-1]
+    assert (last["step"], last["update"]) == (7, 0)
+    assert last["objective"] == summary["final_objective"] == df["objective"].dropna().iloc[-1]
+    per_update = [c for c in df.columns if c not in ("step", "update", "seed", "correction", "staleness",
+                                                     "precision", "objective")]
+    assert last[per_update].isna().all()
+    assert sorted(df.dropna(subset=["objective"])["step"].unique().tolist()) == [0, 3, 6, 7]
+    assert len(df[df["reward"].notna()]) == 7 * 2  # the update rows
+    # summary.json's `objective` was the string "exact" while metrics.csv's is a number: renamed
+    assert summary["objective_kind"] == "exact" and "objective" not in summary
+
+
+def test_a_run_stopped_by_nan_parameters_has_no_final_row(tmp_path):
+    """Its J after the last update is undefined (NaN parameters): summary.json says null, and no final
+    row claims a number."""
+    summary, run_dir = train(tmp_path, [FAITHFUL, *OUTLIERS, "train.on_nonfinite=apply", "train.steps=40"])
+    assert summary["nonfinite_params"] and math.isnan(summary["final_objective"])
+    assert all(r["reward"] != "" for r in rows(run_dir))

@@ -112,6 +112,7 @@ def run_frame(ds: Dataset, **keys: str):
         peak = float(ev["objective"].max()) if len(ev) else math.nan
         peak_step = float(ev["objective"].idxmax()) if len(ev) and ev["objective"].notna().any() else math.nan
         final = final_of(ev["objective"])
+        g = g[g["reward"].notna()] if "reward" in g.columns else g  # the updates: not the final row (J only)
         gn = g["grad_norm"].astype(float)
         early = gn[np.isfinite(gn) & (gn > 0)].head(20)
         moving = g[gn != 0]  # updates whose gradient is not exactly 0

@@ -42,6 +42,7 @@ def precision_frame(ds: Dataset):
     """One row per update where J was evaluated: precision, correction, seed, stream (mismatch.sampling_stream,
     0 = the seed's own), t (global update index), step, objective, objective_se (NaN where J is exact)."""
     df = required(ds.metrics, "training metrics (sweep.csv)", ds.path)
+    df = df[df["reward"].notna()] if "reward" in df.columns else df  # the updates' J, as before metrics.csv's final row
     df = with_keys(ds, df, precision="mismatch.precision", correction="correction", seed="seed",
                    stream="mismatch.sampling_stream")
     df["stream"] = df["stream"].fillna(0).astype(int)  # a dataset from before the key: every run on stream 0

@@ -169,7 +169,7 @@ def run(cfg: Any, run_dir: Path) -> dict:
     write_json_atomic(run_dir / "summary.json", summary)
     mark_done(run_dir)
     if not setup.quiet:
-        _print_summary(summary, rows)
+        _print_summary(summary, rows, train_reduction=setup.loss.reduction)
     return summary
 
 
@@ -183,7 +183,7 @@ def _best(rows: list[dict]) -> dict | None:
     return {k: best[k] for k in ("preset", "low", "high", "mse", "rel_mse", "bias_norm", "variance")}
 
 
-def _print_summary(summary: dict, rows: list[dict]) -> None:
+def _print_summary(summary: dict, rows: list[dict], train_reduction: str = "token-mean") -> None:
     from rich import box
     from rich.console import Console
     from rich.markup import escape
@@ -206,6 +206,11 @@ def _print_summary(summary: dict, rows: list[dict]) -> None:
                   + ("" if w["reference"] == "exact" else
                      f"(Monte Carlo reference, its own error ≈{w['reference_noise']:.2g}, added to every CI) ")
                   + f"engine KL={w['engine_kl']:.3g}/token; CI {w['ci']} {w['ci_level']:g}")
+    if (w["reduction"], w["baseline"]) != (train_reduction, "group-mean"):
+        # the probe's defaults are chosen for an unbiased on-policy estimate, not to match training
+        console.print(f"  estimator: {w['reduction']} reduction, {w['baseline']} baseline; not study=train's "
+                      f"(loss.reduction={train_reduction}, group-mean advantages): probe.reduction / "
+                      f"probe.baseline set it", soft_wrap=True)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("preset", "band", "bias ± ci", "MSE/‖∇J‖²", "masked", "clamped", "NaN/inf", ""):
         table.add_column(col, no_wrap=True, justify="left" if col in ("preset", "band", "") else "right")

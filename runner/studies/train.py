@@ -5,7 +5,12 @@ The training itself is runner/training/ (one step: sample, recompute `old`, corr
 study turns each step's record into the files below and writes the summary.
 
 Outputs in the run dir:
-  metrics.csv   one row per update, flushed as written:
+  metrics.csv   one row per update, flushed as written, then one final row (step = train.steps,
+                update 0): J(θ_T) after the last update in `objective` (and objective_se), every
+                per-update cell empty. "Final J" means this value everywhere: summary.json's
+                final_objective, the last J of metrics.csv / sweep.csv, the report's final J(θ).
+                A run stopped early (NaN/inf parameters, on_nonfinite=raise) has no final row, and
+                its final_objective is null: J of non-finite parameters is undefined.
                 - ids: step, update, seed, correction, staleness, precision
                 - training: reward (mean over the step's whole batch), objective (the exact J(θ_t) at
                   the start of the step: one exact evaluation a step), loss, grad_norm (before clipping),
@@ -17,7 +22,9 @@ Outputs in the run dir:
                   ppo_clip_fraction and policy_kl_k3 (runner/losses.py); dropped when log.metrics=false
                 - wall_ms: ms since training began; dropped when log.timing=false, and then the
                   file is byte-identical across runs of the same config and seed
-  tokens.csv    step, seq, pos, token, old, roll: every generated token's trainer (fp32) and engine
+  tokens.csv    step, seed, correction, staleness, precision (the run's keys, as in metrics.csv, so
+                concatenated runs stay self-describing), seq, pos, token, old, roll: every generated
+                token's trainer (fp32) and engine
                 log-probs, at step 0 and every `log.tokens_every` steps (0 turns it off): the raw
                 material of the mismatch diagnostics (log-ratio histogram, p_roll vs p_train).
                 Both are float32 values, written with the 9 significant digits that give them back
@@ -25,10 +32,11 @@ Outputs in the run dir:
   events.csv    step, kind, detail, action. Kinds: nonfinite_loss, nonfinite_grad (detail: how
                 many tokens / entries, which sequences / parameter rows), all_rejected (every
                 token of a mini-batch rejected by the correction), nonfinite_params, collapse
-  summary.json  initial, final and best objective, events by kind, collapsed, wall time, steps run,
-                zero_grad_fraction (the share of updates whose gradient was exactly 0, grad_norm = 0:
-                every advantage 0, or every token rejected; θ does not move there, so ESS and grad
-                norm in those stretches say nothing about stability)
+  summary.json  initial, final and best objective, events by kind, collapsed, wall time, steps run;
+                objective_kind says how J was computed (exact | monte-carlo); zero_grad_fraction (the share
+                of updates whose gradient was exactly 0, grad_norm = 0: every advantage 0, or every token
+                rejected; θ does not move there, so ESS and grad norm in those stretches say nothing about
+                stability)
   DONE          written last, only when the run completed (it is absent after on_nonfinite=raise)
 
 `train.on_nonfinite` and collapse: see runner/training/faults.py. A collapse is logged once as a
@@ -37,6 +45,8 @@ Outputs in the run dir:
 
 from __future__ import annotations
 
+import csv
+import io
 import sys
 import time
 from pathlib import Path
@@ -47,13 +57,14 @@ from omegaconf import DictConfig
 from runner.errors import StudyFailed, UserError
 from runner.losses import loss_metrics
 from runner.progress import Progress
-from runner.records import CsvWriter, EventWriter, NumberCsvWriter, mark_done, write_json_atomic
+from runner.records import CsvWriter, EventWriter, NumberCsvWriter, fmt, mark_done, write_json_atomic
 from runner.schema import CONSTANT_COLUMNS, EVENT_KINDS, TOKEN_COLUMNS, metrics_columns
 from runner.studies import plain_config
 from runner.training.config import Setup, load as load_setup
 from runner.training.loop import StepRecord, Trainer
 
-TOKEN_ROW = "%d,%d,%d,%d,%.9g,%.9g\n"
+# tokens.csv's cells by column: the run's constants are formatted once (token_row_template), the rest per row
+TOKEN_FORMATS = {"step": "%d", "seq": "%d", "pos": "%d", "token": "%d", "old": "%.9g", "roll": "%.9g"}
 
 
 class NonfiniteError(StudyFailed):
@@ -83,13 +94,19 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
         torch.set_num_threads(threads)
 
 
+def run_constants(s: Setup) -> dict:
+    """The run's keys, repeated on every row of metrics.csv and tokens.csv (CONSTANT_COLUMNS)."""
+    constants = {"seed": s.seed, "correction": s.correction.name, "staleness": s.mismatch.staleness,
+                 "precision": s.mismatch.precision}
+    assert tuple(constants) == CONSTANT_COLUMNS
+    return constants
+
+
 def open_writers(s: Setup, run_dir: Path, monte_carlo: bool = False) -> tuple[NumberCsvWriter, EventWriter, CsvWriter | None]:
     """metrics.csv, events.csv and (unless log.tokens_every=0) tokens.csv in run_dir."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        constants = {"seed": s.seed, "correction": s.correction.name, "staleness": s.mismatch.staleness,
-                     "precision": s.mismatch.precision}
-        assert tuple(constants) == CONSTANT_COLUMNS
+        constants = run_constants(s)
         metrics_csv = NumberCsvWriter(run_dir / "metrics.csv", metrics_columns(s.metrics, s.timing, monte_carlo),
                                       constants=constants)
         events = EventWriter(run_dir / "events.csv")
@@ -99,19 +116,31 @@ def open_writers(s: Setup, run_dir: Path, monte_carlo: bool = False) -> tuple[Nu
     return metrics_csv, events, tokens_csv
 
 
+def token_row_template(constants: dict) -> str:
+    """One %-format for a tokens.csv row: the run's constants (seed, correction, ...) written in, quoted
+    as the csv module would quote them, and a format per variable cell (TOKEN_FORMATS)."""
+    line = io.StringIO()
+    csv.writer(line, lineterminator="").writerow(
+        [fmt(constants[c]).replace("%", "%%") if c in constants else "\0" for c in TOKEN_COLUMNS])
+    parts = line.getvalue().split("\0")
+    variable = [c for c in TOKEN_COLUMNS if c not in constants]
+    return "".join(p + f for p, f in zip(parts, [TOKEN_FORMATS[c] for c in variable] + [""])) + "\n"
+
+
 class Writer:
     """One step's record → metrics.csv rows, events.csv rows and tokens.csv rows."""
 
     def __init__(self, s: Setup, run_dir: Path, monte_carlo: bool = False):
         self.s = s
         self.metrics_csv, self.events, self.tokens_csv = open_writers(s, run_dir, monte_carlo)
+        self.token_row = token_row_template(run_constants(s))
         self.t0 = time.perf_counter()
         self.updates_written = self.zero_grad_updates = 0
 
     def write(self, rec: StepRecord) -> None:
         s = self.s
         if self.tokens_csv is not None and s.tokens_every and rec.step % s.tokens_every == 0:
-            self.tokens_csv.write_number_rows(_token_rows(rec), TOKEN_ROW)
+            self.tokens_csv.write_number_rows(_token_rows(rec), self.token_row)
         objective = {} if rec.objective is None else {"objective": rec.objective}
         if rec.objective_se is not None:
             objective["objective_se"] = rec.objective_se
@@ -137,6 +166,16 @@ class Writer:
             self.metrics_csv.write(row)
         for e in rec.events:
             self.events.event(e.step, e.kind, e.detail, e.action)
+
+    def write_final(self, step: int, objective: torch.Tensor, objective_se: torch.Tensor | None) -> None:
+        """metrics.csv's last row: J(θ_T) after the last update, at step T = train.steps, update 0, with
+        every per-update cell empty (no update was made). It is summary.json's final_objective, so the
+        table's last J is the summary's final J."""
+        row = {c: "" for c in self.metrics_csv.columns}
+        row.update({"step": step, "update": 0, "objective": float(objective)})
+        if objective_se is not None:
+            row["objective_se"] = float(objective_se)
+        self.metrics_csv.write(row)
 
     def close(self) -> None:
         self.metrics_csv.close()
@@ -180,7 +219,9 @@ class Run:
             if rec.objective is not None:
                 last_objective = float(rec.objective)
             progress.advance(f"J {last_objective:.3f}")
-        self.final_objective, events = trainer.finish()
+        final, final_se, events = trainer.finish()
+        self.final_objective = float(final)
+        self.writer.write_final(s.train.steps, final, final_se)
         for e in events:
             self.writer.events.event(e.step, e.kind, e.detail, e.action)
 
@@ -214,7 +255,7 @@ class Run:
             "collapsed": trainer.collapse.reason is not None,
             "collapse_step": trainer.collapse.step,
             "collapse_reason": trainer.collapse.reason,
-            "objective": "monte-carlo" if trainer.objective_fn.monte_carlo else "exact",
+            "objective_kind": "monte-carlo" if trainer.objective_fn.monte_carlo else "exact",
             "objective_every": s.train.objective_every,
             "device": str(s.device),
             "world": s.world.summary(),  # its shape, and a warm start's measurements where it has one

@@ -130,11 +130,12 @@ class Trainer:
                 break
         return record
 
-    def finish(self) -> tuple[float, list[Event]]:
-        """J at the end of training, tracked like every other objective value, and its events."""
-        value = self.objective()
-        event = self.collapse.observe_objective(self.s.train.steps, value)
-        return value, [] if event is None else [event]
+    def finish(self) -> tuple[torch.Tensor, torch.Tensor | None, list[Event]]:
+        """J(θ_T) after the last update (0-d float64) and its Monte Carlo SE (None when exact), tracked
+        like every other objective value at step T = train.steps, and its events."""
+        value, se = self.objective_tensor()
+        event = self.collapse.observe_objective(self.s.train.steps, float(value))
+        return value, se, [] if event is None else [event]
 
     @staticmethod
     def _note(record: StepRecord, event: Event | None) -> None:
