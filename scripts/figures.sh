@@ -5,11 +5,10 @@
 # writes figures/WORLD/verdicts.json and figures/VERDICTS.md: one table, claim × world → holds / does not hold /
 # inconclusive / untestable here with n and the key numbers, then every verdict in full (rules: analysis/claims/).
 #
-#   bash scripts/figures.sh          default size: 449 s measured on the 2-core machine, idle but for its own
-#                                    2 workers (2026-12-01, load average 1.6–2.7): bigram 66 s, mlp 153 s,
-#                                    transformer 202 s, with the transformer's SFT warm start cached (in a fresh
-#                                    cache it is trained once first: 1.5–3 min more). Shared with other jobs the
-#                                    same run took 721 s (load 3.5) and 884–909 s (load 4–5, 842–869 CPU-seconds).
+#   bash scripts/figures.sh          default size: 808 s measured on the 2-core machine, idle but for its own
+#                                    2 workers (2026-12-01, AMD EPYC, load average 1.3–2.1 at the end), with the
+#                                    fp32, chaos-floor and M2PO arms the verdict rules use and the transformer's
+#                                    SFT warm start trained first in a fresh cache (1.5–3 min of it).
 #   bash scripts/figures.sh --full   paper size (figures/full/WORLD/): more seeds, steps, lengths, repeats. Measured
 #                                    2026-12-01 on the same machine, its cores shared with a mutation-testing run:
 #                                    bigram ≈ 9 min, mlp 41 min, transformer 54 min (about 1 h 45 min in all).
@@ -28,7 +27,7 @@ SIZE=default
 for arg in "$@"; do
   case "$arg" in
     --full) SIZE=full ;;
-    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "figures.sh: unknown argument: $arg (usage: bash scripts/figures.sh [--full])" >&2; exit 2 ;;
   esac
 done
