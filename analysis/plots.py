@@ -734,7 +734,7 @@ def flat_reasons(ds: Dataset, avail: dict[str, str | None]) -> dict[str, str]:
     of the default choice with that reason, drawn when asked for by name."""
     out = {}
     if avail.get("masking") is None:
-        df = ds.metrics
+        df = update_rows(ds.metrics)  # the final row (J after the last update) has no weights
         per = df.groupby(["job", "step"]).agg(
             masked=("token_masked_fraction", "mean"), clamped=("clamped_fraction", "mean"), ess=("ess", "mean"),
             bad=("is_weight_mean", lambda v: bool((~np.isfinite(v.astype(float))).any()))

@@ -410,7 +410,7 @@ def test_a_full_disk_in_a_sweep_fails_the_job_and_resume_reruns_it(tmp_path, mon
     assert summary["1"]["error"] == failure
     assert f"FAILED job 1 [seed=1 " in err and f"]: {failure}  ({d / '01' / 'ERROR'})\n" in err
     rows = _read_csv(d / "sweep.csv")
-    assert {r["job"] for r in rows} == {"0"} and len(rows) == 3 * 2  # job 0's 3 steps × 2 updates only
+    assert {r["job"] for r in rows} == {"0"} and len(rows) == 3 * 2 + 1  # job 0's 3 steps × 2 updates, its final J
     assert not (d / "01" / "DONE").exists()
 
     # aggregate cannot write sweep.csv: it says so, and the old sweep.csv stays as it was
