@@ -1,5 +1,8 @@
 """Refactoring guard: every shipped experiment, run tiny, writes the same bytes it wrote before.
 
+Bigram's experiments, three of each of the mlp's and the transformer's (train and probe), a few engine settings,
+and one small sweep with its claim's verdict line are pinned.
+
 Each case below is one job of a shipped experiment (its config group choices and swept values), shrunk
 to a few steps, plus a few engine settings no experiment sweeps (fp8, EOS padding, top-p, logit
 noise). With log.timing=false a run's metrics.csv, tokens.csv and probe.csv depend only on the config
@@ -40,6 +43,9 @@ TRAIN_TINY = ["train.steps=6", "rollout.batch_size=2", "rollout.group_size=4", "
 PROBE_TINY = ["probe.repeats=8", "probe.n_boot=100", "probe.pretrain_steps=2", "rollout.batch_size=2",
               "rollout.group_size=4"]
 
+# A short SFT warm start, cached per test (the cache directory is set per run below).
+TRANSFORMER_TINY = ["policy.sft.steps=10", "policy.sft.eval_samples=32"]
+
 CASES = {
     "tis-tames-mismatch-0": ["experiment=tis-tames-mismatch", "mismatch.logit_noise=0.0", "correction=none", "seed=0",
                              *TRAIN_TINY],
@@ -59,6 +65,18 @@ CASES = {
     "threshold-tradeoff": ["experiment=threshold-tradeoff", "correction=icepop", "band=tight",
                            "mismatch.staleness=2", "seed=2", *TRAIN_TINY],
     "default-probe": ["study=probe", *PROBE_TINY],
+    "mlp-tis-tames-mismatch": ["experiment=mlp/tis-tames-mismatch", "mismatch.precision=bf16", "correction=tis",
+                               "seed=1", *TRAIN_TINY],
+    "mlp-seed-bug-end-to-end": ["experiment=mlp/seed-bug-end-to-end", "correction=openrlhf-bc71bb1/seq-mask-tis",
+                                "train.on_nonfinite=apply", "seed=0", *TRAIN_TINY],
+    "mlp-bias-variance-by-level": ["experiment=mlp/bias-variance-by-level", "rollout.seq_len=8", *PROBE_TINY],
+    "transformer-tis-tames-mismatch": ["experiment=transformer/tis-tames-mismatch", "mismatch.precision=fp8",
+                                       "correction=tis", "seed=0", *TRANSFORMER_TINY, *TRAIN_TINY],
+    "transformer-staleness-breaks-tis": ["experiment=transformer/staleness-breaks-tis", "correction=icepop",
+                                         "mismatch.staleness=2", "seed=1", *TRANSFORMER_TINY, *TRAIN_TINY],
+    "transformer-bias-variance-by-level": ["experiment=transformer/bias-variance-by-level", "rollout.seq_len=8",
+                                           "probe.reference_rollouts=64", *TRANSFORMER_TINY,
+                                           *PROBE_TINY],
     "engine-fp8-eos-topp": ["mismatch.precision=fp8", "rollout.eos_token=5", "mismatch.top_p=0.9",
                             "policy.init_std=1.0", "correction=icepop", "loss=gspo", *TRAIN_TINY],
     "engine-noise-threshold": ["mismatch.logit_noise=0.3", "task=target-threshold", "task.min_count=3",
@@ -116,7 +134,8 @@ def test_tiny_run_is_byte_identical(name, tmp_path):
         pytest.skip(f"golden files were written under torch {written_on.split()[0]}, "
                     f"this is {torch_version}: floating-point results differ between builds")
     run_dir = tmp_path / name
-    code, _, err = run_cli("run", *CASES[name], f"hydra.run.dir={run_dir}", "--quiet")
+    cache = [f"policy.sft.cache_dir={tmp_path / 'sft'}"] if any("transformer" in a for a in CASES[name]) else []
+    code, _, err = run_cli("run", *CASES[name], *cache, f"hydra.run.dir={run_dir}", "--quiet")
     assert code == 0, err
     written = [f for f in FILES if (run_dir / f).is_file()]
     assert written, f"{name}: no data file in {run_dir}"
@@ -134,3 +153,39 @@ def test_tiny_run_is_byte_identical(name, tmp_path):
         else:
             difference = _cells_close(run_dir / f, golden / f)
             assert not difference, f"{name}/{f} changed beyond another platform's rounding: {difference}"
+
+
+def _without_timing(path: Path) -> str:
+    """A CSV's text without its wall-clock columns (the only cells that vary between runs)."""
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    keep = [j for j, name in enumerate(rows[0]) if "wall" not in name]
+    return "\n".join(",".join(row[j] for j in keep) for row in rows) + "\n"
+
+
+def test_tiny_sweep_and_its_verdict_are_unchanged(tmp_path):
+    """An 8-job sweep of the first claim's experiment: its sweep.csv (timing dropped) and the claim's verdict line."""
+    written_on = (GOLDEN / "VERSION").read_text().strip()
+    if not WRITE and written_on.split()[0] != _platform().split()[0]:
+        pytest.skip("golden files were written under another torch build")
+    sweep_dir = tmp_path / "sweep"
+    code, _, err = run_cli("sweep", "experiment=tis-tames-mismatch", "mismatch.logit_noise=0.0,1.0",
+                           "mismatch.precision=fp32,bf16", "correction=none,tis", "seed=0", *TRAIN_TINY,
+                           f"hydra.sweep.dir={sweep_dir}")
+    assert code == 0, err
+    code, verdict, err = run_cli("claims", str(sweep_dir), "--claim", "tis-tames-mismatch")
+    assert code in (0, 1), err
+    got = {"sweep.csv": _without_timing(sweep_dir / "sweep.csv"), "verdict.txt": verdict}
+    golden = GOLDEN / "sweep-tis-tames-mismatch"
+    if WRITE:
+        golden.mkdir(parents=True, exist_ok=True)
+        for f, text in got.items():
+            (golden / f).write_text(text)
+        return
+    assert got["verdict.txt"] == (golden / "verdict.txt").read_text()
+    if written_on == _platform():
+        assert got["sweep.csv"] == (golden / "sweep.csv").read_text()
+    else:
+        (tmp_path / "got.csv").write_text(got["sweep.csv"])
+        difference = _cells_close(tmp_path / "got.csv", golden / "sweep.csv")
+        assert not difference, f"sweep.csv changed beyond another platform's rounding: {difference}"
