@@ -32,7 +32,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from runner.errors import UserError
-from runner.schema import ALL_METRICS_COLUMNS, DEGENERATE_MASKED, DEGENERATE_NORM_RATIO
+from runner.core.schema import ALL_METRICS_COLUMNS, DEGENERATE_MASKED, DEGENERATE_NORM_RATIO
 from runner.values import parse_override, same_value
 
 try:  # the C loader is ~10× faster on the 100 small files of a sweep
@@ -41,7 +41,7 @@ except AttributeError:  # pragma: no cover
     _Loader = yaml.SafeLoader
 
 JOB_COLUMNS = ("job", "job_num", "run_dir")  # how sweep.csv may name the job of a row
-# sweep.csv keeps one column where a swept key and a metrics column hold the same value (runner/aggregate.py
+# sweep.csv keeps one column where a swept key and a metrics column hold the same value (runner/sweep/aggregate.py
 # SAME_AS): a bare sweep.csv gets the key back under its config name, so its figures facet as the job dirs'
 CONFIG_NAME_OF = {"staleness": "mismatch.staleness", "precision": "mismatch.precision"}
 DATA_FILES = ("metrics.csv", "probe.csv")
@@ -607,7 +607,7 @@ def per_job(ds: Dataset):
     loss_bad = df["nonfinite_loss"].fillna(0) if "nonfinite_loss" in df.columns else 0
     grad_bad = df["nonfinite_grad"].fillna(0) if "nonfinite_grad" in df.columns else 0
     events = loss_bad + grad_bad
-    # metrics.csv's final row (J after the last update, runner/schema.py) is no update: it has no reward
+    # metrics.csv's final row (J after the last update, runner/core/schema.py) is no update: it has no reward
     updates = df["reward"].notna() if "reward" in df.columns else True
     frame = df.assign(_bad=events > 0, _events=events, _update=updates,
                       _skipped=df["skipped"].fillna(0) if "skipped" in df.columns else 0)

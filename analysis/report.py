@@ -10,7 +10,7 @@ OVERRIDES filter the jobs of a sweep (`correction=tis mismatch.staleness=0,8`).
 
 For a case file (`is-study report case.yaml correction=...`): the repro card. The inputs, the
 expected against the actual results and which invariant broke: 1 a finite loss and gradient, 2
-exactly zero gradient at every rejected unit. runner/case_card.py computes all of it (the CLI calls
+exactly zero gradient at every rejected unit. runner/audit/case_card.py computes all of it (the CLI calls
 it and hands the card here); this module only formats it, and never imports torch, the algebra or
 the audit.
 """
@@ -666,7 +666,7 @@ def _verdict(card) -> tuple[str, str]:
 
 
 def case_report(cards, overrides: list[str], shown: str | None = None) -> str:
-    """The repro card's Markdown from runner.case_card.CaseCard(s): one card, or a summary of every
+    """The repro card's Markdown from runner.audit.case_card.CaseCard(s): one card, or a summary of every
     preset of the file's expect: list followed by each preset's card. `shown` is the path or name the
     user gave (default: the file's path)."""
     if not isinstance(cards, (list, tuple)):

@@ -195,14 +195,14 @@ def case(
     weights_kwargs: Optional[str] = WeightsKwargsOpt,
     max_elements: Optional[int] = typer.Option(None, "--max-elements", help="Refuse a file that expands to more elements, YAML aliases included (default 10,000,000).", show_default=False),
 ) -> None:
-    from runner.cases import load_case_file
+    from runner.audit.case_files import load_case_file
 
     # the file first: a bad or oversized one is refused before torch and Hydra are imported
     case_file = load_case_file(_resolve_case_path(file), max_elements=max_elements)
     from runner.hydra_app import app as hydra_app
-    from runner.corrections import Correction
-    from runner.losses import LossSpec
-    from runner.studies.case import compare, evaluate
+    from runner.core.corrections import Correction
+    from runner.core.losses import LossSpec
+    from runner.audit.case_study import compare, evaluate
 
     overrides = _overrides(overrides)
     spec = _target_spec(target=target, target_kwargs=target_kwargs, stub=stub, convention=convention,
@@ -282,7 +282,7 @@ def _replay_target(case_file, spec, overrides: list[str], as_json: bool, check: 
     """Replay on the file's target (or --target); True when the file's audit check still fails there."""
     from runner.audit.external import TargetSpec, resolve_all
     from runner.audit.replay import evaluate_target, print_table
-    from runner.studies.audit import loss_specs
+    from runner.audit.command import loss_specs
 
     if check:
         raise UserError("--check compares presets with the file's expect: list; it does not apply to a target")
@@ -378,7 +378,7 @@ def audit(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from runner.audit.table import render
-    from runner.studies.audit import exit_code, run_audit
+    from runner.audit.command import exit_code, run_audit
 
     spec = _target_spec(target=target, target_kwargs=target_kwargs, stub=stub, convention=convention,
                         arg_map=arg_map, loss_key=loss_key, call_kwargs=call_kwargs, weights_fn=weights_fn,
@@ -427,7 +427,7 @@ def sweep(
     launcher: Optional[str] = typer.Option(None, "--launcher", help="basic | joblib | submitit-local | submitit-slurm | ray (hydra/launcher=...)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Jobs in parallel (joblib n_jobs, SLURM array parallelism, ...)."),
 ) -> None:
-    from runner import sweep as sweeps
+    from runner.sweep import command as sweeps
 
     req = sweeps.Request(overrides=_overrides(overrides), name=name, resume=resume, dry_run=dry_run,
                          launcher=launcher, jobs=jobs, argv=sys.argv[1:])
@@ -467,8 +467,8 @@ def aggregate(directories: List[Path] = typer.Argument(..., help="A sweep dir (m
                                                        "or dirs holding them (runs/DATE).", show_default=False),
               out: Optional[Path] = typer.Option(None, "--out", help="Where the tables of separate runs go "
                                        "(default: the one directory given).", show_default=False)) -> None:
-    from runner.aggregate import STATUSES, aggregate as run_aggregate, aggregate_runs, find_jobs
-    from runner.sweep import aggregate_hints, problem_lines
+    from runner.sweep.aggregate import STATUSES, aggregate as run_aggregate, aggregate_runs, find_jobs
+    from runner.sweep.command import aggregate_hints, problem_lines
 
     sweep = len(directories) == 1 and directories[0].is_dir() and bool(find_jobs(directories[0]))
     if sweep and out is None:
@@ -548,7 +548,7 @@ def report(
     if case_path is None:
         text, dest = reports.build(path, overrides, out)
     else:  # the cards are computed here, in runner, and only formatted by analysis
-        from runner.case_card import build_cards
+        from runner.audit.case_card import build_cards
 
         dest = reports.destination(out, reports.case_report_path(case_path))
         text = reports.case_report(build_cards(case_path, overrides), overrides, shown=path)

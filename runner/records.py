@@ -1,6 +1,6 @@
 """What a study leaves in its run dir: CSV files flushed row by row, an atomic summary.json, and a
 `DONE` marker written last (a sweep treats a run dir without it as unfinished; a sweep job that
-failed holds `ERROR` instead, written by runner/sweep_job.py).
+failed holds `ERROR` instead, written by runner/sweep/job.py).
 
 A write that fails (a full disk, a quota, a vanished directory) raises WriteFailed: one line naming
 the file and saying that its run dir is incomplete. Atomic writes go through a temporary file with

@@ -119,8 +119,8 @@ def bench_correction(tiny: bool) -> list[Result]:
 
 
 def _bench_correction_once(tiny: bool) -> list[Result]:
-    from runner.corrections import Correction
-    from runner.losses import LossSpec, policy_loss
+    from runner.core.corrections import Correction
+    from runner.core.losses import LossSpec, policy_loss
 
     B, T = (8, 256) if tiny else (64, 4096)
     lp0, old, roll, adv, mask = _synthetic_batch(B, T)
@@ -158,8 +158,8 @@ import sys, json
 sys.path.insert(0, {repo!r})
 import torch
 torch.set_num_threads(1)
-from runner.corrections import Correction
-from runner.losses import LossSpec, policy_loss
+from runner.core.corrections import Correction
+from runner.core.losses import LossSpec, policy_loss
 from scripts.bench import _synthetic_batch
 
 def hwm_kb():
@@ -209,8 +209,8 @@ def bench_long_sequences(tiny: bool) -> list[Result]:
                           f"median peak +{statistics.median(peaks) / 2**20:.1f} MiB (max {peaks[-1] / 2**20:.1f}) "
                           f"for {inputs / 2**20:.1f} MiB of inputs, {len(runs)} processes"))
     # linear, not quadratic, in T: time at 4T over time at T
-    from runner.corrections import Correction
-    from runner.losses import LossSpec, policy_loss
+    from runner.core.corrections import Correction
+    from runner.core.losses import LossSpec, policy_loss
     from torch.utils import benchmark
 
     corr = Correction(name="seq-mask-tis", weight="token", weight_op="clamp", filter="geometric", low=0.5, high=5.0)

@@ -68,7 +68,7 @@ def _figures(wall: float, sweep_dir: Path, n: int) -> dict:
 
 
 def steady(n: int, steps: int, workers: int, root: Path) -> dict:
-    from runner import sweep
+    from runner.sweep import command as sweep
     from runner.studies import train  # noqa: F401 - warm imports: torch, the study
 
     def timed(name: str, **kw) -> tuple[float, Path]:

@@ -92,7 +92,7 @@ def main() -> int:
     for lr in ([float(x) for x in args.lrs.split(",")] if args.lrs else [s.train.lr]):
         run = replace(s, train=replace(s.train, lr=lr, steps=args.steps), metrics=True)
         trainer, records = run_steps(run, args.steps)
-        from runner.losses import loss_metrics
+        from runner.core.losses import loss_metrics
 
         kls = [loss_metrics(*torch.stack(u.loss_counts).tolist())["policy_kl_k3"]
                for r in records for u in r.updates if u.update == 1]

@@ -30,9 +30,9 @@ EQUIVALENTS = REPO / "tests" / "mutation_equivalents.md"
 
 # group → (mutant-name pattern, the files it covers, target % killed)
 GROUPS = {
-    "corrections": ("runner.corrections.*", ["runner/corrections.py"], 90),
-    "losses": ("runner.losses.*", ["runner/losses.py"], 90),
-    "metrics": ("runner.metrics.*", ["runner/metrics.py"], 90),
+    "corrections": ("runner.core.corrections.*", ["runner/core/corrections.py"], 90),
+    "losses": ("runner.core.losses.*", ["runner/core/losses.py"], 90),
+    "metrics": ("runner.core.metrics.*", ["runner/core/metrics.py"], 90),
     "worlds": ("runner.worlds.*", ["runner/worlds/"], 80),
     "probe-stats": ("runner.probe.stats.*", ["runner/probe/stats.py"], 80),
     "claims-stats": ("analysis.claims.stats.*", ["analysis/claims/stats.py"], 80),

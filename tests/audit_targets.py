@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from runner.corrections import Correction
-from runner.losses import LossSpec, policy_loss
+from runner.core.corrections import Correction
+from runner.core.losses import LossSpec, policy_loss
 
 OURS = Correction(name="seq-mask-tis", weight="token", weight_op="clamp", filter="geometric", low=0.5, high=5.0)
 

@@ -9,7 +9,7 @@ so an overflowing ρ_t gives ±inf when the sequence is kept and 0·inf = NaN wh
 and padding is removed by multiplying with the mask, so NaN padding leaks. The audit must find it
 (invariants 1, 2 and 4).
 
-CorrectLoss and correct_policy_loss are thin wrappers over runner.losses.policy_loss with our
+CorrectLoss and correct_policy_loss are thin wrappers over runner.core.losses.policy_loss with our
 seq-mask-tis; the audit must pass them.
 """
 
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import torch
 
-from runner.corrections import Correction
-from runner.losses import LossSpec, policy_loss
+from runner.core.corrections import Correction
+from runner.core.losses import LossSpec, policy_loss
 
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:

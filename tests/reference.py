@@ -1,5 +1,5 @@
 """An independent, deliberately naive restatement of the spec's preset table (scalar Python, one
-token at a time), used to derive golden values. It shares no code with runner/corrections.py."""
+token at a time), used to derive golden values. It shares no code with runner/core/corrections.py."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.cases import load_case_file
+from runner.audit.case_files import load_case_file
 
 SEED_PRESET = "openrlhf-bc71bb1/seq-mask-tis"
 PLANTED = "tests.external_loss_planted_bug:PlantedLoss"
@@ -91,7 +91,7 @@ def test_seed_bug_fails_1_and_2_with_a_tiny_counterexample(cli, tmp_path):
 
 def test_hypothesis_alone_finds_and_shrinks_the_seed_bug(tmp_path):
     """Without the hand-written cases, the property-based search finds and shrinks it too."""
-    from runner.studies.audit import run_audit
+    from runner.audit.command import run_audit
 
     cells = run_audit([f"correction={SEED_PRESET}"], out_dir=tmp_path, budget="fast", invariants=[1, 2], hand=False,
                       all_masked=False)
@@ -111,7 +111,7 @@ def test_bc71bb1_icepop_fails_invariant_1(cli, tmp_path):
 
 def test_openrlhf_011_seq_mask_fails_1_on_an_accepted_extreme_sequence(cli, tmp_path):
     from runner.hydra_app import app as hydra_app
-    from runner.corrections import Correction, apply_correction
+    from runner.core.corrections import Correction, apply_correction
 
     preset = "openrlhf-0.11/seq-mask"
     code, cells, _ = _audit(cli, tmp_path, f"correction={preset}")
@@ -130,7 +130,7 @@ def test_openrlhf_011_seq_mask_fails_1_on_an_accepted_extreme_sequence(cli, tmp_
 
 def test_every_own_preset_passes_every_invariant(tmp_path):
     from runner import registry
-    from runner.studies.audit import audit_groups, preset_groups
+    from runner.audit.command import audit_groups, preset_groups
     from runner.audit.generators import BUDGETS
 
     own = registry.own_presets()
@@ -166,7 +166,7 @@ def test_an_own_preset_that_fails_exits_1_and_its_case_file_checks(cli, tmp_path
 
 
 def test_padding_counterexample_checks_against_clean_padding(cli, tmp_path):
-    from runner.studies.audit import run_audit
+    from runner.audit.command import run_audit
 
     (cell,) = run_audit(["correction=verl/token-tis"], out_dir=tmp_path, invariants=[4], all_masked=False)
     assert cell.status == "fail" and cell.faithful
@@ -244,7 +244,7 @@ def test_a_bad_audit_block_is_one_line_and_exit_2(cli, tmp_path, block, needle):
 
 
 def test_a_reference_counterexample_replays_against_its_preset(cli, tmp_path):
-    from runner.studies.audit import run_audit
+    from runner.audit.command import run_audit
 
     cells = run_audit([f"correction={SEED_PRESET}", "loss=ppo"], out_dir=tmp_path, invariants=[1], all_masked=False,
                       reference="correction=seq-mask-tis")
@@ -287,9 +287,9 @@ def test_invariants_5_6_7_have_teeth(tmp_path):
     gradient that does not match the loss."""
     from runner.audit.generators import BUDGETS
     from runner.audit.subjects import ExternalSubject
-    from runner.corrections import Correction
-    from runner.losses import LossSpec, policy_loss
-    from runner.studies.audit import Group, audit_groups
+    from runner.core.corrections import Correction
+    from runner.core.losses import LossSpec, policy_loss
+    from runner.audit.command import Group, audit_groups
 
     corr = Correction(name="seq-mask-tis", weight="token", weight_op="clamp", filter="geometric", low=0.5, high=5.0)
 
@@ -317,8 +317,8 @@ def test_invariants_5_6_7_have_teeth(tmp_path):
 
 PLANTED_5_6_7 = """
 import torch
-from runner.corrections import Correction
-from runner.losses import LossSpec, policy_loss
+from runner.core.corrections import Correction
+from runner.core.losses import LossSpec, policy_loss
 
 CORR = Correction(name="seq-mask-tis", weight="token", weight_op="clamp", filter="geometric", low=0.5, high=5.0)
 
@@ -345,7 +345,7 @@ def test_counterexamples_of_5_6_7_replay_on_their_target(cli, tmp_path, fn, n):
     """The on-policy case, the permuted rows (in float64) and the finite differences (in float64)
     are checked again by `is-study case FILE`, as the audit checked them."""
     from runner.audit.invariants import INVARIANTS
-    from runner.studies.audit import run_audit
+    from runner.audit.command import run_audit
 
     module = tmp_path / "planted_5_6_7.py"
     module.write_text(PLANTED_5_6_7)
@@ -396,7 +396,7 @@ def test_table_output_marks_faithful_failures_as_upstream(cli, tmp_path):
 
 
 def test_the_audit_is_deterministic_and_removes_stale_counterexamples(tmp_path):
-    from runner.studies.audit import run_audit
+    from runner.audit.command import run_audit
 
     stale = tmp_path / "tis.inv1.yaml"
     stale.write_text("cases: []\n")
@@ -425,7 +425,7 @@ def test_thorough_budget_searches_longer():
 def test_gspo_finite_inputs_give_a_finite_gradient(tmp_path):
     """Found by this audit: gspo's sequence ratio overflowed to inf on lp − old = 1000 and the
     clipped branch's backward gave 0·inf = NaN; the log-ratio is now clamped to ±20 like PPO's."""
-    from runner.studies.audit import run_audit
+    from runner.audit.command import run_audit
 
     (cell,) = run_audit(["correction=none", "loss=gspo"], out_dir=tmp_path, budget="fast", invariants=[1],
                         all_masked=False)

@@ -150,7 +150,7 @@ def test_verl_zero_division_is_reported_once_with_its_line(site, tmp_path_factor
     empty = next(c for c in cells if c["invariant"] == "all-masked")
     assert empty["note"].startswith("refused with ValueError (allowed): response_mask must contain")
     # the counterexample: every token outside [0.5, 5], so IcePop filters them all
-    from runner.cases import load_case_file
+    from runner.audit.case_files import load_case_file
 
     (case,) = load_case_file(crash["counterexample"]).cases
     import math
@@ -174,7 +174,7 @@ def test_openrlhf_0112_minus_inf_is_an_accepted_overflow(site, tmp_path_factory)
     target = next(t for t in released.TARGETS if t.name == "openrlhf-0.11.2")
     _, cells, _, _ = _audit_once(target, site, tmp_path_factory, "--profile", "adversarial")
     cell = next(c for c in cells if c["invariant"] == 1)
-    from runner.cases import load_case_file
+    from runner.audit.case_files import load_case_file
 
     (case,) = load_case_file(cell["counterexample"]).cases
     lr = [o - r for o, r in zip(case.old_log_probs[0], case.rollout_log_probs[0])]

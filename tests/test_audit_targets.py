@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from runner.cases import load_case_file
+from runner.audit.case_files import load_case_file
 from runner.errors import UserError
 
 TARGETS = "tests.audit_targets"
@@ -268,7 +268,7 @@ def test_all_masked_batches_never_reach_the_invariants():
 def test_shrinking_keeps_the_failure_kind(tmp_path):
     """bc71bb1's seq-mask-tis: the accepted extreme sequence gives −inf, its rejected twin NaN; the
     −inf found first must still be −inf after shrinking (it was shrunk into NaN once)."""
-    from runner.studies.audit import run_audit
+    from runner.audit.command import run_audit
 
     (cell,) = run_audit(["correction=openrlhf-bc71bb1/seq-mask-tis", "loss=ppo"], out_dir=tmp_path,
                         invariants=[1], all_masked=False)
@@ -276,7 +276,7 @@ def test_shrinking_keeps_the_failure_kind(tmp_path):
     assert cell.found_by == "the hand-written case 'accepted-extreme'"
     assert f"found by {cell.found_by}" in Path(cell.counterexample).read_text()
 
-    from runner.studies.audit import Search
+    from runner.audit.command import Search
     from runner.audit.crashes import CrashLog
     from runner.audit.generators import BUDGETS, PROFILES
     from runner.audit.invariants import Violation
@@ -296,7 +296,7 @@ def test_shrinking_keeps_the_failure_kind(tmp_path):
 def test_a_target_that_answers_differently_twice_is_still_reported(tmp_path):
     from runner.audit.generators import BUDGETS
     from runner.audit.subjects import ExternalSubject
-    from runner.studies.audit import Group, audit_groups
+    from runner.audit.command import Group, audit_groups
     import tests.audit_targets as targets
 
     (cell,) = audit_groups([Group("flaky", False, [ExternalSubject("flaky", targets.flaky)])], BUDGETS["fast"],
@@ -312,7 +312,7 @@ def test_invariant_2_tells_ppo_clipped_tokens_from_rejected_ones(tmp_path):
     from runner.audit.generators import BUDGETS
     from runner.audit.subjects import Batch, ExternalSubject
     from runner.audit.invariants import check_finite, check_rejection
-    from runner.studies.audit import Group, audit_groups
+    from runner.audit.command import Group, audit_groups
     import tests.audit_targets as targets
 
     subject = ExternalSubject("unclamped", targets.unclamped_ppo)
@@ -331,8 +331,8 @@ def test_invariant_2_flags_a_finite_nonzero_gradient_on_a_rejected_row():
     from runner.hydra_app import app as hydra_app
     from runner.audit.invariants import check_rejection
     from runner.audit.subjects import Batch, PresetSubject
-    from runner.corrections import Correction
-    from runner.losses import LossSpec
+    from runner.core.corrections import Correction
+    from runner.core.losses import LossSpec
 
     corr = Correction.from_config(hydra_app.to_container(hydra_app.compose(["correction=geo-mask"]).correction))
     subject = PresetSubject(corr, LossSpec())
@@ -359,8 +359,8 @@ def test_invariant_3_flags_a_coefficient_outside_its_band():
     from runner.hydra_app import app as hydra_app
     from runner.audit.invariants import check_bounds
     from runner.audit.subjects import Batch, PresetSubject
-    from runner.corrections import Correction
-    from runner.losses import LossSpec
+    from runner.core.corrections import Correction
+    from runner.core.losses import LossSpec
 
     corr = Correction.from_config(hydra_app.to_container(hydra_app.compose(["correction=tis"]).correction))
     batch = Batch.of([[-1.0, -1.0]], [[-1.0, -1.0]], [[-4.0, -1.0]], [[1.0, 1.0]])  # ρ = e^3 → clamp to 5
@@ -378,7 +378,7 @@ def test_invariant_3_flags_a_coefficient_outside_its_band():
 
 # --------------------------------------------------------------------------------- reference
 def test_the_reference_finds_the_missing_clamp_on_ordinary_inputs(tmp_path):
-    from runner.studies.audit import run_audit
+    from runner.audit.command import run_audit
 
     cells = run_audit(["correction=openrlhf-bc71bb1/seq-mask-tis", "loss=ppo"], out_dir=tmp_path, invariants=[1],
                       all_masked=False, reference="correction=seq-mask-tis")
@@ -537,7 +537,7 @@ def test_a_package_init_that_fails_points_at_the_file_form(cli, tmp_path, monkey
 
 def test_the_shrink_budget_stops_at_the_best_so_far():
     from runner.audit.subjects import Batch
-    from runner.studies.audit import BudgetedShrink
+    from runner.audit.command import BudgetedShrink
 
     batches = [Batch.of([[float(-i)]], [[0.0]], [[0.0]], [[1.0]]) for i in range(6)]
     budget = BudgetedShrink(lambda b: float(b.lp[0, 0]) != -1, calls=3)

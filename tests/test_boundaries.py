@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from runner import registry
-from runner.corrections import Correction, apply_correction
+from runner.core.corrections import Correction, apply_correction
 from runner.hydra_app import app as hydra_app
-from runner.losses import LossSpec, policy_loss
+from runner.core.losses import LossSpec, policy_loss
 from runner.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -283,7 +283,7 @@ def test_a_bypass_coefficient_is_detached_from_lp():
     assert lp.grad.tolist() == [pytest.approx([-math.exp(0.2) / 2] * 2, rel=1e-6)]  # −0.6107
     assert apply_correction(bypass_tis, roll, roll, torch.ones(1, 2), lp=lp).coef.requires_grad is False
     # the train study's one evaluation per step passes lp on too
-    from runner.corrections import apply_correction_split
+    from runner.core.corrections import apply_correction_split
 
     (split,) = apply_correction_split(bypass_tis, roll, roll, torch.ones(1, 2), [slice(0, 1)], lp=lp)
     assert split.coef.tolist() == [pytest.approx([math.exp(0.2)] * 2, rel=1e-6)]
@@ -313,7 +313,7 @@ def test_a_shuffled_filter_keeps_as_many_units_at_random():
     masked-in token (an empty one keeps its value), a token filter over the masked-in tokens (padding keeps
     its value). Over 4000 draws each of the 5 live sequences is kept 2/5 of the time (binomial SE
     √(0.4·0.6/4000) = 0.0077; tolerance 4 SE = 0.031), where the filter itself always keeps the first two."""
-    from runner.masking import shuffled_keep
+    from runner.core.masking import shuffled_keep
 
     gen = torch.Generator().manual_seed(0)
     mask = torch.ones(6, 3)

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from runner import registry
-from runner.corrections import Correction
+from runner.core.corrections import Correction
 from runner.hydra_app import app as hydra_app
-from runner.losses import LossSpec
+from runner.core.losses import LossSpec
 from runner.paths import conf_dir
 from tests.conftest import REPO
 

@@ -75,7 +75,7 @@ def test_worked_cases_are_what_is_study_case_gives():
 
 
 def test_every_logged_column_is_defined():
-    from runner.schema import CORRECTION_METRICS, LOSS_METRICS, PROBE_FIGURES
+    from runner.core.schema import CORRECTION_METRICS, LOSS_METRICS, PROBE_FIGURES
 
     text = DOC.read_text()
     defined = set()

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from runner.hydra_app import app as hydra_app
-from runner.corrections import Correction, apply_correction
-from runner.losses import LossSpec, policy_loss
+from runner.core.corrections import Correction, apply_correction
+from runner.core.losses import LossSpec, policy_loss
 from tests.reference import ppo_token_mean
 
 GOLDEN = [

@@ -3,7 +3,7 @@ every module of runner/, analysis/ and scripts/, at module level and inside func
 
 The rules:
   - no import circle among the project's modules (a lazy import inside a function counts too);
-  - analysis/ never imports torch, the algebra (runner.corrections, runner.losses, runner.metrics) or the audit,
+  - analysis/ never imports torch, the algebra (runner.core.corrections, runner.core.losses, runner.core.metrics) or the audit,
     not even lazily, and of runner only the modules listed in ANALYSIS_MAY_IMPORT, none of which imports torch
     when imported;
   - runner/ never imports analysis/, except the CLI (which hands the data to it);
@@ -28,13 +28,13 @@ from tests.conftest import REPO
 
 PACKAGES = ("runner", "analysis", "scripts")
 
-ANALYSIS_FORBIDDEN = ("torch", "runner.corrections", "runner.losses", "runner.metrics", "runner.audit")
+ANALYSIS_FORBIDDEN = ("torch", "runner.core.corrections", "runner.core.losses", "runner.core.metrics", "runner.audit")
 ANALYSIS_MAY_IMPORT = {
     "runner.errors",  # UserError
     "runner.lookup",  # lazy registries
     "runner.paths",  # conf_dir
     "runner.registry",  # preset names and order (analysis.style, analysis.report)
-    "runner.schema",  # column names (analysis.load)
+    "runner.core.schema",  # column names (analysis.load)
     "runner.values",  # override values as CSV / YAML / command line give them (analysis.load)
     "runner.hydra_app.app",  # the default config, for a report's config diff (analysis.report)
 }
@@ -127,7 +127,7 @@ def test_the_scan_sees_every_kind_of_import():
     function, a submodule imported by `from package import module`, and a relative import all come out."""
     assert "runner.cli" in MODULES and "analysis.claims.registry" in MODULES and "scripts.bench" in MODULES
     cli = {(i.target, i.lazy) for i in IMPORTS["runner.cli"]}
-    assert ("runner.errors", False) in cli and ("runner.case_card", True) in cli
+    assert ("runner.errors", False) in cli and ("runner.audit.case_card", True) in cli
     registry = {i.target for i in IMPORTS["analysis.claims.registry"]}
     assert {"analysis.claims.tis_tames_mismatch", "analysis.claims.seed_bug_end_to_end"} <= registry
     tree = ast.parse("from . import app\nfrom .app import compose\n").body
@@ -307,7 +307,7 @@ def test_hydra_only_in_its_package_and_omegaconf_types_only_where_listed():
 def test_every_rule_catches_a_planted_violation(monkeypatch):
     planted = {
         "analysis.planted": [Import("analysis.planted", "torch", (), 3, True),
-                             Import("analysis.planted", "runner.studies.case", ("evaluate",), 4, True)],
+                             Import("analysis.planted", "runner.audit.case_study", ("evaluate",), 4, True)],
         "runner.planted": [Import("runner.planted", "analysis.plots", (), 5, True),
                            Import("runner.planted", "hydra.core.hydra_config", ("HydraConfig",), 6, True),
                            Import("runner.planted", "omegaconf", ("open_dict",), 7, True),
@@ -323,7 +323,7 @@ def test_every_rule_catches_a_planted_violation(monkeypatch):
     monkeypatch.setattr(f"{__name__}.MODULES", MODULES | set(planted))
     monkeypatch.setattr(f"{__name__}.ANALYSIS_MAY_IMPORT", ANALYSIS_MAY_IMPORT | {"runner.planted"})
     assert "analysis.planted:3 (lazy) imports torch" in _analysis_forbidden()
-    assert "analysis.planted:4 (lazy) imports runner.studies.case" in _analysis_unlisted()
+    assert "analysis.planted:4 (lazy) imports runner.audit.case_study" in _analysis_unlisted()
     assert "importing runner.planted loads torch" not in _loads_forbidden({"runner.planted"})  # lazy: not loaded
     # transitively, at module level: runner.planted -> runner.planted_b -> torch
     monkeypatch.setitem(FILES, "runner.planted_b", Path("runner.planted_b.py"))

@@ -1,4 +1,4 @@
-"""runner/losses.py at the edges the golden cases never reach, each number derived by hand below:
+"""runner/core/losses.py at the edges the golden cases never reach, each number derived by hand below:
 the dual clip on all three PPO paths (fused, plain autograd, GSPO), the lower ±20 bound of the log
 ratio, padding under `ignore` and `multiply` in GSPO and REINFORCE, the reductions' empty rows and
 batches, a correction passed in, policy_kl_k3, and LossSpec's validation.
@@ -15,9 +15,9 @@ import math
 import pytest
 import torch
 
-from runner.corrections import Correction, CorrectionResult
+from runner.core.corrections import Correction, CorrectionResult
 from runner.errors import UserError
-from runner.losses import LossSpec, clipped_surrogate, loss_metrics, policy_loss, reduce
+from runner.core.losses import LossSpec, clipped_surrogate, loss_metrics, policy_loss, reduce
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -9,8 +9,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from runner.corrections import Correction, apply_correction
-from runner.losses import LossSpec, policy_loss
+from runner.core.corrections import Correction, apply_correction
+from runner.core.losses import LossSpec, policy_loss
 
 OLD = torch.tensor([[-1.0, -1.5, -0.4, 2.0], [-2.0, -0.1, -1.0, 4.0]])
 ROLL = torch.tensor([[-2.9, -1.2, -0.5, -6.0], [-0.9, -0.12, 5.0, -3.0]])
@@ -164,8 +164,8 @@ def test_numpy_and_torch_backends_agree_on_every_preset(kind, monkeypatch):
     """The small-batch NumPy totals equal the torch ones to float32 rounding (1e-5 relative), NaN
     for NaN and inf for inf, on every preset's coefficient, keep and clamp: the train study logs
     one, large batches the other."""
-    import runner.corrections as corrections_module
-    from runner import metrics
+    import runner.core.corrections as corrections_module
+    from runner.core import metrics
 
     old, roll, mask = _batch(kind)
     intermediates = []  # what apply_correction hands the metrics, preset by preset
@@ -189,7 +189,7 @@ def test_numpy_and_torch_backends_agree_on_every_preset(kind, monkeypatch):
 
 
 def test_the_auto_backend_switches_on_size():
-    from runner import metrics
+    from runner.core import metrics
 
     tis = Correction(name="tis", weight="token", weight_op="clamp", low=0.5, high=5.0)
     calls = []
@@ -211,8 +211,8 @@ def test_split_evaluation_equals_one_call_per_group(kind, numpy_max, monkeypatch
     """apply_correction_split (the train study's one evaluation per step) gives each group exactly
     what apply_correction gives its rows: the same coefficients, mask and keep bit for bit, and the
     same metrics to float32 rounding, on every preset and uneven groups (3, 3 and 2 rows of 8)."""
-    from runner import metrics
-    from runner.corrections import apply_correction_split
+    from runner.core import metrics
+    from runner.core.corrections import apply_correction_split
 
     if numpy_max is not None:
         monkeypatch.setattr(metrics, "NUMPY_MAX_ELEMENTS", 0)  # every batch takes the torch path
@@ -233,7 +233,7 @@ def test_split_evaluation_equals_one_call_per_group(kind, numpy_max, monkeypatch
 
 def test_metrics_off_computes_no_metrics():
     """metrics=False (the updates a step does not log) returns no metrics at all, from every entry point."""
-    from runner.corrections import apply_correction_split
+    from runner.core.corrections import apply_correction_split
 
     assert apply_correction(TIS, OLD, ROLL, MASK, metrics=False).metrics == {}
     parts = apply_correction_split(TIS, OLD, ROLL, MASK, [slice(0, 1), slice(1, 2)], metrics=False)
@@ -245,7 +245,7 @@ def test_metrics_off_computes_no_metrics():
 
 
 def test_groups_must_tile_the_batch():
-    from runner.corrections import apply_correction_split
+    from runner.core.corrections import apply_correction_split
 
     old, roll, mask = _batch("padded", B=4, T=3)
     for groups in ([slice(0, 2)], [slice(0, 2), slice(1, 4)], [slice(0, 0), slice(0, 4)], [slice(0, 4, 2)]):
@@ -272,7 +272,7 @@ def test_ppo_clip_fraction_counts_masked_in_tokens_only(padding):
 @pytest.fixture(params=["numpy", "torch"])
 def backend(request, monkeypatch):
     """apply_correction's metrics from one backend: the hand-computed values below hold for both."""
-    from runner import metrics
+    from runner.core import metrics
 
     if request.param == "torch":
         monkeypatch.setattr(metrics, "NUMPY_MAX_ELEMENTS", -1)
@@ -288,7 +288,7 @@ def test_hand_values_hold_in_both_backends(backend):
 def test_an_empty_batch_gives_every_metric_zero(backend):
     """A batch with no masked-in token (non-empty shape, and 0 rows): every metric exactly 0, the
     extremes included (never ±inf from a max over nothing, nor a 0/0)."""
-    from runner import metrics
+    from runner.core import metrics
 
     for shape in ((2, 3), (0, 3), (2, 0)):
         z = torch.zeros(shape)
@@ -300,7 +300,7 @@ def test_an_empty_batch_gives_every_metric_zero(backend):
 def test_equal_weights_give_std_zero_and_ess_exactly_one(which):
     """11 weights of 1.3 in float32: torch's float32 sums give (Σw)²/(n·Σw²) = 1 + 3.6e-7, so ESS is
     1 only because it is capped there, and the variance rounds to ≤ 0, so the std is 0."""
-    from runner import metrics
+    from runner.core import metrics
 
     coef, z, m = torch.full((1, 11), 1.3), torch.zeros(1, 11), torch.ones(1, 11)
     out = metrics.correction_metrics(Correction(), z, z, m, z, coef, coef, coef, None, backend=which)
@@ -312,7 +312,7 @@ def test_equal_weights_give_std_zero_and_ess_exactly_one(which):
 def test_a_nan_weight_makes_the_weight_moments_nan(which):
     """A NaN coefficient (a faithful preset's 0·inf) must show as NaN in mean, std and ESS, not be
     hidden as 0."""
-    from runner import metrics
+    from runner.core import metrics
 
     coef = torch.tensor([[1.0, math.nan, 2.0]])
     z, m = torch.zeros(1, 3), torch.ones(1, 3)
@@ -338,7 +338,7 @@ def test_the_safety_bound_on_the_mismatch_metrics(backend):
 def _metrics(corr, old, roll, mask, coef, raw=None, weight=None, keep=None, backend="numpy"):
     """correction_metrics on hand-made intermediates; lr = old − roll with padding at 0 (as under
     padding=ignore)."""
-    from runner import metrics
+    from runner.core import metrics
 
     lr = torch.where(mask > 0, old - roll, 0.0)
     raw = coef if raw is None else raw
@@ -433,7 +433,7 @@ def test_one_token_and_small_weights(which):
 
 def test_an_explicit_backend_is_the_one_used(monkeypatch):
     """backend='torch' on a small batch and 'numpy' on any are obeyed, not re-chosen by size."""
-    from runner import metrics
+    from runner.core import metrics
 
     calls = []
     for name in ("_totals_numpy", "_totals_torch"):

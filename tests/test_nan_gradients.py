@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from runner.losses import LossSpec, policy_loss
+from runner.core.losses import LossSpec, policy_loss
 from runner.probe.settings import load_preset
 
 OLD = torch.tensor([[-1.0, -1.0, -1.0, -1.0]])

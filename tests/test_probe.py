@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from runner.corrections import apply_correction
+from runner.core.corrections import apply_correction
 from runner.errors import UserError
 from runner.hydra_app.app import compose
 from runner.probe.estimator import fast_estimates, plan, reference_estimates

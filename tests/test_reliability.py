@@ -30,9 +30,9 @@ from pathlib import Path
 import pytest
 
 from runner import records
-from runner.dirlock import DirLock, Holder, LockBusy
+from runner.sweep.locks import DirLock, Holder, LockBusy
 from runner.errors import UserError
-from runner.integrity import Damage, check_table
+from runner.sweep.integrity import Damage, check_table
 from tests.conftest import REPO, kill_at_first_done, run_cli
 
 # 4 jobs of 300 steps × 2 updates on a tiny world: long enough (seconds) that a second sweep started
@@ -114,7 +114,7 @@ def test_a_stale_lock_is_taken_over_with_a_note(undisturbed, tmp_path):
 def test_without_flock_a_dead_holder_on_this_host_is_taken_over(tmp_path, monkeypatch):
     """Filesystems without flock (Lustre without -o flock): the lock file is created exclusively, and
     its holder is checked by pid on this host."""
-    import runner.dirlock as dirlock
+    import runner.sweep.locks as dirlock
 
     def no_flock(fd, op):
         raise OSError(errno.ENOSYS, "Function not implemented")
@@ -147,7 +147,7 @@ def test_a_job_locked_by_another_process_is_left_alone(tmp_path):
     (d / "01" / "DONE").unlink()  # job 1 is "running" elsewhere: no DONE, its lock held by another process
     (d / "01" / "partial-output").write_text("the other writer's file\n")
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from runner.dirlock import DirLock\n"
+                               "from runner.sweep.locks import DirLock\n"
                                f"lock = DirLock({str(d / '01' / '.job.lock')!r}, 'first attempt').acquire()\n"
                                "print('held', flush=True); time.sleep(120)"],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
@@ -169,7 +169,7 @@ def test_a_job_locked_by_another_process_is_left_alone(tmp_path):
 
 def test_unique_temp_names_let_writers_race(undisturbed, tmp_path):
     """Two aggregations of one dir at once (the old shared `.sweep.csv.tmp` made one fail)."""
-    from runner.aggregate import aggregate
+    from runner.sweep.aggregate import aggregate
 
     d = tmp_path / "copy"
     shutil.copytree(undisturbed, d)

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from runner.hydra_app import app as hydra_app
-from runner.cases import load_case_file
-from runner.corrections import Correction
-from runner.losses import LossSpec
-from runner.studies.case import compare, evaluate
+from runner.audit.case_files import load_case_file
+from runner.core.corrections import Correction
+from runner.core.losses import LossSpec
+from runner.audit.case_study import compare, evaluate
 from tests.conftest import spec_case_file
 
 

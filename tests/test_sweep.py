@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import registry, sweep
+from runner import registry
+from runner.sweep import command as sweep
 from runner.errors import UserError
 from runner.hydra_app import app as hydra_app
 from runner.hydra_app import launch

@@ -14,7 +14,7 @@ from omegaconf import OmegaConf
 from runner.errors import UserError
 from runner.hydra_app.app import compose
 from runner.studies import STUDIES, run_study
-from runner.schema import UPDATE_METRICS as METRICS
+from runner.core.schema import UPDATE_METRICS as METRICS
 from runner.studies.train import NonfiniteError
 
 FAITHFUL = "correction=openrlhf-bc71bb1/seq-mask-tis"

@@ -48,7 +48,7 @@ SPIKE_WINDOW = 20
 FINAL_FRACTION = 0.25  # the "final objective" is the mean J over the last quarter of the updates
 # A band that rejects at least this fraction of the tokens leaves an arm that learns from almost nothing: a
 # degenerate arm. Training arms are judged on token_masked_fraction; probe arms carry probe.csv's own
-# `degenerate` flag (runner/schema.py: ≥ 90% masked or a mean estimate under 10% of ‖∇J‖), the stricter one.
+# `degenerate` flag (runner/core/schema.py: ≥ 90% masked or a mean estimate under 10% of ‖∇J‖), the stricter one.
 DEGENERATE_REJECTED = 0.97
 # summary.json's collapse_reason, by the wording of runner/training/faults.py, as one word per kind.
 COLLAPSE_KINDS = (("drop", "below its peak"), ("spike", "consecutive updates"), ("nan", "non-finite parameters"))

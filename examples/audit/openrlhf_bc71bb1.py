@@ -23,8 +23,8 @@ from __future__ import annotations
 import torch
 
 from runner.hydra_app import app as hydra_app
-from runner.corrections import Correction
-from runner.losses import LossSpec, policy_loss
+from runner.core.corrections import Correction
+from runner.core.losses import LossSpec, policy_loss
 
 TYPES = ("tis", "icepop", "seq-mask-tis")
 

@@ -13,7 +13,7 @@ Seven invariants (runner/audit/invariants.py) are checked on every preset, under
 
 A failure is shrunk (hypothesis, then a greedy row/column pass), always keeping its kind, and saved
 as a case file that `is-study case` replays (runner/audit/counterexamples.py). The orchestration
-and the JSON live in runner/studies/audit.py, the table in runner/audit/table.py. Inputs follow a profile: `adversarial` (default) or `realistic`.
+and the JSON live in runner/audit/command.py, the table in runner/audit/table.py. Inputs follow a profile: `adversarial` (default) or `realistic`.
 
 External code (`--target`, runner/audit/external.py):
 

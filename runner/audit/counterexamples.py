@@ -1,7 +1,7 @@
 """The counterexample of an audit finding as a case file: OUT/<row>[.<hash>].<check>.yaml, with a
 header that says what failed, how it was found, under which profile, and how to reproduce it. The
 file records, as data, what the finding was found on (the preset's overrides under `audit:`, or an
-external target under `target:`) and which check failed (`audit:`, runner/cases.py), so
+external target under `target:`) and which check failed (`audit:`, runner/audit/case_files.py), so
 `is-study case FILE` replays it on that preset or target, runs the check again and exits 1 while it
 still fails. For invariants 4-6 of a preset it also holds an `expect:` list that `--check` compares
 with."""
@@ -21,7 +21,7 @@ def case_path(out_dir: Path, key: str, check: int | str) -> Path:
 
 
 def _results(case, subject, corr=None) -> dict[str, Any]:
-    from runner.studies.case import evaluate
+    from runner.audit.case_study import evaluate
 
     r = evaluate(case, subject.spec, corr or subject.corr)
     return {"loss": r["loss"], "grad": r["grad"]}
@@ -29,7 +29,7 @@ def _results(case, subject, corr=None) -> dict[str, Any]:
 
 def _preset_header(path: Path, n: int | str, subject, batch, cases) -> tuple[list[str], list | None]:
     """Reproduce lines for a preset (and, for invariants 4-6, the `expect:` numbers to --check)."""
-    from runner.corrections import Correction
+    from runner.core.corrections import Correction
 
     args = preset_overrides(subject)
     lines, expect = [], None
@@ -86,7 +86,7 @@ def save_counterexample(path: Path, check: int | str, title: str, subject, group
     options beyond the target's that found it (--profile, --reference). `reference` is the preset
     a reference finding was compared with, `dtype` the dtype of the call that raised a crash."""
     from runner.audit.invariants import permutations
-    from runner.cases import write_case_file
+    from runner.audit.case_files import write_case_file
 
     B, T = batch.shape
     cases = [batch.to_case(f"{check}-counterexample" if isinstance(check, str) else f"invariant-{check}-counterexample")]

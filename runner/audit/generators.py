@@ -211,7 +211,7 @@ def pool(kind: str, budget: Budget, profile: InputProfile = PROFILES["adversaria
 # --------------------------------------------------------------------------------- hand cases
 def _seed_cases() -> list[Batch]:
     from runner import registry
-    from runner.cases import load_case_file
+    from runner.audit.case_files import load_case_file
 
     path = registry.shipped_case("openrlhf-seq-mask-tis")
     if path is None:

@@ -32,8 +32,8 @@ def parse(text: str) -> str:
 def reference_subject(subject, preset: str) -> PresetSubject:
     """Our preset under the subject's loss (a preset subject) or loss=ppo with the target's reduction."""
     from runner.hydra_app import app as hydra_app
-    from runner.corrections import Correction
-    from runner.losses import LossSpec
+    from runner.core.corrections import Correction
+    from runner.core.losses import LossSpec
 
     corr = Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={preset}"]).correction))
     if subject.kind == "preset" or subject.fn is None:

@@ -3,7 +3,7 @@ audit called it (float32, the target's convention), and report loss, gradient an
 function, the coefficients. A case on which the target raises reports the exception and its line,
 so a crash's counterexample replays as the crash.
 
-`check_again` runs the check a counterexample file's `audit:` block names (runner/cases.py) on a
+`check_again` runs the check a counterexample file's `audit:` block names (runner/audit/case_files.py) on a
 subject, a preset's or a target's, exactly as the audit ran it, so `is-study case FILE` can say
 whether the finding still holds and exit 1 while it does."""
 
@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from runner.cases import Case, CaseFile, encode_nested, encode_number
+from runner.audit.case_files import Case, CaseFile, encode_nested, encode_number
 from runner.errors import UserError
 
 NAMED_CHECKS = ("all-masked", "reference", "raises")

@@ -16,9 +16,9 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from runner.cases import Case
-from runner.corrections import Correction
-from runner.losses import LossSpec, policy_loss
+from runner.audit.case_files import Case
+from runner.core.corrections import Correction
+from runner.core.losses import LossSpec, policy_loss
 
 FIELDS = ("lp", "old", "roll", "adv", "mask")
 CASE_KEYS = {"lp": "log_probs", "old": "old_log_probs", "roll": "rollout_log_probs", "adv": "advantages",
@@ -234,7 +234,7 @@ class ExternalSubject:
             if self.weights is not None:
                 coef, keep = self._coefficients(t)
             if self.fn is None:
-                from runner.corrections import CorrectionResult
+                from runner.core.corrections import CorrectionResult
 
                 res = policy_loss(self.spec, Correction(name="weights-fn"), lp, t["old"], t["roll"], t["adv"],
                                   t["mask"], metrics=False, correction=CorrectionResult(coef, t["mask"], keep))
@@ -266,7 +266,7 @@ class ExternalSubject:
         if self.spec is not None and self.fn is None:
             return self.spec.effective_reduction
         if self._reduction is False:
-            from runner.losses import REDUCTIONS
+            from runner.core.losses import REDUCTIONS
 
             batch = self.calibration_batch()
             try:

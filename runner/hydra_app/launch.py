@@ -1,7 +1,7 @@
 """What `is-study sweep` asks of Hydra: the jobs a sweep expands to (exactly as Hydra's BasicSweeper
 will), and the multirun itself, with a cheaper validation of the jobs before any runs. The rest of the
-sweep (resume, progress, failures, aggregation) is Hydra-free, in runner/sweep.py and
-runner/aggregate.py."""
+sweep (resume, progress, failures, aggregation) is Hydra-free, in runner/sweep/command.py and
+runner/sweep/aggregate.py."""
 
 from __future__ import annotations
 

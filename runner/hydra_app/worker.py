@@ -1,7 +1,7 @@
 """The task function of every `is-study sweep` job, and the tuning of the process it runs in.
 
 `sweep_job` is module-level, so joblib, submitit and ray can pickle it. The job's own logic (resume,
-failure isolation) is Hydra-free, in runner/sweep_job.py; what needs Hydra (the job's dirs, making its
+failure isolation) is Hydra-free, in runner/sweep/job.py; what needs Hydra (the job's dirs, making its
 config quiet) is here. In a launcher's worker process, the first job also tunes the process once.
 """
 
@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from runner import sweep_job as job_logic
+from runner.sweep import job as job_logic
 from runner.hydra_app import reuse
 from runner.hydra_app.app import register_resolvers
 
@@ -89,7 +89,7 @@ def _quiet_study(cfg: Any, job_dir: Path) -> Any:
 
 
 def sweep_job(cfg: Any) -> Any:
-    """Run one sweep job in its dir (see runner.sweep_job.run_job): skipped when it holds DONE
+    """Run one sweep job in its dir (see runner.sweep.job.run_job): skipped when it holds DONE
     (--resume), rerun from scratch when partial, and a failure recorded in <job dir>/ERROR instead of
     raised, so one failing job never stops the sweep."""
     from hydra.core.hydra_config import HydraConfig

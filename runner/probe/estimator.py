@@ -10,7 +10,7 @@ a weighting of the SAME per-token score vectors for every arm. `fast_estimates` 
 arm at once: one batched coefficient evaluation per preset over all its bands, then one weighted sum
 of scores for the [arms, N, T] weight matrix, in closed form where the world has one
 (`World.score_sums`: the bigram's scatter-add) and otherwise by one batched vector-Jacobian product
-through the trainer's log-probs. `reference_estimates` runs `runner.losses.policy_loss` and a
+through the trainer's log-probs. `reference_estimates` runs `runner.core.losses.policy_loss` and a
 backward pass per arm; tests/test_probe.py checks they agree to 1e-5.
 
 Reductions other than seq-mean-token-sum are rescaled by T = rollout.seq_len, which is exact when
@@ -27,9 +27,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from runner.corrections import Correction
+from runner.core.corrections import Correction
 from runner.errors import UserError
-from runner.losses import LossSpec, policy_loss
+from runner.core.losses import LossSpec, policy_loss
 from runner.probe.settings import Arm
 from runner.worlds.protocol import Params, flat
 

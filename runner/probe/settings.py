@@ -12,9 +12,9 @@ from typing import Any, Mapping
 
 import yaml
 
-from runner.corrections import Correction
+from runner.core.corrections import Correction
 from runner.errors import UserError
-from runner.losses import REDUCTIONS
+from runner.core.losses import REDUCTIONS
 from runner.config_checks import as_choice, as_float, as_int, check_keys
 
 KEYS = ("reference_rollouts", "pretrain_steps", "repeats", "batch_size", "presets", "bands", "baseline", "reduction", "ci", "ci_level",

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 import torch
 
-from runner.corrections import Correction
+from runner.core.corrections import Correction
 from runner.errors import UserError
 from runner.probe.settings import LOSSES, ProbeSettings
 from runner.training.advantages import baseline_advantages

@@ -40,7 +40,7 @@ import torch
 from runner.errors import UserError
 from runner.progress import Progress
 from runner.records import CsvWriter, mark_done, write_json_atomic
-from runner.schema import (DEGENERATE_MASKED, DEGENERATE_NORM_RATIO, PROBE_COLUMNS, PROBE_FIGURES, PROBE_INTEGER,
+from runner.core.schema import (DEGENERATE_MASKED, DEGENERATE_NORM_RATIO, PROBE_COLUMNS, PROBE_FIGURES, PROBE_INTEGER,
                            PROBE_WORLD)
 from runner.studies import plain_config
 

@@ -19,7 +19,7 @@ Outputs in the run dir:
                 - faults: nonfinite_loss, nonfinite_grad, skipped, all_rejected (0/1)
                 - the correction's per-batch metrics (is_weight_*, ess, *_masked_fraction,
                   clamped_fraction, kl_k1, kl_k3, chi2_*, log_ppl_diff, max_abs_prob_diff) and
-                  ppo_clip_fraction and policy_kl_k3 (runner/losses.py); dropped when log.metrics=false
+                  ppo_clip_fraction and policy_kl_k3 (runner/core/losses.py); dropped when log.metrics=false
                 - wall_ms: ms since training began; dropped when log.timing=false, and then the
                   file is byte-identical across runs of the same config and seed
   tokens.csv    step, seed, correction, staleness, precision (the run's keys, as in metrics.csv, so
@@ -55,10 +55,10 @@ import torch
 from omegaconf import DictConfig
 
 from runner.errors import StudyFailed, UserError
-from runner.losses import loss_metrics
+from runner.core.losses import loss_metrics
 from runner.progress import Progress
 from runner.records import CsvWriter, EventWriter, NumberCsvWriter, fmt, mark_done, write_json_atomic
-from runner.schema import CONSTANT_COLUMNS, EVENT_KINDS, TOKEN_COLUMNS, metrics_columns
+from runner.core.schema import CONSTANT_COLUMNS, EVENT_KINDS, TOKEN_COLUMNS, metrics_columns
 from runner.studies import plain_config
 from runner.training.config import Setup, load as load_setup
 from runner.training.loop import StepRecord, Trainer

@@ -9,9 +9,9 @@ from typing import Any, Mapping
 import torch
 
 from runner.config_checks import as_bool, as_choice, as_float, as_int, check_keys
-from runner.corrections import Correction
+from runner.core.corrections import Correction
 from runner.errors import UserError
-from runner.losses import LossSpec
+from runner.core.losses import LossSpec
 from runner.tasks import Task, make_task
 from runner.training.device import resolve as resolve_device
 from runner.training.faults import ON_NONFINITE, CollapseRules

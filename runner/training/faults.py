@@ -46,7 +46,7 @@ def skips(policy: str, nonfinite: bool) -> bool:
 @dataclass
 class Event:
     step: int
-    kind: str  # one of runner.schema.EVENT_KINDS
+    kind: str  # one of runner.core.schema.EVENT_KINDS
     detail: str
     action: str
 

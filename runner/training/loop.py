@@ -7,7 +7,7 @@ A step:
   3. `old` = the trainer's fp32 log-probs under θ_t, once, before any update; J(θ_t) every
      `train.objective_every` steps (exact, or Monte Carlo: runner/training/objective.py);
   4. `train.updates_per_step` mini-batch updates (contiguous slices of whole groups when the sizes
-     allow): `lp` under the live θ, `runner.losses.policy_loss(...)`, backward, clip, optimizer step.
+     allow): `lp` under the live θ, `runner.core.losses.policy_loss(...)`, backward, clip, optimizer step.
      A decoupled correction (old − roll) does not move within a step, so it is evaluated once for
      the step's batch and each update takes its rows; a bypass ratio (lp − roll) moves with θ and is
      evaluated by each update.
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from runner.corrections import CorrectionResult, apply_correction_split
-from runner.losses import policy_loss
+from runner.core.corrections import CorrectionResult, apply_correction_split
+from runner.core.losses import policy_loss
 from runner.training import faults
 from runner.training.advantages import grpo_advantages
 from runner.training.config import Setup
@@ -56,7 +56,7 @@ class UpdateRecord:
     skipped: bool
     all_rejected: bool
     correction_metrics: dict[str, float]
-    loss_counts: list[torch.Tensor]  # LossResult.counts, for runner.losses.loss_metrics; [] without metrics
+    loss_counts: list[torch.Tensor]  # LossResult.counts, for runner.core.losses.loss_metrics; [] without metrics
 
 
 @dataclass

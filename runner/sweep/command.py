@@ -1,18 +1,18 @@
 """`is-study sweep`: a Hydra multirun (BasicSweeper syntax, Hydra's launchers) plus what Hydra lacks:
-a dry run, resume, a progress bar, failure isolation and one table at the end (runner/aggregate.py).
+a dry run, resume, a progress bar, failure isolation and one table at the end (runner/sweep/aggregate.py).
 
 Nothing here imports Hydra; what must touch it is in runner/hydra_app/ (`launch.sweep_plan` expands
 the jobs exactly as BasicSweeper does, `launch.sweep_multirun` runs them, `worker.sweep_job` is the
 picklable task function).
 
-- One sweep per directory: the sweep holds `<sweep dir>/.sweep.lock` (runner/dirlock.py) from
+- One sweep per directory: the sweep holds `<sweep dir>/.sweep.lock` (runner/sweep/locks.py) from
   before it looks at the dir until it has aggregated. A second sweep, or a `--resume`, into a locked
   dir is refused in one line naming the holder; a lock left by a sweep that died is taken over with
   a note.
 - Job dirs are `<sweep dir>/<hydra.job.num zero-padded>` (00, 01, …; the width from the job count,
   kept in sweep.json for `--resume`), so the same overrides map every job to the same dir on a rerun,
   the dirs sort as the jobs do, and `--resume` is a plain rerun into the same sweep dir.
-- Resume and failure isolation happen inside each job (runner/sweep_job.py): a job whose dir holds a
+- Resume and failure isolation happen inside each job (runner/sweep/job.py): a job whose dir holds a
   whole result (DONE and valid tables) is skipped, a partial or damaged one reruns from scratch, and
   a failing one writes `<job dir>/ERROR` instead of raising, so it never stops the sweep. The
   failures are listed at the end.
@@ -39,11 +39,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from runner.bounded import clip
-from runner.dirlock import DirLock, LockBusy, holder_of
+from runner.sweep.locks import DirLock, LockBusy, holder_of
 from runner.errors import UserError
 from runner.hydra_app.overrides import quote_override_value
 from runner.records import DONE, ERROR, write_json_atomic
-from runner.sweep_job import error_line
+from runner.sweep.job import error_line
 
 MANIFEST = "sweep.json"
 DEFAULT_ROOT = "multirun"
@@ -305,7 +305,7 @@ class Watcher:
 class Result:
     sweep_dir: Path
     total: int
-    report: Any  # runner.aggregate.Report, or None when no job started
+    report: Any  # runner.sweep.aggregate.Report, or None when no job started
     skipped: int  # jobs already DONE before this run (--resume)
     wall_s: float
     aborted: str | None = None
@@ -404,7 +404,7 @@ def run(req: Request, progress: bool | None = None, say: Callable[[str], None] |
     """Run the sweep; then aggregate whatever is on disk. Raises UserError for bad input (nothing
     ran) and for a sweep dir another sweep holds; job failures and an aborted launcher are in the
     Result. `say` prints a note as it happens (default: stderr)."""
-    from runner import aggregate as agg
+    from runner.sweep import aggregate as agg
     from runner.hydra_app import launch
 
     say = say or (lambda text: print(f"is-study: note: {text}", file=sys.stderr, flush=True))
@@ -486,7 +486,7 @@ def dry_run(req: Request) -> tuple[Plan, set[int]]:
     _check_target(req, p)
     done: set[int] = set()
     if req.resume and _has_jobs(p.sweep_dir):
-        from runner.aggregate import find_jobs
+        from runner.sweep.aggregate import find_jobs
 
         done = {j.num for j in find_jobs(p.sweep_dir) if j.status == "done"}
     return p, done
@@ -553,7 +553,7 @@ def _lock_note(job_dir: Path) -> str:
     (a lock left by a killed job is taken over by the next run of it)."""
     from rich.markup import escape
 
-    from runner.sweep_job import JOB_LOCK
+    from runner.sweep.job import JOB_LOCK
 
     holder = holder_of(job_dir / JOB_LOCK)
     if holder is None or holder.gone():

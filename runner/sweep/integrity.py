@@ -23,7 +23,7 @@ from pathlib import Path
 
 from runner.bounded import clip
 from runner.records import DONE, DONE_TEXT
-from runner.schema import ALL_METRICS_COLUMNS, EVENT_COLUMNS, PROBE_COLUMNS, PROBE_FIGURES
+from runner.core.schema import ALL_METRICS_COLUMNS, EVENT_COLUMNS, PROBE_COLUMNS, PROBE_FIGURES
 
 
 @dataclass(frozen=True)

@@ -85,7 +85,7 @@ def _short_hash(text: str) -> str:
 def loss_specs(overrides: Sequence[str]) -> list:
     """One LossSpec per loss to audit: loss=NAME, or ppo and reinforce."""
     from runner.hydra_app import app as hydra_app
-    from runner.losses import LossSpec
+    from runner.core.losses import LossSpec
 
     _, loss, rest = _split_overrides(overrides)
     losses = [loss] if loss else list(DEFAULT_LOSSES)
@@ -97,7 +97,7 @@ def preset_groups(overrides: Sequence[str]) -> list[Group]:
     from runner import registry
     from runner.hydra_app import app as hydra_app
     from runner.audit.subjects import PresetSubject
-    from runner.corrections import Correction
+    from runner.core.corrections import Correction
 
     preset, _, rest = _split_overrides(overrides)
     names = [preset] if preset else [e.name for e in registry.presets()]

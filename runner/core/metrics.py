@@ -27,10 +27,10 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from runner.masking import SAFETY_BOUND, zero_padding
-from runner.schema import CORRECTION_METRICS
+from runner.core.masking import SAFETY_BOUND, zero_padding
+from runner.core.schema import CORRECTION_METRICS
 
-METRIC_NAMES = CORRECTION_METRICS  # runner/schema.py: the CSV columns these become
+METRIC_NAMES = CORRECTION_METRICS  # runner/core/schema.py: the CSV columns these become
 
 # Up to this many [B, T] elements NumPy's ~1 µs a call beats torch's ~4 µs; beyond, torch's kernels
 # win. One seq-mask-tis metrics pass, single-threaded, NumPy vs torch: 512 elements 41 vs 115 µs,

@@ -8,13 +8,13 @@ job starts). Everything about a job is read from its own files, never from direc
   - its swept keys: `.hydra/overrides.yaml`, parsed by Hydra's override grammar
   - its state: `DONE` (written last by the study: complete), `ERROR` (written by the sweep's job
     wrapper: failed; first line = the error), neither (running, or killed: `--resume` reruns it)
-  - whether its files are whole (runner/integrity.py): a job with DONE whose DONE, summary.json or
+  - whether its files are whole (runner/sweep/integrity.py): a job with DONE whose DONE, summary.json or
     tables are damaged (cut short, garbage appended, two writers interleaved) is `damaged`: it is
     reported by path and reason, left out of every table but the summary, and `--resume` reruns it.
 
 Files written in the sweep dir, each atomically (a temporary file of its own, then rename):
   sweep.csv          every finished job's metrics.csv rows (train study: one row per update, then the
-                     run's final row: J after the last update, runner/schema.py),
+                     run's final row: J after the last update, runner/core/schema.py),
                      prefixed by `job` and one column per override key of the jobs (swept or fixed on
                      the command line, e.g. `correction`, `correction.high`, `seed`). A key has one
                      name in every table here, the studies' own name for it where they have one
@@ -58,7 +58,7 @@ import yaml
 
 from runner.errors import UserError
 from runner.hydra_app.overrides import parse_job_overrides
-from runner.integrity import Damage, damage
+from runner.sweep.integrity import Damage, damage
 from runner import records
 from runner.records import DONE, ERROR, fmt, unique_temp, write_failed
 

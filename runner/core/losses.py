@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 import torch
 
-from runner.corrections import Correction, CorrectionResult, apply_correction
-from runner.masking import SAFETY_BOUND, zero_padding
+from runner.core.corrections import Correction, CorrectionResult, apply_correction
+from runner.core.masking import SAFETY_BOUND, zero_padding
 from runner.errors import UserError
 
 LOSSES = ("ppo", "gspo", "reinforce")

@@ -1,10 +1,10 @@
 """One sweep job in its dir, whatever process or machine runs it; no Hydra here (the task function
 that calls this is runner/hydra_app/worker.py).
 
-- A job locks its dir (`<job dir>/.job.lock`, runner/dirlock.py) while it runs: a second attempt
+- A job locks its dir (`<job dir>/.job.lock`, runner/sweep/locks.py) while it runs: a second attempt
   at the same job (a SLURM requeue while the first still runs, two sweeps) finds it locked, leaves
   the dir alone and returns a marker; only one process ever writes a job's files.
-- A job whose dir holds a whole result (DONE and valid tables, runner/integrity.py) returns its
+- A job whose dir holds a whole result (DONE and valid tables, runner/sweep/integrity.py) returns its
   summary.json without computing anything: `--resume` is a plain rerun into the same sweep dir.
 - Any other job clears the partial files of an earlier attempt (everything but `.hydra/`) and runs
   from scratch: a damaged job is rerun.
@@ -22,9 +22,9 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from runner.dirlock import DirLock, LockBusy
+from runner.sweep.locks import DirLock, LockBusy
 from runner.errors import UserError
-from runner.integrity import damage
+from runner.sweep.integrity import damage
 from runner.records import DONE, ERROR, WriteFailed, is_done, write_text_atomic
 
 JOB_LOCK = ".job.lock"

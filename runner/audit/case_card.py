@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runner.cases import Case, load_case_file
+from runner.audit.case_files import Case, load_case_file
 from runner.hydra_app import app as hydra_app
-from runner.studies.case import Mismatch, compare, evaluate
+from runner.audit.case_study import Mismatch, compare, evaluate
 from runner.values import parse_override, same_value
 
 
@@ -46,7 +46,7 @@ class CaseCard:
     preset: str  # the correction's name
     correction: dict[str, Any]  # the composed correction config (description, low, high, veto, faithful, ...)
     loss: dict[str, Any]  # the composed loss config (name, reduction)
-    results: list[dict[str, Any]]  # runner.studies.case.evaluate, one per case
+    results: list[dict[str, Any]]  # runner.audit.case_study.evaluate, one per case
     expected: list[dict[str, Any]] | None  # the file's expect entry for this preset, if any
     no_expected_reason: str  # why `expected` is None
     mismatches: list[Mismatch]
@@ -56,8 +56,8 @@ class CaseCard:
 def build_card(path: Path, overrides: list[str]) -> CaseCard:
     """The card of the case file at `path` under the preset and loss these overrides compose."""
     from runner.audit.subjects import PresetSubject
-    from runner.corrections import Correction
-    from runner.losses import LossSpec
+    from runner.core.corrections import Correction
+    from runner.core.losses import LossSpec
 
     case_file = load_case_file(path)
     cfg = hydra_app.compose(overrides)

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from runner.cases import Case, decode_number, encode_nested, encode_number
+from runner.audit.case_files import Case, decode_number, encode_nested, encode_number
 
 CHECK_TOLERANCE = 1e-5
 
@@ -16,7 +16,7 @@ def evaluate(case: Case, spec, corr) -> dict[str, Any]:
     """One case → {name, loss, grad, finite, weights, metrics}, non-finite numbers as strings."""
     import torch
 
-    from runner.losses import policy_loss
+    from runner.core.losses import policy_loss
 
     t = case.tensors(torch.float32)
     lp = t["log_probs"].clone().requires_grad_(True)

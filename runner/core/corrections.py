@@ -26,8 +26,8 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from runner.errors import UserError
-from runner.masking import shuffled_keep, zero_padding, zero_where_not
-from runner.metrics import correction_metrics, correction_metrics_by_group
+from runner.core.masking import shuffled_keep, zero_padding, zero_where_not
+from runner.core.metrics import correction_metrics, correction_metrics_by_group
 
 LEVELS = ("none", "token", "sequence", "geometric")
 CHOICES = {
@@ -120,7 +120,7 @@ class CorrectionResult:
     coef: torch.Tensor  # [B, T] detached coefficient that multiplies the per-token loss
     mask: torch.Tensor  # [B, T] float action mask after `drop` rejection
     keep: torch.Tensor  # [B, T] bool: the unit survived the filter and the veto
-    metrics: dict[str, float] = field(default_factory=dict)  # runner.schema.CORRECTION_METRICS
+    metrics: dict[str, float] = field(default_factory=dict)  # runner.core.schema.CORRECTION_METRICS
 
 
 def _exp_clamped(x: torch.Tensor, bound: float | None) -> torch.Tensor:
