@@ -25,42 +25,11 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from runner.audit.counterexamples import case_path, save_counterexample, slug
-from runner.audit.groups import Group
+from runner.audit.groups import ALL_MASKED, RAISES, REFERENCE, UPSTREAM, Cell, Group
 from runner.errors import UserError
 
 DEFAULT_LOSSES = ("ppo", "reinforce")
-UPSTREAM = "reproduces upstream behaviour"
-ALL_MASKED, REFERENCE, RAISES = "all-masked", "reference", "raises"
 SHRINK_CALLS = 150  # calls hypothesis may spend shrinking one finding, counted from its replay of it
-
-
-@dataclass
-class Cell:
-    """One row × check: an invariant (1-7), the all-masked check, the reference, or one exception."""
-
-    preset: str
-    invariant: int | str
-    status: str  # pass | fail | n/a | raise (the all-masked batch raised: see that exception's cell)
-    faithful: bool
-    counterexample: str | None = None
-    loss: str | None = None  # the loss under which it failed (None for a target with its own loss)
-    detail: str | None = None  # the violation, or why the check is n/a
-    found_by: str | None = None
-    profile: str = "adversarial"
-    seconds: float = 0.0
-    note: str | None = None  # something worth knowing that is not a finding
-
-    @property
-    def finding(self) -> bool:
-        return self.status == "fail"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"preset": self.preset, "invariant": self.invariant, "status": self.status,
-                "faithful": self.faithful, "counterexample": self.counterexample,
-                "violation": self.detail if self.finding else None,
-                "reason": self.detail if self.status == "n/a" else None, "note": self.note,
-                "loss": self.loss, "found_by": self.found_by, "profile": self.profile,
-                "seconds": round(self.seconds, 3)}
 
 
 # --------------------------------------------------------------------------------- subjects

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from runner.audit.command import ALL_MASKED, RAISES, REFERENCE, UPSTREAM, Cell
+from runner.audit.groups import ALL_MASKED, RAISES, REFERENCE, UPSTREAM, Cell
 
 
 def _label(c: Cell) -> str:
