@@ -106,7 +106,7 @@ def _bias_split_reason(ds: Dataset) -> str | None:
     if missing:
         return f"probe.csv lacks {', '.join(missing)} (written before the probe logged them)"
     if pr["seq_len"].nunique() < 2:
-        return (f"needs probes at ≥ 2 response lengths (e.g. `is-study sweep experiment=bias-variance-by-level`); "
+        return (f"needs probes at ≥ 2 response lengths (e.g. `is-study sweep experiment=bigram/bias-variance-by-level`); "
                 f"{ds.path} has only T={fmt_value(pr['seq_len'].iloc[0])}")
     if pr.groupby(["job", "preset"]).size().max() > 1:
         return "some preset was probed at several bands in one run: one band per preset, please (see --kind threshold)"
@@ -847,7 +847,7 @@ def _band_reason(ds: Dataset, base: str | None) -> str | None:
     bands = per.groupby("correction")[["low", "high"]].apply(lambda g: len(g.drop_duplicates()))
     if not len(bands) or bands.max() < 2:
         return ("needs train runs at ≥ 2 bands of one correction (a sweep over correction.high, correction.low or "
-                "an experiment's band key, e.g. experiment=threshold-tradeoff)")
+                "an experiment's band key, e.g. experiment=bigram/threshold-tradeoff)")
     return None
 
 

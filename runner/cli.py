@@ -413,7 +413,7 @@ def audit(
 @app.command(help=(
     "Run a sweep: a Hydra multirun (BasicSweeper syntax), resumable, aggregated into sweep.csv.  "
     "[dim]e.g. is-study sweep correction=tis,icepop,seq-mask-tis correction.high=2,5,10 'seed=range(0,3)'[/dim]\n\n"
-    "An experiment can define the sweep: [dim]is-study sweep experiment=threshold-tradeoff[/dim]. Jobs go to "
+    "An experiment can define the sweep: [dim]is-study sweep experiment=bigram/threshold-tradeoff[/dim]. Jobs go to "
     "multirun/NAME/<job num>/ (--name) or a timestamped dir; at the end sweep.csv (every job's metrics.csv rows "
     "with one column per override key), sweep_summary.csv (one row per job) are written there. A failing job is "
     "listed and the exit code is 1; the other jobs still run. One sweep at a time per directory (a second one, or a "

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bash scripts/figures.sh [--full]
-# The literature's claims as shipped experiments, in three worlds: conf/experiment/NAME.yaml (bigram) and
-# conf/experiment/WORLD/NAME.yaml (mlp, transformer). Runs each one, then draws figures/WORLD/NAME.png + .pdf,
+# The literature's claims as shipped experiments, in three worlds: conf/experiment/WORLD/NAME.yaml (bigram, mlp,
+# transformer: runner/worlds/registry.py's list). Runs each one, then draws figures/WORLD/NAME.png + .pdf,
 # writes figures/WORLD/verdicts.json and figures/VERDICTS.md: one table, claim × world → holds / does not hold /
 # inconclusive / untestable here with n and the key numbers, then every verdict in full (rules: analysis/claims/).
 #
@@ -40,13 +40,15 @@ EXPERIMENTS=(tis-tames-mismatch bias-variance-by-level mismatch-low-prob-tokens 
 if [[ -n "${FIGURES_ONLY:-}" ]]; then
   read -r -a EXPERIMENTS <<< "$FIGURES_ONLY"
 fi
-WORLDS=(bigram mlp transformer)
+# The worlds: runner/worlds/registry.py's list, the one the claims registry reads too.
+read -r -a KNOWN_WORLDS <<< "$("$PYTHON" -c 'from runner.worlds.registry import WORLDS; print(*WORLDS)')"
+WORLDS=("${KNOWN_WORLDS[@]}")
 if [[ -n "${FIGURES_WORLDS:-}" ]]; then
   read -r -a WORLDS <<< "$FIGURES_WORLDS"
 fi
 
 # The experiment file of a claim in a world.
-experiment() { if [[ "$1" == bigram ]]; then echo "$2"; else echo "$1/$2"; fi; }
+experiment() { echo "$1/$2"; }
 
 # Paper size: overrides on top of each experiment's own sweep (the command line wins over the file).
 full_overrides() {
@@ -80,9 +82,8 @@ if "$PYTHON" -c "import hydra_plugins.hydra_joblib_launcher" 2>/dev/null; then
 fi
 
 for world in "${WORLDS[@]}"; do
-  case "$world" in bigram|mlp|transformer) ;; *)
-    echo "figures.sh: unknown world $world in FIGURES_WORLDS (valid: bigram mlp transformer)" >&2; exit 2 ;;
-  esac
+  [[ " ${KNOWN_WORLDS[*]} " == *" $world "* ]] || {
+    echo "figures.sh: unknown world $world in FIGURES_WORLDS (valid: ${KNOWN_WORLDS[*]})" >&2; exit 2; }
   for name in "${EXPERIMENTS[@]}"; do
     [[ -f "conf/experiment/$(experiment "$world" "$name").yaml" ]] || {
       echo "figures.sh: no conf/experiment/$(experiment "$world" "$name").yaml" >&2; exit 2; }

@@ -46,7 +46,7 @@ fi
 OUT="$REPO/docs/gallery"
 mkdir -p "$OUT" "$WORK"
 
-SWEEP_ARGS=(experiment=staleness-ladder
+SWEEP_ARGS=(experiment=bigram/staleness-ladder
             "correction=none,tis,seq-mask-tis,seq-tis,openrlhf-bc71bb1/seq-mask-tis"
             "mismatch.staleness=0,2,8,16" "seed=range(0,2)")
 PROBE_ARGS=(study=probe "probe.presets=[tis,icepop,seq-tis,seq-mask-tis]"
@@ -57,7 +57,7 @@ FIELD_ARGS=("correction=tis,seq-mask-tis,seq-tis,openrlhf-bc71bb1/seq-mask-tis" 
             mismatch.staleness=8 mismatch.outlier_rate=0.00005 train.on_nonfinite=apply "seed=range(0,4)"
             train.steps=60 log.tokens_every=0)
 PRECISION_ARGS=(policy=mlp "mismatch.precision=bf16,fp16,fp8" mismatch.staleness=0 "seed=range(0,2)" train.steps=100)
-LENGTH_PROBE_ARGS=(experiment=bias-variance-by-level)
+LENGTH_PROBE_ARGS=(experiment=bigram/bias-variance-by-level)
 TRANSFORMER_ARGS=(policy=transformer "mismatch.precision=bf16,fp16" mismatch.staleness=0 log.tokens_every=20)
 
 if [ "$REUSE" = 0 ]; then
@@ -445,8 +445,7 @@ else:
     lines += [
     "## The literature's claims (`scripts/figures.sh`)",
     "",
-    "Six shipped experiments per world (`conf/experiment/NAME.yaml` in the bigram world, "
-    "`conf/experiment/WORLD/NAME.yaml` in the mlp and transformer worlds), one figure each (`figures/WORLD/NAME.png`), "
+    "Six shipped experiments per world (`conf/experiment/WORLD/NAME.yaml`), one figure each (`figures/WORLD/NAME.png`), "
     "with the verdicts and the numbers behind them in [figures/VERDICTS.md](../figures/VERDICTS.md). "
     f"`bash scripts/figures.sh` rebuilds them at the default size in about {figures_seconds} s on the 2-core machine; "
     "`--full` gives the paper size.",

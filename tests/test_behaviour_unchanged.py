@@ -47,22 +47,22 @@ PROBE_TINY = ["probe.repeats=8", "probe.n_boot=100", "probe.pretrain_steps=2", "
 TRANSFORMER_TINY = ["policy.sft.steps=10", "policy.sft.eval_samples=32"]
 
 CASES = {
-    "tis-tames-mismatch-0": ["experiment=tis-tames-mismatch", "mismatch.logit_noise=0.0", "correction=none", "seed=0",
+    "tis-tames-mismatch-0": ["experiment=bigram/tis-tames-mismatch", "mismatch.logit_noise=0.0", "correction=none", "seed=0",
                              *TRAIN_TINY],
-    "tis-tames-mismatch-1": ["experiment=tis-tames-mismatch", "mismatch.logit_noise=1.0", "correction=tis", "seed=1",
+    "tis-tames-mismatch-1": ["experiment=bigram/tis-tames-mismatch", "mismatch.logit_noise=1.0", "correction=tis", "seed=1",
                              *TRAIN_TINY],
-    "bias-variance-by-level": ["experiment=bias-variance-by-level", "rollout.seq_len=8", *PROBE_TINY],
-    "mismatch-low-prob-tokens": ["experiment=mismatch-low-prob-tokens", "mismatch.precision=fp16", "seed=2",
+    "bias-variance-by-level": ["experiment=bigram/bias-variance-by-level", "rollout.seq_len=8", *PROBE_TINY],
+    "mismatch-low-prob-tokens": ["experiment=bigram/mismatch-low-prob-tokens", "mismatch.precision=fp16", "seed=2",
                                  *TRAIN_TINY],
-    "precision-vs-algorithm": ["experiment=precision-vs-algorithm", "mismatch.precision=bf16", "correction=geo-mask",
+    "precision-vs-algorithm": ["experiment=bigram/precision-vs-algorithm", "mismatch.precision=bf16", "correction=geo-mask",
                                "seed=1", *TRAIN_TINY],
-    "staleness-breaks-tis": ["experiment=staleness-breaks-tis", "correction=seq-mis", "mismatch.staleness=4", "seed=2",
+    "staleness-breaks-tis": ["experiment=bigram/staleness-breaks-tis", "correction=seq-mis", "mismatch.staleness=4", "seed=2",
                              *TRAIN_TINY],
-    "seed-bug-end-to-end": ["experiment=seed-bug-end-to-end", "correction=openrlhf-bc71bb1/seq-mask-tis",
+    "seed-bug-end-to-end": ["experiment=bigram/seed-bug-end-to-end", "correction=openrlhf-bc71bb1/seq-mask-tis",
                             "train.on_nonfinite=apply", "seed=0", "mismatch.outlier_rate=0.2", *TRAIN_TINY],
-    "staleness-ladder": ["experiment=staleness-ladder", "correction=seq-tis", "mismatch.staleness=2", "seed=1",
+    "staleness-ladder": ["experiment=bigram/staleness-ladder", "correction=seq-tis", "mismatch.staleness=2", "seed=1",
                          *TRAIN_TINY],
-    "threshold-tradeoff": ["experiment=threshold-tradeoff", "correction=icepop", "band=tight",
+    "threshold-tradeoff": ["experiment=bigram/threshold-tradeoff", "correction=icepop", "band=tight",
                            "mismatch.staleness=2", "seed=2", *TRAIN_TINY],
     "default-probe": ["study=probe", *PROBE_TINY],
     "mlp-tis-tames-mismatch": ["experiment=mlp/tis-tames-mismatch", "mismatch.precision=bf16", "correction=tis",
@@ -169,7 +169,7 @@ def test_tiny_sweep_and_its_verdict_are_unchanged(tmp_path):
     if not WRITE and written_on.split()[0] != _platform().split()[0]:
         pytest.skip("golden files were written under another torch build")
     sweep_dir = tmp_path / "sweep"
-    code, _, err = run_cli("sweep", "experiment=tis-tames-mismatch", "mismatch.logit_noise=0.0,1.0",
+    code, _, err = run_cli("sweep", "experiment=bigram/tis-tames-mismatch", "mismatch.logit_noise=0.0,1.0",
                            "mismatch.precision=fp32,bf16", "correction=none,tis", "seed=0", *TRAIN_TINY,
                            f"hydra.sweep.dir={sweep_dir}")
     assert code == 0, err

@@ -1,4 +1,4 @@
-"""The literature's claims (conf/experiment/*.yaml + analysis/claims/ + scripts/figures.sh).
+"""The literature's claims (conf/experiment/WORLD/*.yaml + analysis/claims/ + scripts/figures.sh).
 
 Two kinds of test:
   - every verdict rule on small hand-made frames: a case that holds, one that does not (and where the rule has
@@ -644,7 +644,7 @@ def test_the_clipped_arm_sees_the_staleness(tmp_path):
 
     def first_update_clip(arm, k):
         run_dir = tmp_path / f"{arm}-{k}"
-        run_study(compose(["experiment=staleness-breaks-tis", f"arm=staleness/{arm}", f"mismatch.staleness={k}",
+        run_study(compose(["experiment=bigram/staleness-breaks-tis", f"arm=staleness/{arm}", f"mismatch.staleness={k}",
                            "train.steps=12", "rollout.batch_size=4", "rollout.group_size=4", "log.timing=false",
                            "log.tokens_every=0", "log.quiet=true"]), run_dir)
         rows = pd.read_csv(run_dir / "metrics.csv")
@@ -663,7 +663,7 @@ def test_ess_and_grad_norm_leave_out_updates_with_an_exactly_zero_gradient(tmp_p
     from tests.conftest import run_cli
 
     for i, arm in enumerate(("geo-mask", "geo-mask-shuffled")):
-        code, _, err = run_cli("run", "experiment=staleness-breaks-tis", f"arm=staleness/{arm}", "mismatch.staleness=16",
+        code, _, err = run_cli("run", "experiment=bigram/staleness-breaks-tis", f"arm=staleness/{arm}", "mismatch.staleness=16",
                                "train.steps=14", "rollout.batch_size=4", "rollout.group_size=4", "log.timing=false",
                                "log.tokens_every=0", f"hydra.run.dir={tmp_path / 'sweep' / f'{i:02d}'}", "--quiet")
         assert code == 0, err
@@ -722,7 +722,7 @@ def test_seedbug_rule():
 
 # ----------------------------------------------------------------------------------------- experiment files
 def _experiment_file(name, world):
-    return REPO / "conf" / "experiment" / (f"{name}.yaml" if world == "bigram" else f"{world}/{name}.yaml")
+    return REPO / "conf" / "experiment" / world / f"{name}.yaml"
 
 
 @pytest.mark.parametrize("world", WORLDS)

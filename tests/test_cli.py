@@ -223,7 +223,7 @@ def test_an_unknown_experiment_is_refused_with_the_nearest(cli, tmp_path, comman
     code, out, err = cli(command, "experiment=threshold-tradeof", f"hydra.run.dir={tmp_path / 'r'}",
                          f"hydra.sweep.dir={tmp_path / 's'}")
     assert code == 2 and out == ""
-    assert err == ("is-study: error: config: unknown experiment 'threshold-tradeof'; did you mean threshold-tradeoff? "
+    assert err == ("is-study: error: config: unknown experiment 'threshold-tradeof'; did you mean bigram/threshold-tradeoff? "
                    f"(valid: {VALID_EXPERIMENTS})\n")
     assert list(tmp_path.iterdir()) == []
 
@@ -240,7 +240,7 @@ def test_a_bare_option_name_says_which_override_was_meant(cli, tmp_path, command
                          f"hydra.sweep.dir={tmp_path / 's'}")
     assert (code, out) == (2, "")
     assert err == ("is-study: error: config: 'threshold-tradeoff' is not an override: write KEY=VALUE; "
-                   "did you mean experiment=threshold-tradeoff?\n")
+                   "did you mean experiment=bigram/threshold-tradeoff?\n")
     assert list(tmp_path.iterdir()) == []
     code, _, err = cli("show", "xyzzy")
     assert (code, err) == (2, "is-study: error: config: 'xyzzy' is not an override: write KEY=VALUE "

@@ -68,7 +68,7 @@ def transformer(tmp_path_factory):
 def lengths_probe(tmp_path_factory):
     """The shipped bias-variance-by-level probe at T = 2, 4, 8, 20 batches (bigram: ∇J exact)."""
     d = tmp_path_factory.mktemp("bvl") / "s"
-    _ok(*run_cli("sweep", "experiment=bias-variance-by-level", "rollout.seq_len=2,4,8", "probe.repeats=20",
+    _ok(*run_cli("sweep", "experiment=bigram/bias-variance-by-level", "rollout.seq_len=2,4,8", "probe.repeats=20",
                  "probe.n_boot=100", "log.quiet=true", f"hydra.sweep.dir={d}"))
     return d
 

@@ -36,6 +36,7 @@ ANALYSIS_MAY_IMPORT = {
     "runner.registry",  # preset names and order (analysis.style, analysis.report)
     "runner.core.schema",  # column names (analysis.load)
     "runner.values",  # override values as CSV / YAML / command line give them (analysis.load)
+    "runner.worlds.registry",  # the world list (analysis.claims.registry)
     "runner.hydra_app.app",  # the default config, for a report's config diff (analysis.report)
 }
 RUNNER_MAY_IMPORT_ANALYSIS = {"runner.cli"}

@@ -205,11 +205,11 @@ def test_dry_run_counts_match_real_runs(basic_sweep, tmp_path, cli):
 
     code, out, _ = cli("sweep", "correction=tis,icepop,seq-tis", "seed=range(0,4)", "--dry-run")
     assert _jobs_from_dry_run(out) == 12
-    assert _jobs_from_dry_run(cli("sweep", "experiment=threshold-tradeoff", "--dry-run")[1]) == 81
-    assert _jobs_from_dry_run(cli("sweep", "experiment=staleness-ladder", "--dry-run")[1]) == 48
+    assert _jobs_from_dry_run(cli("sweep", "experiment=bigram/threshold-tradeoff", "--dry-run")[1]) == 81
+    assert _jobs_from_dry_run(cli("sweep", "experiment=bigram/staleness-ladder", "--dry-run")[1]) == 48
 
     # The experiment's own sweep (band: tight,mid,loose) narrowed on the command line, run for real.
-    exp = ["experiment=threshold-tradeoff", "correction=tis", "mismatch.staleness=0", "seed=range(0,2)", *TINY]
+    exp = ["experiment=bigram/threshold-tradeoff", "correction=tis", "mismatch.staleness=0", "seed=range(0,2)", *TINY]
     n = _jobs_from_dry_run(cli("sweep", *exp, "--dry-run")[1])
     assert n == 6
     d = tmp_path / "experiment"

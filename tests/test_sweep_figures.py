@@ -20,7 +20,7 @@ SIZE = ["train.steps=20", "log.quiet=true", "log.tokens_every=0"]
 def bands(tmp_path_factory):
     """36 jobs: correction=tis,icepop × band=tight,mid,loose × mismatch.staleness=0,2,8 × seed=0,1."""
     d = tmp_path_factory.mktemp("bands") / "s"
-    code, _, err = run_cli("sweep", "experiment=threshold-tradeoff", "correction=tis,icepop", "seed=0,1", *SIZE,
+    code, _, err = run_cli("sweep", "experiment=bigram/threshold-tradeoff", "correction=tis,icepop", "seed=0,1", *SIZE,
                            f"hydra.sweep.dir={d}")
     assert code == 0, err
     return d

@@ -1,4 +1,4 @@
-"""The literature's claims, checked on the shipped experiments (conf/experiment/<name>.yaml): a verdict and a
+"""The literature's claims, checked on the shipped experiments (conf/experiment/<world>/<name>.yaml): a verdict and a
 figure per claim. `scripts/figures.sh` runs the experiments and then `is-study claims`:
 
     is-study claims multirun/figures/tis-tames-mismatch --claim tis-tames-mismatch --out figures

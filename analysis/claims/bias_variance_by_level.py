@@ -23,7 +23,7 @@ from analysis.claims.stats import EPS, FAILS, HOLDS, UNSURE, Verdict, all_of, pc
 from analysis.load import Dataset, fmt_value
 from runner.errors import UserError
 
-NAME = "bias-variance-by-level"  # = conf/experiment/NAME.yaml and the figure's file name
+NAME = "bias-variance-by-level"  # = conf/experiment/WORLD/NAME.yaml and the figure's file name
 TITLE = "2. The bias–variance trade-off by level (token / sequence IS)"
 SOURCE = "Liu, Li et al. 2025, “When speed kills stability”"
 

@@ -22,7 +22,7 @@ from analysis.claims.stats import (EPS, FAILS, HOLDS, SIGMAS, UNSURE, UNTESTABLE
 from analysis.load import Dataset
 from runner.errors import UserError
 
-NAME = "mismatch-low-prob-tokens"  # = conf/experiment/NAME.yaml and the figure's file name
+NAME = "mismatch-low-prob-tokens"  # = conf/experiment/WORLD/NAME.yaml and the figure's file name
 TITLE = "3. The mismatch lives on low-probability tokens"
 SOURCE = "Liu, Li et al. 2025, “When speed kills stability”"
 

@@ -23,7 +23,7 @@ from analysis.claims.stats import (FAILS, FINAL_FRACTION, HOLDS, SIGMAS, UNSURE,
 from analysis.load import Dataset
 from runner.errors import UserError
 
-NAME = "precision-vs-algorithm"  # = conf/experiment/NAME.yaml and the figure's file name
+NAME = "precision-vs-algorithm"  # = conf/experiment/WORLD/NAME.yaml and the figure's file name
 TITLE = "4. Precision matters more than the algorithm"
 SOURCE = "Qi et al. 2025, “Defeating the training-inference mismatch via FP16”"
 

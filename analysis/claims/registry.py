@@ -1,7 +1,7 @@
 """The claims by name, and the worlds they run in. A claim's name is its experiment's and its figure's file
-name: conf/experiment/NAME.yaml in the bigram world (the exact unit-test world, where the claims first ran),
-conf/experiment/WORLD/NAME.yaml in the others (`experiment=mlp/NAME`), and figures/WORLD/NAME.png.
-VERDICTS.md lists the claims in this order and the worlds in WORLDS' order. Adding a claim is one module and
+name: conf/experiment/WORLD/NAME.yaml in each world (`experiment=mlp/NAME`), and figures/WORLD/NAME.png. The
+worlds are runner.worlds.registry's (the one list, which scripts/figures.sh reads too). VERDICTS.md lists
+the claims in this order and the worlds in WORLDS' order. Adding a claim is one module and
 one line here (and one experiment file per world)."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from analysis.claims import (bias_variance_by_level, mismatch_low_prob_tokens, p
 from analysis.claims.stats import Verdict
 from analysis.load import load_dataset
 from runner.errors import UserError
+from runner.worlds.registry import WORLDS as WORLD_REGISTRY
 
 CLAIMS: dict[str, ModuleType] = {m.NAME: m for m in (
     tis_tames_mismatch, bias_variance_by_level, mismatch_low_prob_tokens, precision_vs_algorithm,
     staleness_breaks_tis, seed_bug_end_to_end)}
-WORLDS = ("bigram", "mlp", "transformer")
+WORLDS = tuple(WORLD_REGISTRY)  # its names, in its order: bigram, mlp, transformer
 
 
 def claim(name: str) -> ModuleType:
@@ -38,8 +39,8 @@ def world(name: str) -> str:
 
 
 def experiment(name: str, in_world: str) -> str:
-    """The experiment= value of claim `name` in a world: NAME (bigram) or WORLD/NAME."""
-    return name if world(in_world) == "bigram" else f"{in_world}/{name}"
+    """The experiment= value of claim `name` in a world: WORLD/NAME."""
+    return f"{world(in_world)}/{name}"
 
 
 def evaluate(name: str, path: str | Path, style: str = "default") -> tuple[Verdict, Any]:

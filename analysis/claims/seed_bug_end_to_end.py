@@ -18,7 +18,7 @@ from analysis.claims.stats import FAILS, HOLDS, UNSURE, Verdict, as_float, mean_
 from analysis.load import Dataset
 from runner.errors import UserError
 
-NAME = "seed-bug-end-to-end"  # = conf/experiment/NAME.yaml and the figure's file name
+NAME = "seed-bug-end-to-end"  # = conf/experiment/WORLD/NAME.yaml and the figure's file name
 TITLE = "6. The seed bug, end to end"
 SOURCE = "the OpenRLHF seq-mask-tis bug report, commit bc71bb1"
 

@@ -36,7 +36,7 @@ from analysis.claims.stats import (FAILS, HOLDS, UNSURE, UNTESTABLE, Verdict, an
 from analysis.load import Dataset
 from runner.errors import UserError
 
-NAME = "tis-tames-mismatch"  # = conf/experiment/[WORLD/]NAME.yaml and the figure's file name
+NAME = "tis-tames-mismatch"  # = conf/experiment/WORLD/NAME.yaml and the figure's file name
 TITLE = "1. Token TIS recovers the training–inference mismatch's cost"
 SOURCE = ("Yao et al. 2025, “Your efficient RL framework secretly brings you off-policy RL training”; "
           "FlashRL (Yao et al. 2025)")

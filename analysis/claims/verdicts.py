@@ -150,8 +150,8 @@ def verdicts_markdown(root: Path) -> str:
            "world never shows the effect the claim is about, so its positive control failed and the claim is not "
            "tested), the number of seeds (or repeats) n behind it, its key numbers and its figure; the full "
            "statement of every cell is below the table, naming its test (on seeds, a 95% Student-t interval with "
-           "n − 1 degrees of freedom; on collapse counts, exact: Fisher, Clopper–Pearson). The experiments are `conf/experiment/NAME.yaml` "
-           "(bigram) and `conf/experiment/WORLD/NAME.yaml`, each with its command, source, the world's calibrated "
+           "n − 1 degrees of freedom; on collapse counts, exact: Fisher, Clopper–Pearson). The experiments are "
+           "`conf/experiment/WORLD/NAME.yaml`, each with its command, source, the world's calibrated "
            "parameters, the verdict rule and what was measured. The rules were fixed before the runs and are "
            "stated in `analysis/claims/`; a claim a world does not reproduce is reported as such.", "",
            "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
