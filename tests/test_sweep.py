@@ -218,7 +218,7 @@ def test_dry_run_counts_match_real_runs(basic_sweep, tmp_path, cli):
     assert len(_markers(d, "DONE")) == n
     rows = _read_csv(d / "sweep_summary.csv")
     assert {(r["band"], r["seed"]) for r in rows} == {(b, s) for b in ("tight", "mid", "loose") for s in ("0", "1")}
-    assert all(r["experiment"] == "threshold-tradeoff" for r in rows)
+    assert all(r["experiment"] == "bigram/threshold-tradeoff" for r in rows)
     # a swept band preset gets numeric low / high columns; staleness is one column, not two (issue 16)
     bands = {"tight": ("0.8", "1.25"), "mid": ("0.5", "2.0"), "loose": ("0.2", "5.0")}
     assert {r["band"]: (r["low"], r["high"]) for r in rows} == bands
