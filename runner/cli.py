@@ -141,43 +141,6 @@ def run(
 
 
 # ----------------------------------------------------------------------------------------- case
-def _resolve_case_path(file: str) -> Path:
-    from runner import registry
-
-    path = Path(file)
-    if path.exists():
-        return path
-    shipped = registry.shipped_case(file)
-    if shipped is not None:
-        return shipped
-    raise UserError(f"case file not found: {file} (shipped cases: {', '.join(registry.group_options('cases'))})")
-
-
-def _print_case_table(preset: str, results: list[dict]) -> None:
-    from rich.markup import escape
-    from rich.table import Table
-
-    def fmt(v):
-        return f"{v:.6g}" if isinstance(v, float) else str(v)
-
-    def fmt_matrix(rows):
-        return escape("\n".join("[" + ", ".join(fmt(v) for v in row) + "]" for row in rows))
-
-    table = Table(title=f"correction={preset}", title_justify="left", show_lines=True)
-    for col in ("case", "loss", "d loss / d log_probs", "weights", "finite", "ess", "masked"):
-        table.add_column(col)
-    for r in results:
-        m = r["metrics"]
-        table.add_row(escape(r["name"]), fmt(r["loss"]), fmt_matrix(r["grad"]), fmt_matrix(r["weights"]),
-                      "[green]yes[/green]" if r["finite"] else "[red]NO[/red]",
-                      fmt(m.get("ess")), fmt(m.get("token_masked_fraction")))
-    _console().print(table)
-
-
-def _override_keys(overrides: list[str]) -> set[str]:
-    return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
-
-
 @app.command(help="Run a case file through a loss and correction, or replay an audit's counterexample on its target.  [dim]e.g. is-study case openrlhf-seq-mask-tis correction=seq-mask-tis[/dim]")
 def case(
     file: str = typer.Argument(..., help="A case file (YAML/JSON) or a shipped case name (see `is-study list`)."),
@@ -195,143 +158,16 @@ def case(
     weights_kwargs: Optional[str] = WeightsKwargsOpt,
     max_elements: Optional[int] = typer.Option(None, "--max-elements", help="Refuse a file that expands to more elements, YAML aliases included (default 10,000,000).", show_default=False),
 ) -> None:
-    from runner.audit.case_files import load_case_file
+    from runner.audit.case_command import run_case
 
-    # the file first: a bad or oversized one is refused before torch and Hydra are imported
-    case_file = load_case_file(_resolve_case_path(file), max_elements=max_elements)
-    from runner.hydra_app import app as hydra_app
-    from runner.core.corrections import Correction
-    from runner.core.losses import LossSpec
-    from runner.audit.case_study import compare, evaluate
-
-    overrides = _overrides(overrides)
-    spec = _target_spec(target=target, target_kwargs=target_kwargs, stub=stub, convention=convention,
-                        arg_map=arg_map, loss_key=loss_key, call_kwargs=call_kwargs, weights_fn=weights_fn,
-                        weights_kwargs=weights_kwargs)
-    if case_file.audit and not check:
-        from runner.audit.replay import validate
-
-        validate(case_file)
-    if spec.given or (case_file.target and not overrides and not check):
-        if _replay_target(case_file, spec, overrides, as_json, check):
-            raise typer.Exit(1)
-        return
-    # An audit's counterexample of a preset names the preset: it is the default subject, and the
-    # command line's overrides win key by key; a correction= of its own replaces it altogether.
-    recorded = (case_file.audit or {}).get("overrides", []) if not case_file.target else []
-    replay = bool(case_file.audit) and not check and bool(recorded or "correction" in _override_keys(overrides))
-    if recorded and not check and "correction" not in _override_keys(overrides):
-        overrides = [o for o in recorded if o.split("=", 1)[0] not in _override_keys(overrides)] + overrides
-    runs = _case_runs(case_file, overrides, check)
-    failures: list[str] = []
-    printed: list[dict] = []
-    verdicts: list[tuple[str, str, int]] = []
-    failed = False  # the recorded audit check still fails
-
-    for preset, extra, expected in runs:
-        cfg = hydra_app.compose(extra + overrides)
-        corr = Correction.from_config(hydra_app.to_container(cfg.correction))
-        spec = LossSpec.from_config(hydra_app.to_container(cfg.loss))
-        spec.check_correction(corr)
-        results = [evaluate(c, spec, corr) for c in case_file.cases]
-        if expected is not None:
-            mismatches = compare(results, expected)
-            failures.extend(f"{corr.name}: {m}" for m in mismatches)
-            verdicts.append((corr.name, " ".join(extra[1:] if extra[:1] == [f"correction={preset}"] else extra),
-                             len(mismatches)))
-        if as_json:
-            printed.extend({"preset": corr.name, **r} if len(runs) > 1 else r for r in results)
-        elif not check or len(runs) == 1:
-            _print_case_table(corr.name, results)
-        if replay:
-            from runner.audit.subjects import PresetSubject
-
-            failed = _report_replay(case_file, PresetSubject(corr, spec)) or failed
-    if as_json:
-        typer.echo(json.dumps(printed, indent=1))
-    if check and not as_json:
-        from rich.table import Table
-
-        table = Table(title=f"{case_file.path.name}: expected vs actual (tolerance 1e-5)", title_justify="left")
-        for col in ("preset", "overrides", "cases", "verdict"):
-            table.add_column(col)
-        for name, extra_args, bad in verdicts:
-            table.add_row(name, extra_args, str(len(case_file.cases)),
-                          "[green]match[/green]" if not bad else f"[red]{bad} mismatch(es)[/red]")
-        _console().print(table)
-    if check:
-        if failures:
-            for line in failures:
-                typer.echo(f"MISMATCH {line}", err=True)
-            raise typer.Exit(1)
-    if failed:
-        raise typer.Exit(1)
-
-
-def _report_replay(case_file, subject) -> bool:
-    """Run the check the file's `audit:` block names on `subject` and say how it went, on stderr
-    (as --check's mismatches are); True when the violation is still there."""
-    from runner.audit.replay import check_again
-
-    replayed = check_again(case_file, subject)
-    typer.echo(f"{'FAIL' if replayed.status == 'fail' else replayed.status} {replayed.text}", err=True)
-    return replayed.status == "fail"
-
-
-def _replay_target(case_file, spec, overrides: list[str], as_json: bool, check: bool) -> bool:
-    """Replay on the file's target (or --target); True when the file's audit check still fails there."""
-    from runner.audit.external import TargetSpec, resolve_all
-    from runner.audit.replay import evaluate_target, print_table
-    from runner.audit.command import loss_specs
-
-    if check:
-        raise UserError("--check compares presets with the file's expect: list; it does not apply to a target")
-    if not spec.given:
-        spec = TargetSpec.from_dict(case_file.target, str(case_file.path))
-        _console(stderr=True).print(f"[dim]replaying the target recorded in {case_file.path}: "
-                                    f"{spec.command_line()}[/dim]", soft_wrap=True)
-        if spec.target is None and not overrides:  # a weights function: the loss it was found under
-            overrides = list((case_file.audit or {}).get("overrides", []))
-    elif spec.target is not None and overrides:
-        raise UserError(f"--target replays an external callable; overrides ({' '.join(overrides)}) do not apply")
-    subjects = resolve_all(spec, loss_specs(overrides) if spec.target is None else ())
-    printed = []
-    failed = False
-    for subject in subjects:
-        results = [evaluate_target(c, subject) for c in case_file.cases]
-        title = subject.name + (f"  loss={subject.loss_name}" if subject.loss_name else "")
-        if as_json:
-            printed.extend({"target": title, **r} if len(subjects) > 1 else r for r in results)
-        else:
-            print_table(title, results, _console())
-        if case_file.audit:
-            failed = _report_replay(case_file, subject) or failed
-    if as_json:
-        typer.echo(json.dumps(printed, indent=1))
-    return failed
-
-
-def _case_runs(case_file, overrides: list[str], check: bool) -> list[tuple[str, list[str], list | None]]:
-    """Which (preset, extra overrides, expected results) to evaluate. Without --check: the composed
-    preset. With --check: each matching `expect:` entry, its own overrides added unless the command
-    line sets the same key."""
-    if not check:
-        return [("", [], None)]
-    if not case_file.expect:
-        raise UserError(f"{case_file.path}: --check needs an `expect:` list in the file")
-    user_keys = _override_keys(overrides)
-    chosen = [o.split("=", 1)[1] for o in overrides if o.split("=", 1)[0] == "correction"]
-    runs = []
-    for entry in case_file.expect:
-        if not isinstance(entry, dict) or "preset" not in entry or "results" not in entry:
-            raise UserError(f"{case_file.path}: each expect entry needs `preset` and `results`")
-        if chosen and entry["preset"] != chosen[-1]:
-            continue
-        extra = [o for o in entry.get("overrides", []) if o.split("=", 1)[0] not in user_keys]
-        runs.append((entry["preset"], [f"correction={entry['preset']}"] + extra if not chosen else extra, entry["results"]))
-    if not runs:
-        raise UserError(f"{case_file.path}: no expect entry for correction={chosen[-1]}")
-    return runs
+    code = run_case(file, _overrides(overrides), as_json=as_json, check=check, max_elements=max_elements,
+                    target_options=dict(target=target, target_kwargs=target_kwargs, stub=stub,
+                                        convention=convention, arg_map=arg_map, loss_key=loss_key,
+                                        call_kwargs=call_kwargs, weights_fn=weights_fn,
+                                        weights_kwargs=weights_kwargs),
+                    console=_console(), err_console=_console(stderr=True))
+    if code:
+        raise typer.Exit(code)
 
 
 # ----------------------------------------------------------------------------------------- audit
@@ -467,24 +303,16 @@ def aggregate(directories: List[Path] = typer.Argument(..., help="A sweep dir (m
                                                        "or dirs holding them (runs/DATE).", show_default=False),
               out: Optional[Path] = typer.Option(None, "--out", help="Where the tables of separate runs go "
                                        "(default: the one directory given).", show_default=False)) -> None:
-    from runner.sweep.aggregate import STATUSES, aggregate as run_aggregate, aggregate_runs, find_jobs
+    from runner.sweep.aggregate import STATUSES, aggregate_paths
     from runner.sweep.command import aggregate_hints, problem_lines
 
-    sweep = len(directories) == 1 and directories[0].is_dir() and bool(find_jobs(directories[0]))
-    if sweep and out is None:
-        report = run_aggregate(directories[0])
-    else:
-        if out is None:
-            if len(directories) > 1 or (directories[0] / ".hydra" / "overrides.yaml").is_file():
-                raise UserError("several runs: say where their tables go with --out DIR")
-            out = directories[0]
-        report = aggregate_runs(directories, out)
+    report, sweep = aggregate_paths(directories, out)
     err = _console(stderr=True)
     counts = {s: len(report.by_status(s)) for s in STATUSES}
-    where = directories[0] if sweep and out is None else " ".join(map(str, directories))
+    where = directories[0] if sweep else " ".join(map(str, directories))
     err.print(f"[bold]aggregate[/bold] {where}: {len(report.jobs)} jobs ("
               + ", ".join(f"{n} {s}" for s, n in counts.items()) + ")", soft_wrap=True)
-    for line in problem_lines(report) + (aggregate_hints(report) if sweep and out is None else []):
+    for line in problem_lines(report) + (aggregate_hints(report) if sweep else []):
         err.print(line, soft_wrap=True)
     for file, rows in report.written.items():
         typer.echo(f"{report.sweep_dir / file}\t{rows} rows")
@@ -587,22 +415,8 @@ def claims(
         for name, verdict in verdicts.check(directory, names, False, out, style):
             typer.echo(verdicts.line(name, verdict))
         return
-    chosen = verdicts.chosen_worlds(worlds)
-    for w in chosen:  # every experiment dir is checked before anything is read or written
-        for name in names:
-            if not (Path(directory) / w / name).is_dir():
-                raise UserError(f"{Path(directory) / w / name}: no experiment output here; run "
-                                f"`bash scripts/figures.sh` (FIGURES_WORLDS='{w}' FIGURES_ONLY='{name}') first")
-    for w in chosen:
-        results = []
-        dest = verdicts.world_dir(out, w, size) if out is not None else None
-        for name, verdict in verdicts.check(Path(directory) / w, names, True, dest, style):
-            typer.echo(verdicts.line(name, verdict, w))
-            results.append((name, verdict))
-        if out is not None:
-            verdicts.write_world(out, w, size, results)
-    if out is not None:
-        verdicts.write_verdicts(out)
+    for text in verdicts.check_all(directory, names, verdicts.chosen_worlds(worlds), out, style, size):
+        typer.echo(text)
 
 
 # ----------------------------------------------------------------------------------------- main

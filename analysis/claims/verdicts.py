@@ -69,6 +69,28 @@ def check(directory: Path, names: list[str], every: bool, out: Path | None,
         yield n, v
 
 
+def check_all(directory: Path, names: list[str], worlds: list[str], out: Path | None, style: str = "default",
+              size: str = "default") -> Iterator[str]:
+    """`is-study claims --all`: every claim in every world, from DIRECTORY/WORLD/NAME; with `out`, each
+    world's figures and verdicts.json, then VERDICTS.md. Every experiment dir is checked before anything
+    is read or written; yields each verdict's line as it finishes."""
+    for w in worlds:
+        for name in names:
+            if not (Path(directory) / w / name).is_dir():
+                raise UserError(f"{Path(directory) / w / name}: no experiment output here; run "
+                                f"`bash scripts/figures.sh` (FIGURES_WORLDS='{w}' FIGURES_ONLY='{name}') first")
+    for w in worlds:
+        results = []
+        dest = world_dir(out, w, size) if out is not None else None
+        for name, verdict in check(Path(directory) / w, names, True, dest, style):
+            yield line(name, verdict, w)
+            results.append((name, verdict))
+        if out is not None:
+            write_world(out, w, size, results)
+    if out is not None:
+        write_verdicts(out)
+
+
 def shrink_png(path: Path) -> None:
     """Re-save a PNG with a 256-colour palette (as scripts/make_gallery.sh does): line figures look the same at
     about a third of the size, which matters for files kept in the repository. Left as is without Pillow."""

@@ -427,3 +427,17 @@ def aggregate_runs(paths: Iterable[Path | str], out_dir: Path | str) -> Report:
     if not os.access(out_dir, os.W_OK):
         raise UserError(f"cannot write to {out_dir}: permission denied")
     return _write_tables(jobs, out_dir)
+
+
+def aggregate_paths(directories: list[Path], out: Path | None) -> tuple[Report, bool]:
+    """`is-study aggregate DIR... [--out OUT]`: one sweep dir's own tables (without --out), or the
+    tables of separate runs into OUT (default: the one directory given, when it is not a run dir);
+    returns the report and whether it was a sweep dir's."""
+    sweep = len(directories) == 1 and directories[0].is_dir() and bool(find_jobs(directories[0]))
+    if sweep and out is None:
+        return aggregate(directories[0]), True
+    if out is None:
+        if len(directories) > 1 or (directories[0] / ".hydra" / "overrides.yaml").is_file():
+            raise UserError("several runs: say where their tables go with --out DIR")
+        out = directories[0]
+    return aggregate_runs(directories, out), False
