@@ -239,7 +239,7 @@ VALID_CORRECTIONS = ", ".join(registry.group_options("correction"))
                                f"(valid: {VALID_CORRECTIONS})"),
     (["correction.hihg=2,5"], "config: unknown key 'correction.hihg'; did you mean correction.high?"),
     (["experiment=threshold-tradeof", "seed=0,1"], "config: unknown experiment 'threshold-tradeof'; did you mean "
-                                                   "threshold-tradeoff?"),
+                                                   "bigram/threshold-tradeoff?"),
 ])
 @pytest.mark.parametrize("name", [None, "typo"])
 def test_dry_run_refuses_what_the_sweep_refuses(tmp_path, cli, monkeypatch, bad, message, name):
