@@ -11,7 +11,8 @@ with `df[df["reward"].notna()]` (every update row has its step's reward).
              Monte Carlo with objective_se beside it, empty on steps between evaluations; clipped:
              1 when the grad clip bound)
   faults     0/1 flags of NaN/inf and of a batch the correction rejected whole
-  correction the verl-style `rollout_corr/...` metrics of the update's mini-batch (runner.metrics)
+  correction the correction's metrics over the update's mini-batch (runner.metrics); flat names, mapped to
+             each framework's own in docs/metrics.md
   timing     ms since training began; left out with log.timing=false, so the file is then
              byte-identical across runs of the same config and seed
 """
