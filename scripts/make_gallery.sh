@@ -463,7 +463,7 @@ else:
           ("6. The seed bug, end to end (OpenRLHF bc71bb1)", "seed-bug-end-to-end"))],
     "",
     "Which of them hold in which world, and why the others do not, is in "
-    "[figures/VERDICTS.md](../figures/VERDICTS.md) and the README.",
+    "[figures/VERDICTS.md](../figures/VERDICTS.md) and [claims.md](claims.md).",
     "",
 ]
 (out.parent / "gallery.md").write_text("\n".join(lines))

@@ -727,19 +727,26 @@ def _experiment_file(name, world):
 
 @pytest.mark.parametrize("world", WORLDS)
 def test_experiment_headers(world):
-    """Every claim has an experiment in every world, whose header gives the command, the claim, its source, the
-    world's calibrated parameters (its measured per-token mismatch), the verdict rule, what was measured and
-    the time its full size takes."""
-    for name in EXPERIMENTS:
+    """Every claim has an experiment in every world, whose header gives the command and one line stating its
+    claim, and whose section in docs/claims.md gives the claim, its source, the world's calibrated parameters
+    (its measured per-token mismatch), the verdict rule, what was measured and its sizes; the running times
+    are in docs/performance.md."""
+    claims_doc = (REPO / "docs" / "claims.md").read_text(encoding="utf-8")
+    times = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    for number, name in enumerate(EXPERIMENTS, 1):
         lines = _experiment_file(name, world).read_text(encoding="utf-8").splitlines()
         assert lines[0] == "# @package _global_", name
         assert lines[1] == f"# is-study sweep experiment={registry.experiment(name, world)}", name
-        header = "\n".join(ln for ln in lines if ln.startswith("#"))
+        assert lines[2].startswith(f"# Claim {number} ("), name  # what `is-study list` shows: the claim, its source
+        assert not lines[3].startswith("#"), name  # the measurements live in the docs
+        section = claims_doc.split(f"#### The {world} world: `is-study sweep experiment={world}/{name}`", 1)[1]
+        section = section.split("\n#### ", 1)[0].split("\n### ", 1)[0]
         for word in ("Claim", "Source", "The world", "Verdict rule", "Measured", "Size", "Paper size"):
-            assert word in header, (world, name, word)
-        assert "pending" not in header, (world, name)  # every experiment has been run and its result stated
+            assert word in section, (world, name, word)
+        assert "pending" not in section, (world, name)  # every experiment has been run and its result stated
+        assert f"| `{world}/{name}` |" in times, (world, name)
         if world != "bigram":
-            assert "kl_k3" in header and "entropy" in header and f"override /policy: {world}" in "\n".join(lines)
+            assert "kl_k3" in section and "entropy" in section and f"override /policy: {world}" in "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------- end to end, tiny

@@ -1,6 +1,7 @@
 """The documentation says what the code does: docs/corrections.md's preset table against the preset
-files, its worked cases against `is-study case`, every logged column defined; the README and the
-gallery agree with each other, with the scripts and with figures/VERDICTS.md."""
+files, its worked cases against `is-study case`, every logged column defined (docs/corrections.md and
+docs/metrics.md); the README stays a README (at most 15 KB, every docs/ page it links present); the
+README, docs/ and the gallery agree with each other, with the scripts and with figures/VERDICTS.md."""
 
 from __future__ import annotations
 
@@ -18,6 +19,10 @@ REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "corrections.md"
 README = REPO / "README.md"
 GALLERY = REPO / "docs" / "gallery.md"
+CLAIMS = REPO / "docs" / "claims.md"
+METRICS = REPO / "docs" / "metrics.md"
+PERFORMANCE = REPO / "docs" / "performance.md"
+README_MAX_BYTES = 15 * 1024
 
 
 def _rows(text: str, header_start: str) -> list[list[str]]:
@@ -87,6 +92,40 @@ def test_every_logged_column_is_defined():
     assert "can be negative" in text and "unbiased" in text  # kl_k1 / chi2 under 0 are not bugs
 
 
+def _first_column_names(text: str, header_start: str) -> list[str]:
+    """The `code` names in the first cell of each body row of the table whose header starts with `header_start`."""
+    return [name for row in _rows(text, header_start) for name in re.findall(r"`([a-z0-9_]+)`", row[0])]
+
+
+def test_metrics_doc_defines_every_column_once_and_maps_every_update_metric():
+    """docs/metrics.md: one definition per column of metrics.csv and probe.csv, in the files' order, and a row
+    of framework names for every correction and loss metric, each cell a name or "—", and where each name
+    was read (a 40-hex commit per framework)."""
+    from runner.schema import ALL_METRICS_COLUMNS, PROBE_COLUMNS, UPDATE_METRICS
+
+    text = METRICS.read_text()
+    assert _first_column_names(text, "| column | definition |") == list(ALL_METRICS_COLUMNS)
+    probe_section = text.split("## `probe.csv`", 1)[1]
+    assert _first_column_names(probe_section, "| column | definition |") == list(PROBE_COLUMNS)
+    frameworks = ("verl", "TRL (GRPO)", "slime", "SkyRL", "NeMo-RL", "OpenRLHF")
+    header = "| is-study | " + " | ".join(frameworks) + " |"
+    assert header in text
+    mapping = {row[0].strip("`"): row[1:] for row in _rows(text, header)}
+    assert set(UPDATE_METRICS) <= set(mapping), set(UPDATE_METRICS) - set(mapping)
+    assert all(len(cells) == len(frameworks) and all(cells) for cells in mapping.values()), mapping
+    assert "rollout_corr/rollout_is_mean" in mapping["is_weight_mean"][0]  # verl's namespaced name
+    sources = {row[0].split(" (")[0]: row[1] for row in _rows(text, "| framework | commit | files |")}
+    assert set(sources) == {"verl", "TRL", "slime", "SkyRL", "NeMo-RL", "OpenRLHF"}, sources
+    assert all(re.match(r"[0-9a-f]{40} ", commit) for commit in sources.values()), sources
+
+
+def test_schema_makes_no_verl_style_claim():
+    """The columns are flat, not verl's rollout_corr/ names: the schema says so and points to the mapping."""
+    from runner import schema
+
+    assert "verl-style" not in schema.__doc__ and "docs/metrics.md" in schema.__doc__
+
+
 def test_docs_explain_the_settings():
     text = DOC.read_text()
     for heading in ("`old`, `roll` and `lp` under staleness", "`mismatch.precision` in each world",
@@ -97,17 +136,46 @@ def test_docs_explain_the_settings():
 def test_readme_ships_its_own_maths_and_links_exist():
     text = README.read_text()
     assert "../shared" not in text and "docs/corrections.md" in text
-    for doc in (README, GALLERY, DOC):
+    for doc in (README, *sorted((REPO / "docs").glob("*.md"))):
         for link in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", doc.read_text()):
             if "://" in link:
                 continue
             assert (doc.parent / link).exists(), (doc.name, link)
 
 
+def test_readme_is_a_readme():
+    """At most 15 KB, the rest in docs/: every page the issue asked for exists and is linked from the README,
+    and every docs/ page the README links exists."""
+    assert len(README.read_bytes()) <= README_MAX_BYTES, len(README.read_bytes())
+    text = README.read_text()
+    linked = re.findall(r"\]\((docs/[^)#]+\.md)(?:#[^)]*)?\)", text)
+    for page in ("worlds", "sweeps", "audit", "claims", "performance", "testing", "metrics", "corrections"):
+        assert f"docs/{page}.md" in linked, page
+    missing = [page for page in linked if not (REPO / page).is_file()]
+    assert not missing, missing
+
+
+def test_readme_keeps_its_two_first_commands():
+    """The README opens with the two commands a newcomer runs (.ci/run runs the second)."""
+    first_block = README.read_text().split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert first_block[0].startswith("make run ") and "is-study run correction=seq-mask-tis" in first_block[0]
+    assert first_block[1].startswith("make test ") and "python -m pytest" in first_block[1]
+    assert (REPO / ".ci" / "run").read_text().rstrip().endswith("make test")
+
+
+def test_user_docs_hold_no_internal_history():
+    """No "issue N" or session history in the README or docs/ (measurements state their date once, in
+    docs/performance.md)."""
+    for doc in (README, *sorted((REPO / "docs").glob("*.md"))):
+        text = doc.read_text()
+        assert not re.search(r"\bissue \d+", text), doc.name
+        assert not re.search(r"later session|earlier rules|before issue", text, re.I), doc.name
+
+
 def test_figures_sh_time_is_quoted_the_same_everywhere():
     header = (REPO / "scripts" / "figures.sh").read_text()
     seconds = re.search(r"default size: (\d+) s measured on the 2-core machine", header).group(1)
-    for doc in (README, GALLERY):
+    for doc in (PERFORMANCE, GALLERY):
         quoted = re.findall(r"figures\.sh`? (?:takes |rebuilds them at the default size in )?about (\d+) s", doc.read_text())
         assert quoted and set(quoted) == {seconds}, (doc.name, quoted, seconds)
 
@@ -127,13 +195,13 @@ def _world_verdicts() -> dict[str, dict[int, str]]:
     return out
 
 
-def test_readme_claims_agree_with_verdicts():
-    """The README's summary, per world, of which claims hold, which do not, which are inconclusive and which are
-    untestable here is figures/WORLD/verdicts.json's (VERDICTS.md's table), every claim named exactly once per
-    world."""
+def test_claims_doc_agrees_with_verdicts():
+    """docs/claims.md's summary, per world, of which claims hold, which do not, which are inconclusive and which
+    are untestable here is figures/WORLD/verdicts.json's (VERDICTS.md's table), every claim named exactly once
+    per world."""
     found = _world_verdicts()
     assert set(found) == {"bigram", "mlp", "transformer"} and all(len(v) == 6 for v in found.values())
-    section = README.read_text().split("## The literature's claims, checked", 1)[1].split("\n## ", 1)[0]
+    section = CLAIMS.read_text().split("## Results at the default size", 1)[1].split("\n## ", 1)[0]
     verdicts_md = (REPO / "figures" / "VERDICTS.md").read_text()
     for world, claims in found.items():
         part = section.split(f"### The {world} world", 1)[1].split("\n### ", 1)[0]
@@ -150,7 +218,7 @@ def test_readme_claims_agree_with_verdicts():
 
 def test_band_names_are_given_with_their_values_where_the_experiment_is_documented():
     """tight / mid / loose mean nothing without their [low, high]: every experiment that defines named
-    bands states them in its header comment, and the README where it lists the experiment."""
+    bands states them in its one-line header comment, and the README where it lists the experiment."""
     experiments = [p for p in sorted((REPO / "conf" / "experiment").rglob("*.yaml"))
                    if isinstance(yaml.safe_load(p.read_text()).get("bands"), dict)]
     assert any(p.stem == "threshold-tradeoff" for p in experiments)

@@ -532,7 +532,7 @@ def test_a_launcher_error_is_reported_and_the_disk_decides(tmp_path, cli, monkey
 def test_bench_sweep_measures_a_cold_start_without_bytecode(tmp_path):
     """scripts/bench_sweep.py --nocache: both launchers from a fresh interpreter with no bytecode cache
     (issue 16: the first joblib sweep in a fresh venv was 29 s against 18 s on basic). Tiny here: it
-    proves the measurement runs; the figures are in the README (Performance)."""
+    proves the measurement runs; the figures are in docs/performance.md."""
     out = tmp_path / "bench.json"
     res = subprocess.run([sys.executable, "scripts/bench_sweep.py", "--tiny", "--skip-cold", "--nocache",
                           "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)

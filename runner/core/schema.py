@@ -1,5 +1,5 @@
 """The column names of every file a study writes, in one place. No torch: the studies write these
-columns, `runner.core.metrics` computes the correction metrics under these names, and `analysis.load`
+columns, `runner.metrics` computes the correction metrics under these names, and `analysis.load`
 reads them, all from here.
 
 metrics.csv (study=train), one row per optimizer update, then a final row (step = train.steps, update 0)
@@ -11,7 +11,8 @@ with `df[df["reward"].notna()]` (every update row has its step's reward).
              Monte Carlo with objective_se beside it, empty on steps between evaluations; clipped:
              1 when the grad clip bound)
   faults     0/1 flags of NaN/inf and of a batch the correction rejected whole
-  correction the verl-style `rollout_corr/...` metrics of the update's mini-batch (runner.core.metrics)
+  correction the correction's metrics over the update's mini-batch (runner.core.metrics); flat names, mapped to
+             each framework's own in docs/metrics.md
   timing     ms since training began; left out with log.timing=false, so the file is then
              byte-identical across runs of the same config and seed
 """

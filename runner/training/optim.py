@@ -3,8 +3,8 @@ parameter tensors, with torch.optim's single-tensor update formulas, operation f
 checks the results are identical to torch.optim's).
 
 Why not torch.optim itself: constructing any torch.optim optimizer imports torch._dynamo, about 1 s
-of CPU, a third of a default bigram run (measured again for the training library: see the README's
-Performance section)."""
+of CPU, a third of a default bigram run (on the machine of
+docs/performance.md)."""
 
 from __future__ import annotations
 
