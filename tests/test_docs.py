@@ -101,7 +101,7 @@ def test_metrics_doc_defines_every_column_once_and_maps_every_update_metric():
     """docs/metrics.md: one definition per column of metrics.csv and probe.csv, in the files' order, and a row
     of framework names for every correction and loss metric, each cell a name or "—", and where each name
     was read (a 40-hex commit per framework)."""
-    from runner.schema import ALL_METRICS_COLUMNS, PROBE_COLUMNS, UPDATE_METRICS
+    from runner.core.schema import ALL_METRICS_COLUMNS, PROBE_COLUMNS, UPDATE_METRICS
 
     text = METRICS.read_text()
     assert _first_column_names(text, "| column | definition |") == list(ALL_METRICS_COLUMNS)
@@ -121,7 +121,7 @@ def test_metrics_doc_defines_every_column_once_and_maps_every_update_metric():
 
 def test_schema_makes_no_verl_style_claim():
     """The columns are flat, not verl's rollout_corr/ names: the schema says so and points to the mapping."""
-    from runner import schema
+    from runner.core import schema
 
     assert "verl-style" not in schema.__doc__ and "docs/metrics.md" in schema.__doc__
 

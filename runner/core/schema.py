@@ -1,5 +1,5 @@
 """The column names of every file a study writes, in one place. No torch: the studies write these
-columns, `runner.metrics` computes the correction metrics under these names, and `analysis.load`
+columns, `runner.core.metrics` computes the correction metrics under these names, and `analysis.load`
 reads them, all from here.
 
 metrics.csv (study=train), one row per optimizer update, then a final row (step = train.steps, update 0)
