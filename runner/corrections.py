@@ -195,7 +195,8 @@ def apply_correction_split(
     of all groups come from one pass (a small batch pays per call, not per element). With
     `filter_shuffle` the permutation is drawn over the whole batch, then split."""
     ev = _evaluate(corr, old, roll, mask, lp, generator)
-    per_group = correction_metrics_by_group(corr, *ev.metric_inputs(), groups=groups) if metrics else [{} for _ in groups]
+    inputs = ev.metric_inputs()
+    per_group = correction_metrics_by_group(corr, *inputs, groups=groups) if metrics else [{} for _ in groups]
     return [CorrectionResult(coef=ev.coef[g], mask=ev.new_mask[g], keep=ev.keep_full[g], metrics=m)
             for g, m in zip(groups, per_group)]
 

@@ -203,13 +203,12 @@ class _WeightedPPO(torch.autograd.Function):
     from autograd's in the last bits.
 
     It stays for today's bytes, not for speed: at the default sizes the readable formula costs the same
-    (one mini-batch's loss forward and backward, readable / fused: 1.00x in bigram and in mlp;
-    scripts/bench_metrics.py), but its last bits change the pinned runs' metrics.csv and tokens.csv
-    (tests/test_behaviour_unchanged.py with FUSED_PPO = False; bigram and mlp tis-tames-mismatch tried).
-    Non-finite inputs (a faithful
-    preset's inf or 0·inf coefficient, NaN padding) take the readable formula, whose min/clamp backward
-    *selects* a branch rather than multiplying by 0, so the gradient's NaN pattern is the original
-    code's element for element."""
+    (one mini-batch's loss forward and backward, readable / fused: 1.00x in bigram and in mlp, 1.02x in the
+    transformer; scripts/bench_metrics.py), but its last bits change the pinned runs' metrics.csv and
+    tokens.csv (tests/test_behaviour_unchanged.py with FUSED_PPO = False; bigram and mlp tis-tames-mismatch
+    tried). Non-finite inputs (a faithful preset's inf or 0·inf coefficient, NaN padding) take the readable
+    formula, whose min/clamp backward *selects* a branch rather than multiplying by 0, so the gradient's NaN
+    pattern is the original code's element for element."""
 
     @staticmethod
     def forward(ctx, log_ratio, adv, coef, eps_low, eps_high, dual_clip, clipped_sink):
