@@ -49,3 +49,17 @@ def test_bench_rejects_an_unknown_benchmark():
     res = subprocess.run([sys.executable, "scripts/bench.py", "--only", "nope"], cwd=REPO, capture_output=True, text=True)
     assert res.returncode == 2
     assert "unknown benchmark(s) nope" in res.stderr
+
+
+def test_bench_metrics_runs_at_tiny_size(tmp_path):
+    """scripts/bench_metrics.py (the figures behind keeping the NumPy totals and the fused PPO) runs and
+    reports every side: three train-step ratios and two per-call ratios, each a positive number."""
+    out = tmp_path / "bench_metrics.json"
+    res = subprocess.run([sys.executable, "scripts/bench_metrics.py", "--tiny", "--out", str(out)], cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [r["name"].split(" (")[0] for r in rows] == [
+        "train step, torch metrics vs today", "train step, readable PPO vs today", "train step, metrics off vs today",
+        "per call, metrics torch vs numpy", "per call, PPO readable vs fused"]
+    assert all(math.isfinite(r["value"]) and r["value"] > 0 and r["target"] == "info" for r in rows), rows

@@ -1,4 +1,4 @@
-"""The correction algebra of shared/spec/corrections.md, as one pure function.
+"""The correction algebra of docs/corrections.md, as one pure function.
 
 A correction is data (`Correction`); `apply_correction` evaluates any point of the algebra:
 
@@ -175,7 +175,7 @@ def apply_correction(
     ev = _evaluate(corr, old, roll, mask, lp, generator)
     out = CorrectionResult(coef=ev.coef, mask=ev.new_mask, keep=ev.keep_full)
     if metrics:
-        out.metrics = correction_metrics(corr, *ev.metric_inputs)
+        out.metrics = correction_metrics(corr, *ev.metric_inputs())
     return out
 
 
@@ -195,17 +195,30 @@ def apply_correction_split(
     of all groups come from one pass (a small batch pays per call, not per element). With
     `filter_shuffle` the permutation is drawn over the whole batch, then split."""
     ev = _evaluate(corr, old, roll, mask, lp, generator)
-    per_group = correction_metrics_by_group(corr, *ev.metric_inputs, groups=groups) if metrics else [{} for _ in groups]
+    inputs = ev.metric_inputs()
+    per_group = correction_metrics_by_group(corr, *inputs, groups=groups) if metrics else [{} for _ in groups]
     return [CorrectionResult(coef=ev.coef[g], mask=ev.new_mask[g], keep=ev.keep_full[g], metrics=m)
             for g, m in zip(groups, per_group)]
 
 
 @dataclass
 class _Evaluation:
-    coef: torch.Tensor
+    coef: torch.Tensor  # the coefficient after rejection (and padding), detached
     new_mask: torch.Tensor
     keep_full: torch.Tensor
-    metric_inputs: tuple  # correction_metrics' arguments after `corr`
+    # what the metrics read besides: the batch, the log-ratio lr, the coefficient before / after the
+    # clamp, and the [B, 1] or [B, T] survivors (None without a filter or veto)
+    old: torch.Tensor
+    roll: torch.Tensor
+    mask: torch.Tensor
+    lr: torch.Tensor
+    raw: torch.Tensor
+    weight: torch.Tensor
+    keep: torch.Tensor | None
+
+    def metric_inputs(self) -> tuple:
+        """correction_metrics' arguments after `corr`, in its order."""
+        return self.old, self.roll, self.mask, self.lr, self.raw, self.weight, self.coef, self.keep
 
 
 def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluation:
@@ -264,4 +277,5 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         coef = zero_padding(coef, mask)
     coef = coef.detach()
     keep_full = (torch.ones((1, 1), dtype=torch.bool) if keep is None else keep).expand_as(lr)
-    return _Evaluation(coef, new_mask, keep_full, (old.detach(), roll.detach(), mask, lr, raw, weight, coef, keep))
+    return _Evaluation(coef=coef, new_mask=new_mask, keep_full=keep_full, old=old.detach(), roll=roll.detach(),
+                       mask=mask, lr=lr, raw=raw, weight=weight, keep=keep)

@@ -1,4 +1,4 @@
-"""Policy losses and reductions (shared/spec/corrections.md, "Policy losses and reduction").
+"""Policy losses and reductions (docs/corrections.md, §4 "Policy losses" and §5 "Reductions").
 
 The per-token policy loss is computed first, multiplied by the correction's coefficient, and only
 then reduced. PPO's ratio compares lp with old (`loss.ratio_against: old`, the default), or with the
@@ -25,6 +25,8 @@ REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 # weight, and the clip bounds the whole distance to the policy that sampled, staleness included).
 RATIO_AGAINST = ("old", "behaviour")
 PPO_LOG_RATIO_BOUND = 20.0
+# False: PPO always takes the plain autograd formula (scripts/bench_metrics.py times both)
+FUSED_PPO = True
 
 
 @dataclass(frozen=True)
@@ -123,14 +125,90 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, spec: LossSpec,
     return -pessimistic, clipped
 
 
+def reduce(per_token: torch.Tensor, mask: torch.Tensor, how: str, count: torch.Tensor | None = None,
+           premasked: bool = False, where_first: bool = False) -> torch.Tensor:
+    """Reduce [B, T] to a scalar. An empty mask gives 0 (never 0/0). `premasked` says per_token is
+    already exactly 0 wherever mask is 0 (our presets sanitise first), so no multiply is needed;
+    released code multiplies by the mask, and its faithful presets do the same (NaN·0 = NaN).
+    `where_first`: token-mean selects the masked-in values before multiplying (verl's masked_sum)."""
+    if where_first and how == "token-mean":
+        per_token = torch.where(mask > 0, per_token, 0.0)
+    masked = per_token if premasked else per_token * mask
+    if how == "token-mean":
+        return masked.sum() / (mask.sum() if count is None else count).clamp(min=1)
+    per_seq = masked.sum(-1)
+    if how == "seq-mean-token-sum":
+        return per_seq.mean() if per_seq.numel() else per_seq.sum()
+    counts = mask.sum(-1)
+    nonempty = counts > 0
+    seq_means = per_seq / counts.clamp(min=1)
+    return torch.where(nonempty, seq_means, 0.0).sum() / nonempty.sum().clamp(min=1)
+
+
+def _all_finite(*tensors: torch.Tensor) -> bool:
+    return bool(torch.isfinite(torch.stack([t.detach().sum() for t in tensors]).sum()))
+
+
+def ratio_base(spec: LossSpec, old: torch.Tensor, roll: torch.Tensor) -> torch.Tensor:
+    """What PPO's ratio divides by: `old` (θ_t, recomputed) or `roll` (the behaviour policy; old := roll)."""
+    return roll if spec.ratio_against == "behaviour" else old
+
+
+def ppo_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
+    """coef · PPO's clipped surrogate per token: −coef·min(r·A, clip(r, 1−ε_low, 1+ε_high)·A), with
+    r = exp(clamp(lp − old, ±20)) (lp − roll under ratio_against=behaviour) and the optional dual clip."""
+    log_ratio = lp - ratio_base(spec, old, roll)
+    if sanitise:
+        log_ratio = zero_padding(log_ratio, mask)
+    if not (FUSED_PPO and _all_finite(log_ratio, adv, cres.coef)):
+        ratio = torch.exp(log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND))
+        token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
+        return token_loss * cres.coef, clipped, cres.mask
+    # Finite inputs: the same loss with its backward formed in the forward pass (_WeightedPPO below).
+    sink = [] if metrics else None  # a list, not a second output: autograd need not track it
+    per_token = _WeightedPPO.apply(log_ratio, adv, cres.coef, spec.eps_low, spec.eps_high, spec.dual_clip, sink)
+    return per_token, (sink[0] if sink else None), cres.mask
+
+
+def gspo_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
+    """GSPO: one length-normalised sequence ratio, clipped; the sequence ratio already is the
+    correction (against `roll` when a correction is active, or under ratio_against=behaviour), so no
+    coefficient multiplies it."""
+    diff = lp - (roll if corr.active else ratio_base(spec, old, roll))
+    diff = zero_padding(diff, mask) if sanitise else diff * mask
+    seq_log_ratio = diff.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    # The same ±20 bound as PPO's token ratio (verl clamps this log-ratio too): without it a
+    # finite but extreme sequence overflows to inf, and 0·inf in the backward gives NaN.
+    ratio = torch.exp(seq_log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND)) * mask
+    token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
+    return token_loss, clipped, mask
+
+
+def reinforce_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
+    """−coef · A · log π: the plain policy gradient, corrected."""
+    live = zero_padding(lp, mask) if sanitise else lp
+    return -adv * live * cres.coef, None, cres.mask
+
+
 class _WeightedPPO(torch.autograd.Function):
-    """coef · (PPO's per-token loss) as a function of the log-ratio lp − old, with its derivative
-    formed in the forward pass. Autograd would keep about six [B, T] tensors for the backward (and
-    spend a dozen passes in it); this keeps one, and its backward is one multiply.
+    """An optimisation of ppo_per_token's formula on finite inputs: coef · (PPO's per-token loss) as a
+    function of the log-ratio lp − old, with its derivative formed in the forward pass. Autograd would
+    keep about six [B, T] tensors for the backward (and spend a dozen passes in it); this keeps one, and
+    its backward is one multiply.
 
     d/dx of −min(r·A, clip(r)·A) with r = exp(clamp(x, ±20)) is −A·r where the unclipped branch is
     the minimum (inside the clip range both branches are equal and the gradient is the same), 0
-    where the clipped branch binds, the dual clip binds, or |x| > 20: what autograd gives."""
+    where the clipped branch binds, the dual clip binds, or |x| > 20: what autograd gives. The forward
+    is the formula's bit for bit; the gradient's products are taken in another order, so it differs
+    from autograd's in the last bits.
+
+    It stays for today's bytes, not for speed: at the default sizes the readable formula costs the same
+    (one mini-batch's loss forward and backward, readable / fused: 1.00x in bigram and in mlp, 1.02x in the
+    transformer; scripts/bench_metrics.py), but its last bits change the pinned runs' metrics.csv and
+    tokens.csv (tests/test_behaviour_unchanged.py with FUSED_PPO = False; bigram and mlp tis-tames-mismatch
+    tried). Non-finite inputs (a faithful preset's inf or 0·inf coefficient, NaN padding) take the readable
+    formula, whose min/clamp backward *selects* a branch rather than multiplying by 0, so the gradient's NaN
+    pattern is the original code's element for element."""
 
     @staticmethod
     def forward(ctx, log_ratio, adv, coef, eps_low, eps_high, dual_clip, clipped_sink):
@@ -162,74 +240,6 @@ class _WeightedPPO(torch.autograd.Function):
     def backward(ctx, grad_out):
         (slope,) = ctx.saved_tensors
         return grad_out * slope, None, None, None, None, None, None
-
-
-def reduce(per_token: torch.Tensor, mask: torch.Tensor, how: str, count: torch.Tensor | None = None,
-           premasked: bool = False, where_first: bool = False) -> torch.Tensor:
-    """Reduce [B, T] to a scalar. An empty mask gives 0 (never 0/0). `premasked` says per_token is
-    already exactly 0 wherever mask is 0 (our presets sanitise first), so no multiply is needed;
-    released code multiplies by the mask, and its faithful presets do the same (NaN·0 = NaN).
-    `where_first`: token-mean selects the masked-in values before multiplying (verl's masked_sum)."""
-    if where_first and how == "token-mean":
-        per_token = torch.where(mask > 0, per_token, 0.0)
-    masked = per_token if premasked else per_token * mask
-    if how == "token-mean":
-        return masked.sum() / (mask.sum() if count is None else count).clamp(min=1)
-    per_seq = masked.sum(-1)
-    if how == "seq-mean-token-sum":
-        return per_seq.mean() if per_seq.numel() else per_seq.sum()
-    counts = mask.sum(-1)
-    nonempty = counts > 0
-    seq_means = per_seq / counts.clamp(min=1)
-    return torch.where(nonempty, seq_means, 0.0).sum() / nonempty.sum().clamp(min=1)
-
-
-def _all_finite(*tensors: torch.Tensor) -> bool:
-    return bool(torch.isfinite(torch.stack([t.detach().sum() for t in tensors]).sum()))
-
-
-def ratio_base(spec: LossSpec, old: torch.Tensor, roll: torch.Tensor) -> torch.Tensor:
-    """What PPO's ratio divides by: `old` (θ_t, recomputed) or `roll` (the behaviour policy; old := roll)."""
-    return roll if spec.ratio_against == "behaviour" else old
-
-
-def ppo_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
-    """coef · PPO's clipped surrogate per token, against `old` (or `roll`: ratio_against). Finite inputs take the fused Function;
-    anything non-finite (a faithful preset's inf or 0·inf coefficient, NaN padding) takes the plain
-    autograd formula, whose min/clamp backward *selects* a branch rather than multiplying by 0, so
-    the gradient's NaN pattern is the original code's element for element."""
-    log_ratio = lp - ratio_base(spec, old, roll)
-    if sanitise:
-        log_ratio = zero_padding(log_ratio, mask)
-    if _all_finite(log_ratio, adv, cres.coef):
-        sink = [] if metrics else None  # a list, not a second output: autograd need not track it
-        per_token = _WeightedPPO.apply(log_ratio, adv, cres.coef, spec.eps_low, spec.eps_high, spec.dual_clip, sink)
-        clipped = sink[0] if sink else None
-    else:
-        ratio = torch.exp(log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND))
-        token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
-        per_token = token_loss * cres.coef
-    return per_token, clipped, cres.mask
-
-
-def gspo_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
-    """GSPO: one length-normalised sequence ratio, clipped; the sequence ratio already is the
-    correction (against `roll` when a correction is active, or under ratio_against=behaviour), so no
-    coefficient multiplies it."""
-    diff = lp - (roll if corr.active else ratio_base(spec, old, roll))
-    diff = zero_padding(diff, mask) if sanitise else diff * mask
-    seq_log_ratio = diff.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
-    # The same ±20 bound as PPO's token ratio (verl clamps this log-ratio too): without it a
-    # finite but extreme sequence overflows to inf, and 0·inf in the backward gives NaN.
-    ratio = torch.exp(seq_log_ratio.clamp(-PPO_LOG_RATIO_BOUND, PPO_LOG_RATIO_BOUND)) * mask
-    token_loss, clipped = clipped_surrogate(ratio, adv, spec, want_clipped=metrics)
-    return token_loss, clipped, mask
-
-
-def reinforce_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
-    """−coef · A · log π: the plain policy gradient, corrected."""
-    live = zero_padding(lp, mask) if sanitise else lp
-    return -adv * live * cres.coef, None, cres.mask
 
 
 PER_TOKEN = {"ppo": ppo_per_token, "gspo": gspo_per_token, "reinforce": reinforce_per_token}

@@ -1,27 +1,37 @@
-"""verl-style per-batch diagnostics of a correction, over masked-in tokens (`rollout_corr/...`).
+"""The per-batch diagnostics of a correction, over masked-in tokens: the diagnostics verl logs under
+rollout_corr/, named flat here; docs/metrics.md maps them. With w the coefficient that multiplies the
+per-token loss, lr = old − roll, ρ = e^lr, L_i = Σ_t lr_t and |y_i| a sequence's masked-in tokens:
 
-    is_weight_mean/std/min/max  the coefficient that multiplies the per-token loss
+    is_weight_mean/std/min/max  of w
     ess                         Kish effective sample size, (Σw)² / (n·Σw²), as a fraction
     token/seq_masked_fraction   units rejected by the filter or the veto
     clamped_fraction            kept tokens whose weight the clamp changed
-    kl_k1, kl_k3                mean of −lr and of ρ − 1 − lr, with lr = old − roll
-    chi2_token, chi2_seq        mean ρ² − 1 per token, mean ρ_seq² − 1 per sequence
+    kl_k1, kl_k3                mean of −lr and of ρ − 1 − lr
+    chi2_token, chi2_seq        mean ρ² − 1 per token, mean ρ_seq² − 1 = e^(2·L_i) − 1 per sequence
     log_ppl_diff                mean over sequences of L_i / |y_i|
     max_abs_prob_diff           max |p_old − p_roll|
 
-Every metric is formed from seventeen batch totals (sums, dot products, extremes). Those totals are
-taken by one of two backends that compute the same definitions: torch for large batches, and
-NumPy for small ones, where each call's fixed cost is the whole price (a train mini-batch has 512
-tokens). `tests/test_metrics.py` checks the two agree on every preset, NaN/inf and empty batches
-included. The totals of several groups of rows (a train step's mini-batches) come from one pass.
-The fractions and ratios are then formed once, in Python, from the totals. Nothing raises: an
-empty batch or all-zero weights give 0, and the KL/χ² metrics use the ±20 safety bound.
+Every metric is formed from a group of rows' `Totals` (sums, dot products, extremes, named as above), by
+`metrics_from_totals`, in that order. Nothing raises: an empty batch or all-zero weights give 0, and the KL/χ²
+metrics use the ±20 safety bound on lr.
+
+The totals are taken by one of two backends under the same names: `_totals_torch`, and `_totals_numpy` for
+batches up to NUMPY_MAX_ELEMENTS on the CPU, which is every default run's (a step's 1024 to 4096 token slots).
+The NumPy one stays for two reasons. The runs' metrics.csv are its bytes, and torch cannot reproduce them: its
+float32 exp and expm1 round differently from NumPy's on 39% and 9% of inputs (2·10⁶ N(0, 9) draws, torch 2.13,
+NumPy 2.4), and NumPy's sums are float64 over float32 products, so the torch totals, float32 or float64, change
+the pinned runs' metrics.csv (tests/test_behaviour_unchanged.py, bigram and mlp tis-tames-mismatch tried). And
+it is cheaper where it runs: a step's metrics cost 4.6x, 6.2x and 5.9x as much through torch at bigram's, mlp's
+and the transformer's default sizes (bigram: 2.6 vs 0.55 ms, of a 7 to 25 ms step on the shared 2-core machine;
+scripts/bench_metrics.py, per call). `tests/test_metrics.py` checks the two agree on every preset, NaN/inf and
+empty batches included.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass, fields
 from typing import Sequence
 
 import numpy as np
@@ -37,6 +47,56 @@ METRIC_NAMES = CORRECTION_METRICS  # runner/core/schema.py: the CSV columns thes
 # 16384: 115 vs 163 µs, 65536: 701 vs 332 µs.
 NUMPY_MAX_ELEMENTS = 16384
 _NUMPY_DTYPES = (torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class Totals:
+    """What every metric of one group of rows is formed from; sums and extremes over masked-in tokens."""
+
+    tokens: float  # n
+    sequences: float  # non-empty sequences (at least one masked-in token)
+    sum_w: float  # Σ w
+    sum_w2: float  # Σ w²
+    min_w: float
+    max_w: float
+    kept_tokens: float  # tokens that survived the filter and the veto
+    rejected_sequences: float  # non-empty sequences the filter or the veto dropped
+    clamped_tokens: float  # kept tokens whose weight the clamp changed (0 without a clamp)
+    sum_lr: float  # Σ lr
+    sum_k3: float  # Σ ρ − 1 − lr
+    sum_rho_m1_sq: float  # Σ (ρ − 1)²
+    sum_rho_m1: float  # Σ ρ − 1
+    sum_chi2_seq: float  # Σ_i e^(2·L_i) − 1, over non-empty sequences
+    sum_log_ppl: float  # Σ_i L_i / |y_i|, over non-empty sequences
+    max_abs_prob_diff: float  # max |p_old − p_roll|; NaN counts as 0
+
+
+TOTALS = tuple(f.name for f in fields(Totals))
+NO_TOTALS = Totals(**dict.fromkeys(TOTALS, 0.0))  # an empty batch
+
+
+def metrics_from_totals(t: Totals) -> dict[str, float]:
+    """The module docstring's definitions, as ratios of totals; an empty batch or group gives 0, not 0/0."""
+    n, sequences = max(t.tokens, 1.0), max(t.sequences, 1.0)
+    mean = t.sum_w / n
+    variance = t.sum_w2 / n - mean * mean  # can round below 0; NaN stays NaN
+    return {
+        "is_weight_mean": mean,
+        "is_weight_std": math.sqrt(variance) if variance > 0 else (variance if math.isnan(variance) else 0.0),
+        "is_weight_min": t.min_w if t.tokens > 0 else 0.0,
+        "is_weight_max": t.max_w if t.tokens > 0 else 0.0,
+        # (Σw)² ≤ n·Σw², so above 1 only by rounding of the sums
+        "ess": min(t.sum_w * t.sum_w / (n * t.sum_w2), 1.0) if t.sum_w2 > 0 else 0.0,
+        "token_masked_fraction": (t.tokens - t.kept_tokens) / n,
+        "seq_masked_fraction": t.rejected_sequences / sequences,
+        "clamped_fraction": t.clamped_tokens / n,
+        "kl_k1": -t.sum_lr / n,
+        "kl_k3": t.sum_k3 / n,
+        "chi2_token": (t.sum_rho_m1_sq + 2 * t.sum_rho_m1) / n,  # mean(ρ²) − 1 = mean((ρ−1)² + 2(ρ−1))
+        "chi2_seq": t.sum_chi2_seq / sequences,
+        "log_ppl_diff": t.sum_log_ppl / sequences,
+        "max_abs_prob_diff": t.max_abs_prob_diff,
+    }
 
 
 def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep, backend: str = "auto") -> dict[str, float]:
@@ -57,11 +117,13 @@ def correction_metrics_by_group(corr, old, roll, mask, lr, raw, weight, coef, ke
         small = coef.numel() <= NUMPY_MAX_ELEMENTS and coef.device.type == "cpu" and coef.dtype in _NUMPY_DTYPES
         backend = "numpy" if small else "torch"
     if backend == "numpy":
-        return [_from_totals(*t) for t in _totals_numpy(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds)]
-    tensors = (old, roll, mask, lr, raw, weight, coef)
-    with torch.no_grad():
-        return [_from_totals(*_totals_torch(corr, *(t[a:b] for t in tensors), None if keep is None else keep[a:b]))
-                for a, b in bounds]
+        totals = _totals_numpy(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds)
+    else:
+        tensors = (old, roll, mask, lr, raw, weight, coef)
+        with torch.no_grad():
+            totals = [_totals_torch(corr, *(t[a:b] for t in tensors), None if keep is None else keep[a:b])
+                      for a, b in bounds]
+    return [metrics_from_totals(t) for t in totals]
 
 
 def _group_bounds(groups: Sequence[slice], rows: int) -> list[tuple[int, int]]:
@@ -74,32 +136,7 @@ def _group_bounds(groups: Sequence[slice], rows: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def _from_totals(n, n_nonempty, sum_w, sum_w2, w_min, w_max, kept_tokens, seq_rejected, clamped, sum_lr, sum_k3,
-                 sum_rho_m1_sq, sum_rho_m1, chi2_seq_sum, log_ppl_sum, lo, hi) -> dict[str, float]:
-    n_safe, n_seq = max(n, 1.0), max(n_nonempty, 1.0)
-    w_mean = sum_w / n_safe
-    variance = sum_w2 / n_safe - w_mean * w_mean
-    values = (
-        w_mean,
-        math.sqrt(variance) if variance > 0 else (variance if variance != variance else 0.0),
-        w_min if n > 0 else 0.0,
-        w_max if n > 0 else 0.0,
-        # Kish ESS as a fraction; (Σw)² ≤ n·Σw², so above 1 only by float32 rounding of the sums
-        min(sum_w * sum_w / (n_safe * sum_w2), 1.0) if sum_w2 > 0 else 0.0,
-        (n - kept_tokens) / n_safe,
-        seq_rejected / n_seq,
-        clamped / n_safe,
-        -sum_lr / n_safe,  # k1
-        sum_k3 / n_safe,
-        (sum_rho_m1_sq + 2 * sum_rho_m1) / n_safe,  # χ² = mean(ρ²) − 1 = mean((ρ−1)² + 2(ρ−1))
-        chi2_seq_sum / n_seq,
-        log_ppl_sum / n_seq,
-        max(hi, -lo),
-    )
-    return dict(zip(METRIC_NAMES, values))
-
-
-def _totals_torch(corr, old, roll, mask, lr, raw, weight, coef, keep) -> list[float]:
+def _totals_torch(corr, old, roll, mask, lr, raw, weight, coef, keep) -> Totals:
     """The totals as torch reductions, leaving torch in one `.tolist()`. Most [B, T] temporaries
     are written into one scratch tensor (a fresh 1 MiB tensor can cost more in page faults than
     its arithmetic), masks multiply rather than select, and no bool tensor meets a float one in
@@ -107,46 +144,45 @@ def _totals_torch(corr, old, roll, mask, lr, raw, weight, coef, keep) -> list[fl
     dtype = coef.dtype
     seq_len = mask.sum(-1)
     nonempty = (seq_len > 0).to(dtype)
-    n_tok = seq_len.sum()
+    tokens = seq_len.sum()
     zero = torch.zeros((), dtype=dtype)
     scratch = torch.empty(mask.shape, dtype=dtype)
 
-    # Weights: under padding=ignore the coefficient already is exactly 0 at padding.
+    # The weights: under padding=ignore the coefficient already is exactly 0 at padding.
     w = (coef if corr.padding == "ignore" else zero_padding(coef, mask)).reshape(-1)
     if w.numel():
-        w_max = w.max()  # coefficients are ≥ 0, so the zeros at padding never win
-        if bool(torch.isfinite(w_max)):
+        max_w = w.max()  # coefficients are ≥ 0, so the zeros at padding never win
+        if bool(torch.isfinite(max_w)):
             # shift every weight below 0 and mask: padding stays 0, the minimum is a masked-in one
-            shift = w_max + 1
-            w_min = torch.sub(w, shift, out=scratch.view(-1)).mul_(mask.reshape(-1)).min() + shift
+            shift = max_w + 1
+            min_w = torch.sub(w, shift, out=scratch.view(-1)).mul_(mask.reshape(-1)).min() + shift
         else:  # an inf weight would turn the shift into NaN
-            w_min = torch.where(mask.reshape(-1) > 0, w, math.inf).min()
+            min_w = torch.where(mask.reshape(-1) > 0, w, math.inf).min()
     else:
-        w_min = w_max = n_tok
-    totals = [n_tok, nonempty.sum(), w.sum(), torch.dot(w, w), w_min, w_max]
+        min_w = max_w = tokens
+    sum_w, sum_w2 = w.sum(), torch.dot(w, w)
     del w
 
     # Rejections and clamps (1.0 where the clamp changed a masked-in token's weight), counted per
     # sequence when the filter is a sequence filter.
     changed = torch.ne(weight, raw, out=scratch).mul_(mask) if corr.weight_op != "raw" else None
     if keep is None:
-        kept_tokens, seq_rejected = n_tok, zero
-        clamped = changed.sum() if changed is not None else zero
+        kept_tokens, rejected_sequences = tokens, zero
+        clamped_tokens = changed.sum() if changed is not None else zero
     elif keep.shape[-1] == 1:
         kept_seq = keep.reshape(-1).to(dtype)
         kept_tokens = torch.dot(seq_len, kept_seq)
-        seq_rejected = torch.dot(nonempty, 1 - kept_seq)
-        clamped = torch.dot(changed.sum(-1), kept_seq) if changed is not None else zero
+        rejected_sequences = torch.dot(nonempty, 1 - kept_seq)
+        clamped_tokens = torch.dot(changed.sum(-1), kept_seq) if changed is not None else zero
     else:
         kept = keep.to(dtype).mul_(mask)
         kept_tokens = kept.sum()
-        seq_rejected = torch.dot(nonempty, (kept.sum(-1) == 0).to(dtype))
-        clamped = torch.dot(kept.reshape(-1), changed.reshape(-1)) if changed is not None else zero
+        rejected_sequences = torch.dot(nonempty, (kept.sum(-1) == 0).to(dtype))
+        clamped_tokens = torch.dot(kept.reshape(-1), changed.reshape(-1)) if changed is not None else zero
         del kept
     del changed
-    totals += [kept_tokens, seq_rejected, clamped]
 
-    # Mismatch diagnostics use the decoupled log-ratio old − roll (0 at padding), whatever the
+    # The mismatch: the decoupled log-ratio old − roll (0 at padding), whatever the correction's
     # ratio base; expm1 keeps k3 and χ² accurate for tiny mismatches, where ρ − 1 would cancel.
     lr_dec = lr if _reuses_lr(corr) else zero_padding(old - roll, mask)
     L = lr_dec.sum(-1)  # the sequence log-ratios
@@ -158,10 +194,10 @@ def _totals_torch(corr, old, roll, mask, lr, raw, weight, coef, keep) -> list[fl
     flat = rho_m1.reshape(-1)
     # k3 per token before summing: a difference of two large sums would cancel a tiny k3 away
     k3 = torch.sub(rho_m1, lr_safe, out=scratch)
-    totals += [L.sum(), k3.sum(), torch.dot(flat, flat), flat.sum()]
+    sum_lr, sum_k3, sum_rho_m1_sq, sum_rho_m1 = L.sum(), k3.sum(), torch.dot(flat, flat), flat.sum()
     del lr_safe, flat, k3
-    per_seq_chi2 = torch.expm1(2 * L.clamp(-SAFETY_BOUND, SAFETY_BOUND))
-    totals += [torch.dot(per_seq_chi2, nonempty), torch.dot(L / seq_len.clamp(min=1), nonempty)]
+    chi2_seq = torch.expm1(2 * L.clamp(-SAFETY_BOUND, SAFETY_BOUND))
+    sum_chi2_seq, sum_log_ppl = torch.dot(chi2_seq, nonempty), torch.dot(L / seq_len.clamp(min=1), nonempty)
 
     # p_old − p_roll = p_roll·(ρ − 1): when ρ − 1 above is exactly expm1(old − roll), one exp
     # instead of two, and no cancellation between two nearly equal probabilities
@@ -176,11 +212,18 @@ def _totals_torch(corr, old, roll, mask, lr, raw, weight, coef, keep) -> list[fl
         prob_diff = torch.where(mask > 0, prob_diff, 0.0).nan_to_num_(nan=0.0)
     lo, hi = torch.aminmax(prob_diff) if prob_diff.numel() else (zero, zero)
     del prob_diff, scratch
-    totals += [lo, hi]
-    return torch.stack(totals).tolist()
+
+    named = {"tokens": tokens, "sequences": nonempty.sum(), "sum_w": sum_w, "sum_w2": sum_w2, "min_w": min_w,
+             "max_w": max_w, "kept_tokens": kept_tokens, "rejected_sequences": rejected_sequences,
+             "clamped_tokens": clamped_tokens, "sum_lr": sum_lr, "sum_k3": sum_k3, "sum_rho_m1_sq": sum_rho_m1_sq,
+             "sum_rho_m1": sum_rho_m1, "sum_chi2_seq": sum_chi2_seq, "sum_log_ppl": sum_log_ppl,
+             "min_prob_diff": lo, "max_prob_diff": hi}
+    values = dict(zip(named, torch.stack(list(named.values())).tolist()))
+    min_prob_diff, max_prob_diff = values.pop("min_prob_diff"), values.pop("max_prob_diff")
+    return Totals(**values, max_abs_prob_diff=max(max_prob_diff, -min_prob_diff))
 
 
-def _totals_numpy(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds) -> list[list[float]]:
+def _totals_numpy(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds) -> list[Totals]:
     """The totals of every group, from NumPy views of the tensors (no copy), in as few calls as
     the definitions allow: each per-token quantity is a row of one [K, B, T] array, a product with
     a vector of ones (BLAS, ~4× faster than .sum(-1) at this size) gives the per-sequence sums,
@@ -188,26 +231,22 @@ def _totals_numpy(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds) ->
     arrays = old.numpy(), roll.numpy(), mask.numpy(), lr.numpy(), raw.numpy(), weight.numpy(), coef.numpy()
     B, T = arrays[2].shape  # apply_correction's intermediates are detached, so .numpy() is a view
     if B * T == 0:  # nothing is masked in: every total is 0
-        return [[0.0] * 17 for _ in bounds]
+        return [NO_TOTALS for _ in bounds]
     keep = None if keep is None else keep.numpy()
     with np.errstate(all="ignore"):  # NaN/inf are data here (the faithful presets make them)
         # First without the ±20 bound on lr: k3_t = e^lr − 1 − lr exceeds 19 wherever |lr| > 20,
         # so a k3 total of at most 19 proves the bound changed nothing; else, bounded this time.
         totals = _numpy_pass(corr, *arrays, keep, bounds, bound_lr=False)
-        if not sum(t[5] for t in totals) <= 19.0:
+        if not sum(g["sum_k3"] for g in totals) <= 19.0:
             totals = _numpy_pass(corr, *arrays, keep, bounds, bound_lr=True)
-    out = []
-    for g, (n_tok, sum_w, sum_w2, sum_lr, sum_rho_m1, sum_k3, sum_rho_m1_sq, *rest) in enumerate(totals):
-        clamped = rest[0] if corr.weight_op != "raw" else 0.0
-        n_nonempty, chi2_seq, log_ppl_sum, seq_rejected, n_kept, w_max, neg_w_min, diff_max = rest[-8:]
-        out.append([n_tok, n_nonempty, sum_w, sum_w2, -neg_w_min, w_max, n_kept, seq_rejected, clamped, sum_lr,
-                    sum_k3, sum_rho_m1_sq, sum_rho_m1, chi2_seq, log_ppl_sum, -diff_max, diff_max])
-    return out
+    for g in totals:
+        g.setdefault("clamped_tokens", 0.0)  # no clamp, no such row
+    return [Totals(**{name: g[name] for name in TOTALS if name != "min_w"}, min_w=-g["max_neg_w"]) for g in totals]
 
 
-def _numpy_pass(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds, bound_lr: bool) -> list[list[float]]:
-    """Per group: the per-token sums (rows below), then nonempty sequences, Σχ²_i, Σ L_i/|y_i|,
-    rejected sequences, kept tokens, then max w, max −w and max |p_old − p_roll| (masked-in)."""
+def _numpy_pass(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds, bound_lr: bool) -> list[dict[str, float]]:
+    """Per group, by name: the sums of the per-token rows and of the per-sequence rows below, then the
+    maxima of w, of −w and of |p_old − p_roll| over masked-in tokens."""
     B, T = mask.shape
     starts = [a for a, _ in bounds]
     w = coef if corr.padding == "ignore" else _np_zero_padding(coef, mask)
@@ -218,8 +257,12 @@ def _numpy_pass(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds, boun
     # a token filter, the kept ones; every row is 0 at padding (w and lr are, and expm1(0) = 0)
     token_keep = keep is not None and keep.shape[-1] != 1
     clamps = corr.weight_op != "raw"
-    K = 7 + clamps + token_keep
-    # float64 rows: the sums are exact enough that equal weights give mean = max and ESS = 1
+    token_rows = ["tokens", "sum_w", "sum_w2", "sum_lr", "sum_rho_m1", "sum_k3", "sum_rho_m1_sq"]
+    token_rows += ["clamped_tokens"] * clamps + ["kept_in_token_filter"] * token_keep
+    K = len(token_rows)
+    # float64 rows, so the sums are float64; each product is still taken in the inputs' dtype (float32 in
+    # the worlds) before it is stored, so is_weight_std = √(E[w²] − E[w]²) loses a spread below ~1e-3 of
+    # the mean (tests/test_metrics.py, the xfail): kept, since the runs' bytes are these
     rows = np.empty((K, B, T), dtype=np.float64)
     rows[0], rows[1], rows[3] = mask, w, lr_dec
     np.multiply(w, w, out=rows[2])
@@ -251,6 +294,7 @@ def _numpy_pass(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds, boun
         np.greater(nonempty, keep_seq, out=rejected)  # a non-empty sequence the filter dropped
         if clamps:
             per_seq[7] *= keep_seq
+    seq_rows = ["sequences", "sum_chi2_seq", "sum_log_ppl", "rejected_sequences", "kept_tokens"]
 
     # extremes over masked-in tokens as maxima of one [3, B·T] array: w, −w (−inf at padding) and
     # |p_old − p_roll| (0 at padding); weights are ≥ 0, so a 0 at padding never wins the first.
@@ -274,7 +318,9 @@ def _numpy_pass(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds, boun
     if not np.isfinite(maxima[2]).all():  # as _totals_torch: a NaN counts as 0, an inf as the largest float
         cleaned = np.nan_to_num(np.where(mask > 0, extremes[2], 0.0).astype(coef.dtype), nan=0.0)
         maxima[2] = np.maximum.reduceat(cleaned.reshape(-1), runs)
-    return np.concatenate([np.add.reduceat(per_seq, starts, axis=1), maxima]).T.tolist()
+    names = token_rows + seq_rows + ["max_w", "max_neg_w", "max_abs_prob_diff"]
+    return [dict(zip(names, group))
+            for group in np.concatenate([np.add.reduceat(per_seq, starts, axis=1), maxima]).T.tolist()]
 
 
 @functools.lru_cache(maxsize=64)
