@@ -7,8 +7,8 @@ One training step of each world's default run (bigram, mlp, transformer; correct
 thread, as the train study runs. Four sides, the same config and seed, timed in alternating rounds:
 
     today          the shipped code: NumPy totals for the correction metrics at these sizes, the fused PPO
-    torch metrics  the metrics' torch totals only (runner.metrics.NUMPY_MAX_ELEMENTS = -1)
-    readable PPO   PPO's plain autograd formula only (runner.losses.FUSED_PPO = False)
+    torch metrics  the metrics' torch totals only (runner.core.metrics.NUMPY_MAX_ELEMENTS = -1)
+    readable PPO   PPO's plain autograd formula only (runner.core.losses.FUSED_PPO = False)
     metrics off    log.metrics=false: what computing every metric costs a step in all
 
 A figure is the median over rounds of the per-round ratio of per-step times (a side over `today`); the order
@@ -17,7 +17,7 @@ them, per call: the metrics of one step's batch (NumPy vs torch totals) and one 
 and backward (fused vs readable), on the tensors a default step hands them, alternating, median of repeats. The
 transformer starts from random θ₀ (policy.sft.steps=0): the warm start changes no tensor's size; and its
 Monte Carlo J (512 rollouts a step) is left out, as it would swamp every other cost. Context
-figures, no target: the decision they inform is written in runner/metrics.py and runner/losses.py.
+figures, no target: the decision they inform is written in runner/core/metrics.py and runner/core/losses.py.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def _trainer(overrides: list[str], side: str):
 
 
 def _seconds_per_step(overrides: list[str], side: str, steps: int) -> float:
-    from runner import losses, metrics
+    from runner.core import losses, metrics
 
     numpy_max, fused = metrics.NUMPY_MAX_ELEMENTS, losses.FUSED_PPO
     metrics.NUMPY_MAX_ELEMENTS = -1 if side == "torch metrics" else numpy_max
@@ -80,7 +80,7 @@ def _batch_shape(overrides: list[str]) -> str:
 def _step_inputs(overrides: list[str]):
     """What one default step hands the metrics (apply_correction_split's intermediates, the step's groups) and
     its first update's policy_loss (its arguments, lp detached from the world's graph)."""
-    from runner import corrections
+    from runner.core import corrections
     from runner.training import loop
 
     captured = {}
@@ -104,7 +104,7 @@ def _step_inputs(overrides: list[str]):
 
 def _per_call(overrides: list[str], repeats: int, calls: int) -> dict[str, float]:
     """Seconds a call, median of `repeats` alternating repeats of `calls` calls."""
-    from runner import losses, metrics
+    from runner.core import losses, metrics
 
     (m_args, m_kwargs), (l_args, l_kwargs) = _step_inputs(overrides)
     spec, corr, lp, *rest = l_args

@@ -384,7 +384,7 @@ def test_the_fused_ppo_is_the_readable_formula_with_another_backward(dual_clip, 
     """On finite inputs the fused Function's per-token loss is the readable formula's, bit for bit; its
     gradient agrees to float32 rounding (the products are taken in another order). FUSED_PPO=False takes
     the readable formula itself."""
-    from runner import losses
+    from runner.core import losses
 
     g = torch.Generator().manual_seed(3)
     lp0 = -torch.rand(8, 16, generator=g) * 3

@@ -450,7 +450,7 @@ def test_an_explicit_backend_is_the_one_used(monkeypatch):
 def test_metrics_are_the_definitions_applied_to_named_totals():
     """Hand-chosen totals: 4 tokens in 2 sequences with w = [1, 2, 3, 0] (Σw = 6, Σw² = 14), 3 tokens kept,
     1 sequence rejected, 1 clamped; every metric is its docstring formula of them."""
-    from runner.metrics import METRIC_NAMES, Totals, metrics_from_totals
+    from runner.core.metrics import METRIC_NAMES, Totals, metrics_from_totals
 
     t = Totals(tokens=4.0, sequences=2.0, sum_w=6.0, sum_w2=14.0, min_w=0.0, max_w=3.0, kept_tokens=3.0,
                rejected_sequences=1.0, clamped_tokens=1.0, sum_lr=-0.4, sum_k3=0.08, sum_rho_m1_sq=0.3,
@@ -472,7 +472,7 @@ def test_both_backends_name_the_same_totals(which):
     (the second sequence rejected), 1 of them clamped (3 → 2), coef [[0, 1, 2], [0, 0, 0]]."""
     from dataclasses import asdict
 
-    from runner import metrics
+    from runner.core import metrics
 
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     raw = torch.tensor([[0.4, 1.0, 3.0], [1.2, 2.5, 0.0]])
@@ -495,7 +495,7 @@ def test_both_backends_name_the_same_totals(which):
 def test_a_small_spread_of_weights_has_an_accurate_std(which):
     """1024 float32 weights 1 + 1e-4·N(0, 1), as a small mismatch gives: is_weight_std within 1% of the
     float64 standard deviation."""
-    from runner import metrics
+    from runner.core import metrics
 
     w = (1 + 1e-4 * torch.randn(16, 64, generator=torch.Generator().manual_seed(0))).float()
     z, mask = torch.zeros(16, 64), torch.ones(16, 64)
