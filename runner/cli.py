@@ -428,6 +428,7 @@ def sweep(
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Jobs in parallel (joblib n_jobs, SLURM array parallelism, ...)."),
 ) -> None:
     from runner import sweep as sweeps
+    from runner import sweep_report
 
     req = sweeps.Request(overrides=_overrides(overrides), name=name, resume=resume, dry_run=dry_run,
                          launcher=launcher, jobs=jobs, argv=sys.argv[1:])
@@ -439,12 +440,12 @@ def sweep(
         typer.echo(f"{len(plan.jobs)} jobs{resumed} (dry run: nothing ran; {sweeps.dry_run_dir(req, plan)})")
         return
     try:
-        result = sweeps.run(req)
+        result = sweeps.run(req, watch=sweep_report.ProgressBar, say=sweep_report.note)
     except KeyboardInterrupt as exc:
         if getattr(exc, "resume_hint", None):
             typer.echo(f"is-study: sweep interrupted; finish it with: {exc.resume_hint}", err=True)
         raise
-    sweeps.print_result(result, req, _console(stderr=True))
+    sweep_report.print_result(result, req, _console(stderr=True))
     typer.echo(str(result.sweep_dir))
     if not result.ok:
         raise typer.Exit(1)
@@ -468,7 +469,7 @@ def aggregate(directories: List[Path] = typer.Argument(..., help="A sweep dir (m
               out: Optional[Path] = typer.Option(None, "--out", help="Where the tables of separate runs go "
                                        "(default: the one directory given).", show_default=False)) -> None:
     from runner.aggregate import STATUSES, aggregate as run_aggregate, aggregate_runs, find_jobs
-    from runner.sweep import aggregate_hints, problem_lines
+    from runner.sweep_report import aggregate_hints, problem_lines
 
     sweep = len(directories) == 1 and directories[0].is_dir() and bool(find_jobs(directories[0]))
     if sweep and out is None:

@@ -74,14 +74,13 @@ def steady(n: int, steps: int, workers: int, root: Path) -> dict:
     def timed(name: str, **kw) -> tuple[float, Path]:
         d = root / name
         t0 = time.perf_counter()
-        result = sweep.run(sweep.Request(overrides=_overrides(n if name != "warm" else workers, steps, d), **kw),
-                           progress=False)
+        result = sweep.run(sweep.Request(overrides=_overrides(n if name != "warm" else workers, steps, d), **kw))
         wall = time.perf_counter() - t0
         if not result.ok:
             raise SystemExit(f"bench: sweep {name} failed: {d}")
         return wall, d
 
-    sweep.run(sweep.Request(overrides=_overrides(2, 1, root / "warm-basic")), progress=False)
+    sweep.run(sweep.Request(overrides=_overrides(2, 1, root / "warm-basic")))
     # CPU seconds too (basic runs every job in this process): on a shared machine other processes
     # inflate wall times, not this process's CPU time.
     import runner.studies as studies

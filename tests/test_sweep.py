@@ -475,6 +475,27 @@ def test_no_module_patches_hydra_or_joblib_internals():
     assert not (REPO / "runner" / "hydra_app" / "joblib_transport.py").exists()
 
 
+def test_the_sweep_prints_nothing_and_leaves_progress_to_its_caller(tmp_path, capfd):
+    """runner/sweep.py plans, runs and aggregates and returns a Result; the console is its caller's
+    (runner/sweep_report.py): `watch` is entered with the sweep dir and the job count before the first
+    job and left after the last, and nothing reaches stdout or stderr."""
+    import contextlib
+
+    seen = []
+
+    @contextlib.contextmanager
+    def watch(sweep_dir, total):
+        seen.append((sweep_dir, total, len(_markers(sweep_dir, "DONE"))))
+        yield
+        seen.append(len(_markers(sweep_dir, "DONE")))
+
+    d = (tmp_path / "quiet").resolve()
+    result = sweep.run(sweep.Request(overrides=["seed=0,1", *TINY, f"hydra.sweep.dir={d}"]), watch=watch)
+    assert result.ok and result.total == 2 and result.notes == []
+    assert seen == [(d, 2, 0), 2]
+    assert capfd.readouterr() == ("", "")
+
+
 def test_a_launcher_error_is_reported_and_the_disk_decides(tmp_path, cli, monkeypatch):
     real = launch.sweep_multirun
 
