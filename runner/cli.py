@@ -264,6 +264,7 @@ def sweep(
     jobs: Optional[int] = typer.Option(None, "--jobs", help="Jobs in parallel (joblib n_jobs, SLURM array parallelism, ...)."),
 ) -> None:
     from runner.sweep import command as sweeps
+    from runner.sweep import report as sweep_report
 
     req = sweeps.Request(overrides=_overrides(overrides), name=name, resume=resume, dry_run=dry_run,
                          launcher=launcher, jobs=jobs, argv=sys.argv[1:])
@@ -275,12 +276,12 @@ def sweep(
         typer.echo(f"{len(plan.jobs)} jobs{resumed} (dry run: nothing ran; {sweeps.dry_run_dir(req, plan)})")
         return
     try:
-        result = sweeps.run(req)
+        result = sweeps.run(req, watch=sweep_report.ProgressBar, say=sweep_report.note)
     except KeyboardInterrupt as exc:
         if getattr(exc, "resume_hint", None):
             typer.echo(f"is-study: sweep interrupted; finish it with: {exc.resume_hint}", err=True)
         raise
-    sweeps.print_result(result, req, _console(stderr=True))
+    sweep_report.print_result(result, req, _console(stderr=True))
     typer.echo(str(result.sweep_dir))
     if not result.ok:
         raise typer.Exit(1)
@@ -304,7 +305,7 @@ def aggregate(directories: List[Path] = typer.Argument(..., help="A sweep dir (m
               out: Optional[Path] = typer.Option(None, "--out", help="Where the tables of separate runs go "
                                        "(default: the one directory given).", show_default=False)) -> None:
     from runner.sweep.aggregate import STATUSES, aggregate_paths
-    from runner.sweep.command import aggregate_hints, problem_lines
+    from runner.sweep.report import aggregate_hints, problem_lines
 
     report, sweep = aggregate_paths(directories, out)
     err = _console(stderr=True)

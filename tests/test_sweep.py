@@ -91,8 +91,7 @@ def test_joblib_two_workers_gives_the_same_table(basic_sweep, tmp_path, cli):
     _check_grid_sweep(d)
     assert "n_jobs: 2" in (d / "00" / ".hydra" / "hydra.yaml").read_text()  # the preset, n_jobs from --jobs
     assert (d / "sweep.csv").read_bytes() == (basic_sweep / "sweep.csv").read_bytes()
-    # each job composed exactly as on the basic launcher, though the workers got the sweep's context,
-    # master config and singletons once each (runner/hydra_app/joblib_transport.py)
+    # each job composed exactly as on the basic launcher
     for job in sorted(p.name for p in basic_sweep.glob("0*")):
         for name in ("config.yaml", "overrides.yaml"):
             assert (d / job / ".hydra" / name).read_bytes() == (basic_sweep / job / ".hydra" / name).read_bytes()
@@ -443,26 +442,17 @@ def test_representative_validation_keeps_one_job_per_group_choice():
     assert reps == [["correction=tis", "correction.high=2", "seed=0"], ["correction=icepop", "correction.high=2", "seed=0"]]
 
 
-def test_worker_tuning_keeps_plugins_and_freezes_only_in_a_worker():
-    """In a launcher's worker process (not the one that called sweep_multirun), set_state keeps the
-    discovered plugins instead of rescanning them each job, and the heap is frozen after the first
-    job; the launching process (basic launcher) is left alone. Run in a fresh interpreter."""
+def test_worker_tuning_freezes_the_heap_only_in_a_worker():
+    """In a launcher's worker process (not the one that called sweep_multirun) the heap is frozen
+    after the first job; the launching process (basic launcher) is left alone. Run in a fresh
+    interpreter."""
     code = """
-import gc, os
-from hydra.core.plugins import Plugins
-from hydra.core.singleton import Singleton
+import gc
 from runner.hydra_app import worker
 worker.mark_launching_process()
 assert not worker._in_worker()
 worker._LAUNCHING_PID = None
 assert worker._in_worker()
-plugins = Plugins.instance()
-state = Singleton.get_state()
-assert Plugins not in state["instances"]
-worker._keep_plugins_across_jobs()
-worker._keep_plugins_across_jobs()  # idempotent: wraps once
-Singleton.set_state(state)
-assert Plugins.instance() is plugins and Plugins not in state["instances"]
 worker._freeze_worker_heap()
 assert gc.get_freeze_count() > 0
 print("ok")
@@ -471,42 +461,40 @@ print("ok")
     assert res.returncode == 0 and res.stdout.strip() == "ok", res.stderr
 
 
-def test_shared_composition_changes_no_composed_config(basic_sweep, tmp_path, monkeypatch):
-    """runner/hydra_app/reuse.py shares parsed files and merges across a sweep's jobs: every job of the
-    2×2×2 grid (group and value overrides) composes to the same .hydra files and metrics as with
-    Hydra composing each job from scratch."""
+def test_no_module_patches_hydra_or_joblib_internals():
+    """Issue 30 §5: the sweep runs through Hydra's sweeper and launchers as shipped. No module of
+    runner/ assigns to an attribute of Hydra's or the joblib plugin's classes or modules, and none
+    imports the joblib plugin's private _core."""
+    pattern = re.compile(r"^\s*(BasicSweeper|Singleton|ConfigLoaderImpl|FileConfigSource|CachingConfigRepository"
+                         r"|ImportlibResourcesConfigSource|_core|core)\.\w+\s*=[^=]", re.M)
+    for path in sorted((REPO / "runner").rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        assert not pattern.search(text), (path, pattern.search(text).group(0))
+        assert "hydra_joblib_launcher import _core" not in text, path
+        assert "from hydra._internal" not in text or path.name == "launch.py", path
+    assert not (REPO / "runner" / "hydra_app" / "reuse.py").exists()
+    assert not (REPO / "runner" / "hydra_app" / "joblib_transport.py").exists()
+
+
+def test_the_sweep_prints_nothing_and_leaves_progress_to_its_caller(tmp_path, capfd):
+    """runner/sweep/command.py plans, runs and aggregates and returns a Result; the console is its caller's
+    (runner/sweep/report.py): `watch` is entered with the sweep dir and the job count before the first
+    job and left after the last, and nothing reaches stdout or stderr."""
     import contextlib
 
-    monkeypatch.setattr(launch.reuse, "shared_composition", contextlib.nullcontext)
-    d = tmp_path / "unshared"
-    assert sweep.run(sweep.Request(overrides=[*GRID, *TINY, f"hydra.sweep.dir={d}"]), progress=False).ok
-    jobs = sorted(p.name for p in basic_sweep.iterdir() if (p / "DONE").is_file())
-    assert len(jobs) == 8
-    for job in jobs:
-        for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.csv"):
-            assert (d / job / name).read_bytes() == (basic_sweep / job / name).read_bytes(), (job, name)
-        ours = (basic_sweep / job / ".hydra/hydra.yaml").read_text().replace(str(basic_sweep), "SWEEP")
-        hydras = (d / job / ".hydra/hydra.yaml").read_text().replace(str(d), "SWEEP")
-        assert ours == hydras, job
+    seen = []
 
+    @contextlib.contextmanager
+    def watch(sweep_dir, total):
+        seen.append((sweep_dir, total, len(_markers(sweep_dir, "DONE"))))
+        yield
+        seen.append(len(_markers(sweep_dir, "DONE")))
 
-def test_shared_files_are_read_again_when_they_change_and_undo_restores_hydra(tmp_path):
-    from hydra._internal.config_loader_impl import ConfigLoaderImpl
-    from hydra._internal.core_plugins.file_config_source import FileConfigSource
-
-    original = FileConfigSource.load_config, ConfigLoaderImpl._compose_config_from_defaults_list
-    (tmp_path / "a.yaml").write_text("x: 1\n")
-    source = FileConfigSource(provider="test", path=str(tmp_path))
-    undo = launch.reuse.install()
-    try:
-        first = source.load_config("a")
-        first.config.x = 5  # Hydra mutates what it loads: the next load must not see it
-        assert source.load_config("a").config.x == 1
-        (tmp_path / "a.yaml").write_text("x: 22\n")  # a new size, so a new stamp whatever the clock
-        assert source.load_config("a").config.x == 22
-    finally:
-        undo()
-    assert (FileConfigSource.load_config, ConfigLoaderImpl._compose_config_from_defaults_list) == original
+    d = (tmp_path / "quiet").resolve()
+    result = sweep.run(sweep.Request(overrides=["seed=0,1", *TINY, f"hydra.sweep.dir={d}"]), watch=watch)
+    assert result.ok and result.total == 2 and result.notes == []
+    assert seen == [(d, 2, 0), 2]
+    assert capfd.readouterr() == ("", "")
 
 
 def test_a_launcher_error_is_reported_and_the_disk_decides(tmp_path, cli, monkeypatch):

@@ -3,8 +3,7 @@
   app.py        initialise Hydra (a context manager, never at import time, never @hydra.main), compose,
                 one run, and Hydra's/OmegaConf's exceptions turned into one-line UserErrors
   overrides.py  override strings: quoting a value, parsing a job's overrides with Hydra's grammar
-  launch.py     `is-study sweep`'s multirun: expanding the jobs, the cheaper validation, launching
-  reuse.py      what one sweep's per-job compositions share: parsed config files, the repository, the heap
+  launch.py     `is-study sweep`'s multirun: expanding the jobs, the dry run's validation, launching
   worker.py     the task function every sweep job runs, and the tuning of a launcher's worker process
   launchers.py  the plugins' launcher configs, registered again under the names our presets extend
   job_config.py values of a finished job's saved config, resolved (for aggregation)

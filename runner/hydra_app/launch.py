@@ -1,15 +1,15 @@
 """What `is-study sweep` asks of Hydra: the jobs a sweep expands to (exactly as Hydra's BasicSweeper
-will), and the multirun itself, with a cheaper validation of the jobs before any runs. The rest of the
-sweep (resume, progress, failures, aggregation) is Hydra-free, in runner/sweep/command.py and
-runner/sweep/aggregate.py."""
+will), the dry run's validation of them, and the multirun itself, through Hydra's own sweeper and
+launchers unchanged. The rest of the sweep (resume, progress, failures, aggregation) is Hydra-free, in
+runner/sweep/command.py and runner/sweep/aggregate.py."""
 
 from __future__ import annotations
 
-import contextlib
-from typing import Any, Callable, Iterator
+import gc
+from typing import Any, Callable
 
 from runner.errors import UserError
-from runner.hydra_app import joblib_transport, reuse, worker
+from runner.hydra_app import worker
 from runner.hydra_app.app import CONFIG_NAME, initialized
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -45,8 +45,7 @@ def sweep_plan(overrides: list[str], validate: bool = False) -> dict:
         batches = BasicSweeper.split_arguments(parsed, None)
         jobs = [list(job) for job in batches[0]]
         if validate:
-            with reuse.shared_composition():
-                validate_jobs(hydra.config_loader, cfg, jobs)
+            validate_jobs(hydra.config_loader, cfg, jobs)
         return {
             "jobs": jobs,
             "sweep_dir": str(cfg.hydra.sweep.dir),
@@ -84,9 +83,9 @@ def _group_test(loader: Any) -> Callable[[str], bool]:
 
 
 def validate_jobs(loader: Any, master_config: Any, jobs: list[list[str]]) -> None:
-    """What the sweep checks before it launches anything: each representative job composed from the
-    master config, as Hydra's `Sweeper.validate_batch_is_legal` composes a job (see
-    _representative_validation). A composition error raises, and `initialized()` words it."""
+    """The dry run's check of what the sweep checks before it launches anything: each representative
+    job composed from the master config, as Hydra's `Sweeper.validate_batch_is_legal` composes every
+    job. A composition error raises, and `initialized()` words it."""
     for job in representative_jobs(jobs, _group_test(loader)):
         loader.load_sweep_config(master_config=master_config, sweep_overrides=list(job))
 
@@ -111,41 +110,16 @@ def representative_jobs(jobs: list[list[str]], is_group: Callable[[str], bool]) 
     return chosen
 
 
-@contextlib.contextmanager
-def _representative_validation() -> Iterator[None]:
-    """Hydra's BasicSweeper composes every job's config to validate a batch before launching it, and
-    the launcher then composes each again to run it: two full compositions per job (~0.1 s each on
-    this conf tree), the bulk of a small job's overhead. For `is-study sweep` only, the validation
-    composes the representative jobs instead (see representative_jobs): the same errors are caught
-    before anything runs, at a fraction of the cost. Restored on exit."""
-    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-
-    had_own = "validate_batch_is_legal" in BasicSweeper.__dict__
-    original = BasicSweeper.validate_batch_is_legal
-    tests: list[Callable[[str], bool]] = []  # made on the first batch, kept for the others
-
-    def validate(self, batch):
-        if not tests:
-            tests.append(_group_test(self.hydra_context.config_loader))
-        return original(self, representative_jobs([list(b) for b in batch], tests[0]))
-
-    BasicSweeper.validate_batch_is_legal = validate
-    try:
-        yield
-    finally:
-        if had_own:
-            BasicSweeper.validate_batch_is_legal = original
-        else:
-            del BasicSweeper.validate_batch_is_legal
-
-
 def sweep_multirun(overrides: list[str]) -> Any:
-    """`is-study sweep`'s multirun: Hydra's configured sweeper and launcher, the task function
-    runner.hydra_app.worker.sweep_job, the representative validation above, and what the jobs'
-    compositions share (runner/hydra_app/reuse.py), and what joblib sends its workers once per sweep
-    (runner/hydra_app/joblib_transport.py)."""
+    """`is-study sweep`'s multirun: Hydra's configured sweeper and launcher, and the task function
+    runner.hydra_app.worker.sweep_job. The objects alive when it starts (torch, Hydra, the study) are
+    frozen out of the garbage collector's passes until it ends: a full collection walks torch's ~180k
+    objects, and composing each job's config makes enough garbage to trigger some."""
     worker.mark_launching_process()
-    with (initialized() as hydra, _representative_validation(), reuse.shared_composition(),
-          joblib_transport.sent_once()):
-        return hydra.multirun(config_name=CONFIG_NAME, task_function=worker.sweep_job, overrides=list(overrides),
-                              with_log_configuration=False)
+    with initialized() as hydra:
+        gc.freeze()
+        try:
+            return hydra.multirun(config_name=CONFIG_NAME, task_function=worker.sweep_job,
+                                  overrides=list(overrides), with_log_configuration=False)
+        finally:
+            gc.unfreeze()

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from runner.sweep import job as job_logic
-from runner.hydra_app import reuse
 from runner.hydra_app.app import register_resolvers
 
 # A launcher's worker imports this module to unpickle the task function, before Hydra resolves the
@@ -22,7 +21,7 @@ register_resolvers()
 # The pid of the process that launched the sweep (runner.hydra_app.launch); a sweep_job running in any
 # other process runs in a launcher's worker (joblib/loky, submitit, ray).
 _LAUNCHING_PID: int | None = None
-_WORKER_STATE = {"plugins_kept": False, "frozen": False}
+_WORKER_STATE = {"frozen": False}
 
 
 def mark_launching_process() -> None:
@@ -33,29 +32,6 @@ def mark_launching_process() -> None:
 
 def _in_worker() -> bool:
     return _LAUNCHING_PID != os.getpid()
-
-
-def _keep_plugins_across_jobs() -> None:
-    """Hydra's process launchers (joblib's execute_job, ...) call `Singleton.set_state` at the start of
-    every job, and set_state drops the `Plugins` singleton and rediscovers every plugin (~10 ms a
-    job, pure overhead: the installed plugins cannot change inside a worker). In a worker only, let
-    set_state keep this process's Plugins instance; everything else set_state does is unchanged."""
-    from hydra.core.plugins import Plugins
-    from hydra.core.singleton import Singleton
-
-    original = Singleton.set_state
-    if getattr(original, "_isstudy_keeps_plugins", False):
-        return
-    plugins = Plugins.instance()
-
-    def set_state(state: Any) -> None:
-        instances = state.get("instances") if isinstance(state, dict) else None
-        if isinstance(instances, dict) and Plugins not in instances:
-            state = {**state, "instances": {**instances, Plugins: plugins}}
-        original(state)
-
-    set_state._isstudy_keeps_plugins = True  # type: ignore[attr-defined]
-    Singleton.set_state = staticmethod(set_state)
 
 
 def _freeze_worker_heap() -> None:
@@ -89,15 +65,12 @@ def _quiet_study(cfg: Any, job_dir: Path) -> Any:
 
 
 def sweep_job(cfg: Any) -> Any:
-    """Run one sweep job in its dir (see runner.sweep.job.run_job): skipped when it holds DONE
+    """Run one sweep job in its dir (see runner.sweep_job.run_job): skipped when it holds DONE
     (--resume), rerun from scratch when partial, and a failure recorded in <job dir>/ERROR instead of
     raised, so one failing job never stops the sweep."""
     from hydra.core.hydra_config import HydraConfig
 
     worker = _in_worker()
-    if worker and not _WORKER_STATE["plugins_kept"]:
-        _WORKER_STATE["plugins_kept"] = True
-        _keep_plugins_across_jobs()
     hydra_cfg = HydraConfig.get()
     try:
         return job_logic.run_job(cfg, Path(hydra_cfg.runtime.output_dir), Path(str(hydra_cfg.sweep.dir)),
@@ -106,4 +79,3 @@ def sweep_job(cfg: Any) -> Any:
         if worker and not _WORKER_STATE["frozen"]:
             _WORKER_STATE["frozen"] = True
             _freeze_worker_heap()
-            reuse.install()  # this process's later jobs share their compositions (runner/hydra_app/reuse.py)

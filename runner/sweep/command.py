@@ -16,8 +16,10 @@ picklable task function).
   whole result (DONE and valid tables) is skipped, a partial or damaged one reruns from scratch, and
   a failing one writes `<job dir>/ERROR` instead of raising, so it never stops the sweep. The
   failures are listed at the end.
-- Progress counts DONE / ERROR markers on disk from a background thread, so it works the same
-  whether jobs run in this process (basic) or in other processes or machines (joblib, submitit, ray).
+- Progress counts DONE / ERROR markers on disk (`scan_markers`), so it works the same whether jobs
+  run in this process (basic) or in other processes or machines (joblib, submitit, ray).
+- Nothing here prints: `run` returns a `Result`, and takes the progress bar (`watch`) and the note
+  printer (`say`) from its caller; the console side is runner/sweep/report.py.
 - `<sweep dir>/sweep.json` records the job list, so `--resume` with different overrides is refused
   (job num → dir would no longer match), and the whole command line of each run (`command`, for
   reports).
@@ -25,25 +27,24 @@ picklable task function).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib.util
 import json
 import os
 import shlex
 import shutil
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ContextManager
 
 from runner.bounded import clip
 from runner.sweep.locks import DirLock, LockBusy, holder_of
 from runner.errors import UserError
 from runner.hydra_app.overrides import quote_override_value
 from runner.records import DONE, ERROR, write_json_atomic
-from runner.sweep.job import error_line
+from runner.sweep.job import JOB_LOCK, error_line
 
 MANIFEST = "sweep.json"
 DEFAULT_ROOT = "multirun"
@@ -250,62 +251,12 @@ def scan_markers(sweep_dir: Path, since: float, done: set[str]) -> tuple[int, in
     return len(done), failed
 
 
-class Watcher:
-    """A rich progress bar over the sweep's jobs, fed by counting markers on disk every `interval`
-    seconds from a background thread. Disabled (a no-op) when stderr is not a terminal."""
-
-    def __init__(self, sweep_dir: Path, total: int, enabled: bool, interval: float = 0.25):
-        self.sweep_dir = Path(sweep_dir)
-        self.total = total
-        self.enabled = enabled
-        self.interval = interval
-        self.since = time.time() - 1.0
-        self._done: set[str] = set()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._bar = None
-
-    def __enter__(self) -> "Watcher":
-        if not self.enabled:
-            return self
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        self._bar = Progress(TextColumn("[bold]sweep[/bold]"), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
-                             TimeRemainingColumn(), console=Console(stderr=True), transient=True)
-        self._task = self._bar.add_task("sweep", total=self.total, info="")
-        self._bar.start()
-        self._update()
-        self._thread = threading.Thread(target=self._loop, name="is-study-sweep-progress", daemon=True)
-        self._thread.start()
-        return self
-
-    def _update(self) -> None:
-        done, failed = scan_markers(self.sweep_dir, self.since, self._done)
-        info = f"[red]{failed} failed[/red]" if failed else ""
-        self._bar.update(self._task, completed=min(done + failed, self.total), info=info)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._update()
-
-    def __exit__(self, *exc: Any) -> None:
-        if self._bar is None:
-            return
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._update()
-        self._bar.stop()
-
-
 # ----------------------------------------------------------------------------------------- the sweep
 @dataclass
 class Result:
     sweep_dir: Path
     total: int
-    report: Any  # runner.sweep.aggregate.Report, or None when no job started
+    report: Any  # runner.aggregate.Report, or None when no job started
     skipped: int  # jobs already DONE before this run (--resume)
     wall_s: float
     aborted: str | None = None
@@ -400,14 +351,19 @@ def busy_message(d: Path, busy: LockBusy, resume: bool) -> str:
     return f"{d} is in use by another sweep ({who}): wait for it to finish{then}"
 
 
-def run(req: Request, progress: bool | None = None, say: Callable[[str], None] | None = None) -> Result:
+Watch = Callable[[Path, int], ContextManager[Any]]  # (sweep dir, job count) → held while the jobs run
+
+
+def run(req: Request, watch: Watch | None = None, say: Callable[[str], None] | None = None) -> Result:
     """Run the sweep; then aggregate whatever is on disk. Raises UserError for bad input (nothing
     ran) and for a sweep dir another sweep holds; job failures and an aborted launcher are in the
-    Result. `say` prints a note as it happens (default: stderr)."""
+    Result. Nothing is printed here: `watch(sweep_dir, n_jobs)` is entered while the jobs run (the
+    CLI's progress bar, runner/sweep/report.py), and `say(note)` is called for each note as it
+    happens; the notes are also in Result.notes."""
     from runner.sweep import aggregate as agg
     from runner.hydra_app import launch
 
-    say = say or (lambda text: print(f"is-study: note: {text}", file=sys.stderr, flush=True))
+    say = say or (lambda text: None)
     p = plan(req)
     created = not p.sweep_dir.exists()
     made = [d for d in (p.sweep_dir, *p.sweep_dir.parents) if not d.exists()]  # what mkdir creates, deepest first
@@ -427,7 +383,7 @@ def run(req: Request, progress: bool | None = None, say: Callable[[str], None] |
     for note in notes:
         say(note)
     try:
-        return _run_locked(req, p, created, progress, notes, agg, launch)
+        return _run_locked(req, p, watch, notes, agg, launch)
     except BaseException:
         if created and not _has_jobs(p.sweep_dir):  # nothing ran: leave no half-made sweep dir behind
             shutil.rmtree(p.sweep_dir, ignore_errors=True)
@@ -441,17 +397,15 @@ def run(req: Request, progress: bool | None = None, say: Callable[[str], None] |
         lock.release()
 
 
-def _run_locked(req: Request, p: Plan, created: bool, progress: bool | None, notes: list[str], agg, launch) -> Result:
+def _run_locked(req: Request, p: Plan, watch: Watch | None, notes: list[str], agg, launch) -> Result:
     _check_target(req, p)
     started = _dt.datetime.now().isoformat(timespec="seconds")
     _write_manifest(req, p, started)
     done_before = _done_markers(p.sweep_dir)
-    if progress is None:
-        progress = sys.stderr.isatty()
     t0 = time.perf_counter()
     aborted = None
     try:
-        with Watcher(p.sweep_dir, len(p.jobs), enabled=progress):
+        with (watch or _unwatched)(p.sweep_dir, len(p.jobs)):
             launch.sweep_multirun(p.overrides)
     except KeyboardInterrupt as exc:
         exc.resume_hint = resume_hint(req, p.sweep_dir)  # the CLI prints it
@@ -468,6 +422,10 @@ def _run_locked(req: Request, p: Plan, created: bool, progress: bool | None, not
     kept = {name for name, ident in done_before.items() if after.get(name) == ident}
     skipped = sum(1 for j in report.by_status("done") if j.dir.name in kept) if report is not None else 0
     return Result(p.sweep_dir, len(p.jobs), report, skipped, wall, aborted, notes)
+
+
+def _unwatched(sweep_dir: Path, total: int) -> ContextManager[None]:
+    return contextlib.nullcontext()
 
 
 def running_sweep(sweep_dir: Path) -> str | None:
@@ -518,91 +476,24 @@ def resume_hint(req: Request, sweep_dir: Path) -> str:
     return " ".join(shlex.quote(a) for a in args)
 
 
-def print_result(result: Result, req: Request, console: Any, limit: int = 20) -> None:
-    """The end-of-sweep report, on the given (stderr) rich console. At most `limit` jobs of each
-    kind (failed, damaged, incomplete) are listed one per line; sweep_summary.csv has them all."""
-    from rich.markup import escape
-
-    def say(text: str) -> None:
-        console.print(text, soft_wrap=True)
-
-    done, failed, incomplete = result.jobs("done"), result.jobs("failed"), result.jobs("incomplete")
-    damaged = result.jobs("damaged")
-    parts = [f"{len(done)} done" + (f" ({result.skipped} already done before this run)" if result.skipped else "")]
-    parts.append(f"[red]{len(failed)} failed[/red]" if failed else "0 failed")
-    if damaged:
-        parts.append(f"[red]{len(damaged)} damaged[/red]")
-    if incomplete or result.missing:
-        parts.append(f"[yellow]{len(incomplete) + result.missing} incomplete[/yellow]")
-    say(f"[bold]sweep[/bold] {escape(str(result.sweep_dir))}: {result.total} jobs, {', '.join(parts)}; "
-        f"{result.wall_s:.1f} s")
-    if result.report is not None:
-        say("  wrote " + ", ".join(f"{name} ({rows} rows)" for name, rows in result.report.written.items()))
-    for line in problem_lines(result.report, limit) if result.report is not None else []:
-        say(line)
-    if result.aborted and result.ok:
-        say(f"  [yellow]note:[/yellow] the launcher raised after every job had finished: {escape(result.aborted)}")
-    elif result.aborted:
-        say(f"  [red]the launcher stopped the sweep:[/red] {escape(result.aborted)}")
-    if not result.ok:
-        say(f"  rerun what did not finish: {escape(resume_hint(req, result.sweep_dir))}")
-
-
-def _lock_note(job_dir: Path) -> str:
-    """For an incomplete job: who holds (or held) its lock, unless that process is known to be gone
-    (a lock left by a killed job is taken over by the next run of it)."""
-    from rich.markup import escape
-
-    from runner.sweep.job import JOB_LOCK
-
-    holder = holder_of(job_dir / JOB_LOCK)
+def live_job_lock(job_dir: Path) -> tuple[str, Path] | None:
+    """(who holds it, the lock file) for a job dir whose lock names a process not known to be gone;
+    None otherwise (a lock left by a killed job is taken over by the next run of it)."""
+    lock = Path(job_dir) / JOB_LOCK
+    holder = holder_of(lock)
     if holder is None or holder.gone():
-        return ""
-    return escape(f": its lock names {holder.describe()} (still running there? if that process is gone and the "
-                  f"filesystem has no flock, delete {job_dir / JOB_LOCK})")
+        return None
+    return holder.describe(), lock
 
 
-def problem_lines(report: Any, limit: int = 20) -> list[str]:
-    """Rich-markup lines, one per failed, damaged or incomplete job (at most `limit` of each kind):
-    its number, overrides, what is wrong and where. Shared by `sweep` and `aggregate`."""
-    from rich.markup import escape
-
-    lines = []
-    for kind, style in (("failed", "red"), ("damaged", "red"), ("incomplete", "yellow")):
-        jobs = report.by_status(kind)
-        for job in jobs[:limit]:
-            if kind == "failed":
-                where, why = job.dir / ERROR, f": {escape(job.error or '')}"
-            elif kind == "damaged":
-                where, why = job.damage.path, f": {escape(job.damage.reason)}"
-            else:
-                where, why = job.dir, _lock_note(job.dir)
-            lines.append(f"  [{style}]{kind.upper()}[/{style}] job {job.num} {escape(f'[{job.label()}]')}{why}  "
-                         f"[dim]({escape(str(where))})[/dim]")
-        if len(jobs) > limit:
-            lines.append(f"  … and {len(jobs) - limit} more {kind} jobs (see sweep_summary.csv)")
-    return lines
-
-
-def aggregate_hints(report: Any) -> list[str]:
-    """What `is-study aggregate` adds below the problem lines: that a sweep still runs there, and how
-    to rerun the jobs that did not finish (the sweep's own command from sweep.json, with --resume)."""
-    from rich.markup import escape
-
-    lines = []
-    holder = running_sweep(report.sweep_dir)
-    if holder is not None:
-        lines.append(f"  [yellow]note:[/yellow] a sweep is still running here ({escape(holder)}): "
-                     f"the jobs it has not finished count as incomplete")
-    unfinished = [j for j in report.jobs if j.status in ("damaged", "incomplete", "failed")]
-    if unfinished and holder is None:
-        command = _read_manifest(Path(report.sweep_dir)).get("command")
-        if isinstance(command, str) and command.startswith("is-study sweep"):
-            args = shlex.split(command)
-            again = command if "--resume" in args else f"{command} --resume"
-            if "--dry-run" in args:
-                again = again.replace(" --dry-run", "")
-            lines.append(f"  rerun them: {escape(again)}")
-        else:
-            lines.append("  rerun them: the sweep's command with --resume")
-    return lines
+def rerun_command(sweep_dir: Path) -> str | None:
+    """The command that reruns what did not finish in a sweep dir: the sweep's own command from
+    sweep.json, with --resume and without --dry-run; None when sweep.json has no sweep command."""
+    command = _read_manifest(Path(sweep_dir)).get("command")
+    if not isinstance(command, str) or not command.startswith("is-study sweep"):
+        return None
+    args = shlex.split(command)
+    again = command if "--resume" in args else f"{command} --resume"
+    if "--dry-run" in args:
+        again = again.replace(" --dry-run", "")
+    return again
