@@ -18,7 +18,7 @@ import torch
 from runner.cases import load_case_file
 
 SEED_PRESET = "openrlhf-bc71bb1/seq-mask-tis"
-PLANTED = "tests.external_loss_planted_bug:PlantedLoss"
+PLANTED = "tests.helpers.external_loss_planted_bug:PlantedLoss"
 KEYS = {"preset", "invariant", "status", "faithful", "counterexample", "violation", "reason", "note", "loss",
         "found_by", "profile", "seconds"}
 CHECKS = [1, 2, 3, 4, 5, 6, 7, "all-masked"]
@@ -271,8 +271,8 @@ def test_planted_bug_fails_and_a_correct_external_loss_passes(cli, tmp_path):
     B, T = _shape(inv[1]["counterexample"])
     assert B == 1 and T <= 2
 
-    for target, kwargs in (("tests.external_loss_planted_bug:CorrectLoss", None),
-                           ("tests.external_loss_planted_bug:correct_policy_loss", '{"high": 3.0}')):
+    for target, kwargs in (("tests.helpers.external_loss_planted_bug:CorrectLoss", None),
+                           ("tests.helpers.external_loss_planted_bug:correct_policy_loss", '{"high": 3.0}')):
         args = ["--target", target] + (["--target-kwargs", kwargs] if kwargs else [])
         code, cells, err = _audit(cli, tmp_path / "correct", *args)
         _check_schema(cells)
@@ -362,8 +362,8 @@ def test_counterexamples_of_5_6_7_replay_on_their_target(cli, tmp_path, fn, n):
 @pytest.mark.parametrize("args, needle", [
     (("--target", "nocolon"), "module:attr"),
     (("--target", "no_such_module_xyz:Loss"), "cannot import"),
-    (("--target", "tests.external_loss_planted_bug:Missing"), "no attribute"),
-    (("--target", "tests.external_loss_planted_bug:NOT_CALLABLE"), "not callable"),
+    (("--target", "tests.helpers.external_loss_planted_bug:Missing"), "no attribute"),
+    (("--target", "tests.helpers.external_loss_planted_bug:NOT_CALLABLE"), "not callable"),
     (("--target", PLANTED, "--target-kwargs", "{bad json"), "not valid JSON"),
     (("--target", PLANTED, "--target-kwargs", "[1, 2]"), "JSON object"),
     (("--target", PLANTED, "--target-kwargs", '{"nope": 1}'), "failed"),

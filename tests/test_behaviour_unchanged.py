@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from tests.helpers.cli import run_cli
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "experiments"
 WRITE = os.environ.get("ISSTUDY_WRITE_GOLDEN") == "1"

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 
 def test_bench_suite_runs_at_tiny_size(tmp_path):

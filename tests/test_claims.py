@@ -30,7 +30,7 @@ from analysis.claims import registry
 from analysis.claims.registry import CLAIMS
 from analysis.claims.stats import FAILS, HOLDS, UNSURE, UNTESTABLE
 from runner.errors import UserError
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 EXPERIMENTS = list(CLAIMS)
 LINE = re.compile(r"^(?:(?P<world>[a-z]+)/)?(?P<name>[a-z0-9-]+): (?P<verdict>holds|does not hold|inconclusive|"
@@ -660,7 +660,7 @@ def test_ess_and_grad_norm_leave_out_updates_with_an_exactly_zero_gradient(tmp_p
     (frames.run_frame) and its first-10-steps mean (staleness_runs' ess_early) are means over the updates whose
     gradient is not exactly 0, never over a frozen θ's ESS; zero_grad is summary.json's zero_grad_fraction."""
     from analysis.load import load_dataset
-    from tests.conftest import run_cli
+    from tests.helpers.cli import run_cli
 
     for i, arm in enumerate(("geo-mask", "geo-mask-shuffled")):
         code, _, err = run_cli("run", "experiment=staleness-breaks-tis", f"arm=staleness/{arm}", "mismatch.staleness=16",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from runner import registry
-from tests.conftest import REPO, spec_case_file
+from tests.helpers.repo import REPO, spec_case_file
 
 
 def test_help_lists_every_command_with_an_example(cli, monkeypatch):

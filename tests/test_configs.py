@@ -12,7 +12,7 @@ from runner.corrections import Correction
 from runner.hydra_app import app as hydra_app
 from runner.losses import LossSpec
 from runner.paths import conf_dir
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 CONF = REPO / "conf"
 # Launchers need their optional extras; experiments are composed by the experiment tests.

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "corrections.md"

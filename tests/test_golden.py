@@ -1,6 +1,6 @@
 """Golden values for every preset on hand-made padded inputs (two cases per preset, plus
 asymmetric bands where the convention matters). The numbers were derived from the spec's formulas
-by tests/reference.py, a naive scalar restatement of the preset table, and are pinned here: the
+by tests/helpers/naive_corrections.py, a naive scalar restatement of the preset table, and are pinned here: the
 test checks the implementation against the pinned numbers and the reference against them too."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from runner.hydra_app import app as hydra_app
 from runner.corrections import Correction, apply_correction
 from runner.losses import LossSpec, policy_loss
-from tests.reference import ppo_token_mean
+from tests.helpers.naive_corrections import ppo_token_mean
 
 GOLDEN = [
     ('none', None, None, 'padded-mixed', -0.3612356, [[-0.2210342, -0.1809675, -0.2210342, 0.0], [0.1146223, 0.147178, 0.0, 0.0]]),

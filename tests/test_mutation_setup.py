@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import tomllib
 
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 
 def _mutation_script():

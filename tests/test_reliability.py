@@ -33,7 +33,8 @@ from runner import records
 from runner.dirlock import DirLock, Holder, LockBusy
 from runner.errors import UserError
 from runner.integrity import Damage, check_table
-from tests.conftest import REPO, kill_at_first_done, run_cli
+from tests.helpers.cli import kill_at_first_done, run_cli
+from tests.helpers.repo import REPO
 
 # 4 jobs of 300 steps × 2 updates on a tiny world: long enough (seconds) that a second sweep started
 # with it meets it running, short enough for CI

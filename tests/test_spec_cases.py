@@ -13,7 +13,7 @@ from runner.cases import load_case_file
 from runner.corrections import Correction
 from runner.losses import LossSpec
 from runner.studies.case import compare, evaluate
-from tests.conftest import spec_case_file
+from tests.helpers.repo import spec_case_file
 
 
 def _entries():

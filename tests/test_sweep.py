@@ -23,7 +23,8 @@ from runner import registry, sweep
 from runner.errors import UserError
 from runner.hydra_app import app as hydra_app
 from runner.hydra_app import launch
-from tests.conftest import REPO, kill_at_first_done, run_cli
+from tests.helpers.cli import kill_at_first_done, run_cli
+from tests.helpers.repo import REPO
 
 TINY = ["train.steps=3", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.timing=false"]
 ROWS_PER_JOB = 3 * 2 + 1  # steps × train.updates_per_step, then the final row (J after the last update)

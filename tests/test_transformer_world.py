@@ -27,7 +27,7 @@ from runner.worlds.precision import FP32, Precision
 from runner.worlds.registry import make_world
 from runner.worlds.transformer import mismatch, sft
 from runner.worlds.transformer.kv_cache import KVCache
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 SMALL_TASK = {"name": "sort", "values": 16, "length": None}
 SMALL_ROLLOUT = {"seq_len": 8}
@@ -381,7 +381,7 @@ def test_bench_runs_at_tiny_size(tmp_path):
 def test_a_joblib_sweep_trains_one_shared_warm_start_once(tmp_path):
     """4 jobs on 2 joblib workers, all needing the same warm start: one job trains it (under the lock),
     the others wait and load it; the cache holds one checkpoint and no temporary file."""
-    from tests.conftest import run_cli
+    from tests.helpers.cli import run_cli
 
     cache = tmp_path / "cache"
     sweep_dir = tmp_path / "sweep"
