@@ -66,4 +66,4 @@ $(STAMP)-mutation: pyproject.toml $(SITE_PACKAGES) $(if $(INSTALLED_HERE),,FORCE
 	@mkdir -p .make && touch $(STAMP) $@
 
 clean:
-	rm -rf .make runs multirun outputs .pytest_cache .hypothesis audit-cases bench.json mutants
+	rm -rf .make runs multirun outputs .pytest_cache .ruff_cache .hypothesis audit-cases bench.json mutants

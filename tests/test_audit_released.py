@@ -34,6 +34,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # pip-downloads three released frameworks and audits them in subprocesses
+
 REPO = Path(__file__).resolve().parent.parent
 # `python ONLY_OWN ARGS` is `is-study ARGS` with only is-study's dependencies importable
 ONLY_OWN = REPO / "tests" / "helpers" / "only_own_dependencies.py"

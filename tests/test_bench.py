@@ -13,6 +13,8 @@ import pytest
 
 from tests.helpers.repo import REPO
 
+pytestmark = pytest.mark.slow  # the benchmark suite itself, at tiny size
+
 
 def test_bench_suite_runs_at_tiny_size(tmp_path):
     out = tmp_path / "bench.json"

@@ -634,6 +634,7 @@ def test_staleness_arms_and_units():
     assert staleness._units(runs, 16) == "k=16 steps = 64–67 updates"
 
 
+@pytest.mark.slow
 def test_the_clipped_arm_sees_the_staleness(tmp_path):
     """Real runs (bigram, bf16, 12 steps of 16 sequences): PPO's clip fraction at each step's first update.
     Against old (the `none` arm) the ratio is exactly 1 there, so nothing is clipped at any k; against the
@@ -841,6 +842,7 @@ def sft_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("sft-cache")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_end_to_end(name, world, cli, tmp_path, sft_cache):

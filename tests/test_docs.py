@@ -60,6 +60,7 @@ def _number(text: str) -> float:
     return special[text] if text in special else float(text)
 
 
+@pytest.mark.slow
 def test_worked_cases_are_what_is_study_case_gives():
     rows = _rows(DOC.read_text(), "| preset | accepted-moderate |")
     assert len(rows) == 10

@@ -18,6 +18,8 @@ from analysis.load import update_rows
 from tests.helpers.cli import run_cli
 from tests.helpers.figure_checks import problems, visible_axes
 
+pytestmark = pytest.mark.slow  # each test draws figures from a sweep or run made by a module fixture
+
 BUG = "openrlhf-bc71bb1/seq-mask-tis"
 TINY = ["rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true"]
 # lr 1.0 and relative collapse rules scaled to 16 steps, and 1 in 250 rollout log-probs 1000 nats off

@@ -15,6 +15,8 @@ import pytest
 from tests.helpers.cli import run_cli
 from tests.helpers.figure_checks import draw, negative_ticks, panel_rows, problems, visible_axes
 
+pytestmark = pytest.mark.slow  # each test draws figures from a sweep or run made by a module fixture
+
 TINY = ["train.steps=6", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.tokens_every=2"]
 FAULTS = ["mismatch.outlier_rate=0.05"]
 BUG = "openrlhf-bc71bb1/seq-mask-tis"

@@ -9,6 +9,7 @@ import pytest
 from tests.helpers.repo import spec_case_file
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["seed-issue", "frameworks"])
 def test_case_check_command_passes(cli, name):
     code, out, err = cli("case", str(spec_case_file(name)), "--check")

@@ -13,6 +13,8 @@ import pytest
 from tests.helpers.cli import run_cli
 from tests.helpers.figure_checks import problems, visible_axes
 
+pytestmark = pytest.mark.slow  # each test draws figures from a sweep or run made by a module fixture
+
 SIZE = ["train.steps=20", "log.quiet=true", "log.tokens_every=0"]
 
 
