@@ -1,8 +1,9 @@
-# is-study: `make run` installs and runs the main job; `make test` installs and runs the tests.
+# is-study: `make run` installs and runs the main job; `make test` installs and runs the tests;
+# `make test-fast` runs all but the tests marked slow; `make lint` runs ruff's lint and format checks.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install run test bench figures gallery mutation clean FORCE
+.PHONY: install run test test-fast lint bench figures gallery mutation clean FORCE
 
 # pip runs once per Python environment, not on every target: .make/installed-KEY (KEY: a hash of
 # the environment's sys.prefix) is remade when pyproject.toml is newer, when the environment's
@@ -35,6 +36,15 @@ run: install
 test: install
 	$(PYTHON) -m pytest
 
+# the tests not marked slow (pyproject.toml's pytest markers say what slow means)
+test-fast: install
+	$(PYTHON) -m pytest -m "not slow"
+
+# ruff comes with the test extra, pinned: another ruff version formats differently
+lint: install
+	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
+
 bench: install
 	$(PYTHON) scripts/bench.py
 
@@ -56,4 +66,4 @@ $(STAMP)-mutation: pyproject.toml $(SITE_PACKAGES) $(if $(INSTALLED_HERE),,FORCE
 	@mkdir -p .make && touch $(STAMP) $@
 
 clean:
-	rm -rf .make runs multirun outputs .pytest_cache .hypothesis audit-cases bench.json mutants
+	rm -rf .make runs multirun outputs .pytest_cache .ruff_cache .hypothesis audit-cases bench.json mutants

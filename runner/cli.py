@@ -190,7 +190,7 @@ def case(
     "rollout_log_probs=, advantages=, action_mask=). The current directory is importable. --weights-fn gives the "
     "coefficients separately (invariants 2 and 3 then read them; --band declares their bounds); "
     "--reference correction=PRESET compares with one of our presets on ordinary inputs.  "
-    "[dim]e.g. is-study audit --target tests.external_loss_planted_bug:PlantedLoss "
+    "[dim]e.g. is-study audit --target tests.helpers.external_loss_planted_bug:PlantedLoss "
     "--target-kwargs '{\"high\": 5.0}'[/dim]"))
 def audit(
     overrides: Optional[List[str]] = OverridesArg,

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
+
+pytestmark = pytest.mark.slow  # each test reads a run, a sweep or a probe made by a module fixture
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["train.steps=6", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.tokens_every=2"]

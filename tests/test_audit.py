@@ -18,7 +18,7 @@ import torch
 from runner.audit.case_files import load_case_file
 
 SEED_PRESET = "openrlhf-bc71bb1/seq-mask-tis"
-PLANTED = "tests.external_loss_planted_bug:PlantedLoss"
+PLANTED = "tests.helpers.external_loss_planted_bug:PlantedLoss"
 KEYS = {"preset", "invariant", "status", "faithful", "counterexample", "violation", "reason", "note", "loss",
         "found_by", "profile", "seconds"}
 CHECKS = [1, 2, 3, 4, 5, 6, 7, "all-masked"]
@@ -72,6 +72,7 @@ def _shape(path: str) -> tuple[int, int]:
 
 
 # --------------------------------------------------------------------------------- acceptance
+@pytest.mark.slow
 def test_seed_bug_fails_1_and_2_with_a_tiny_counterexample(cli, tmp_path):
     code, cells, err = _audit(cli, tmp_path / "out", f"correction={SEED_PRESET}")
     _check_schema(cells)
@@ -89,6 +90,7 @@ def test_seed_bug_fails_1_and_2_with_a_tiny_counterexample(cli, tmp_path):
         assert not math.isfinite(_case_loss(cli, path, code_wanted=1))
 
 
+@pytest.mark.slow
 def test_hypothesis_alone_finds_and_shrinks_the_seed_bug(tmp_path):
     """Without the hand-written cases, the property-based search finds and shrinks it too."""
     from runner.audit.command import run_audit
@@ -128,6 +130,7 @@ def test_openrlhf_011_seq_mask_fails_1_on_an_accepted_extreme_sequence(cli, tmp_
     assert not math.isfinite(_case_loss(cli, cell["counterexample"], f"correction={preset}", code_wanted=1))
 
 
+@pytest.mark.slow
 def test_every_own_preset_passes_every_invariant(tmp_path):
     from runner import registry
     from runner.audit.command import audit_groups, preset_groups
@@ -177,6 +180,7 @@ def test_padding_counterexample_checks_against_clean_padding(cli, tmp_path):
 
 
 # --------------------------------------------------------------------------------- replaying a counterexample
+@pytest.mark.slow
 def test_a_preset_counterexample_replays_its_finding_and_exits_1(cli, tmp_path):
     """Issue 31: `is-study case FILE` on a preset's counterexample ran under correction=none and
     exited 0 (the preset was only in a comment). The file now carries its preset and check as data."""
@@ -271,8 +275,8 @@ def test_planted_bug_fails_and_a_correct_external_loss_passes(cli, tmp_path):
     B, T = _shape(inv[1]["counterexample"])
     assert B == 1 and T <= 2
 
-    for target, kwargs in (("tests.external_loss_planted_bug:CorrectLoss", None),
-                           ("tests.external_loss_planted_bug:correct_policy_loss", '{"high": 3.0}')):
+    for target, kwargs in (("tests.helpers.external_loss_planted_bug:CorrectLoss", None),
+                           ("tests.helpers.external_loss_planted_bug:correct_policy_loss", '{"high": 3.0}')):
         args = ["--target", target] + (["--target-kwargs", kwargs] if kwargs else [])
         code, cells, err = _audit(cli, tmp_path / "correct", *args)
         _check_schema(cells)
@@ -362,8 +366,8 @@ def test_counterexamples_of_5_6_7_replay_on_their_target(cli, tmp_path, fn, n):
 @pytest.mark.parametrize("args, needle", [
     (("--target", "nocolon"), "module:attr"),
     (("--target", "no_such_module_xyz:Loss"), "cannot import"),
-    (("--target", "tests.external_loss_planted_bug:Missing"), "no attribute"),
-    (("--target", "tests.external_loss_planted_bug:NOT_CALLABLE"), "not callable"),
+    (("--target", "tests.helpers.external_loss_planted_bug:Missing"), "no attribute"),
+    (("--target", "tests.helpers.external_loss_planted_bug:NOT_CALLABLE"), "not callable"),
     (("--target", PLANTED, "--target-kwargs", "{bad json"), "not valid JSON"),
     (("--target", PLANTED, "--target-kwargs", "[1, 2]"), "JSON object"),
     (("--target", PLANTED, "--target-kwargs", '{"nope": 1}'), "failed"),
@@ -395,6 +399,7 @@ def test_table_output_marks_faithful_failures_as_upstream(cli, tmp_path):
     assert "FAIL" in flat and ("reproduces upstream behaviour" in flat)
 
 
+@pytest.mark.slow
 def test_the_audit_is_deterministic_and_removes_stale_counterexamples(tmp_path):
     from runner.audit.command import run_audit
 

@@ -2,7 +2,7 @@
 TRL 1.16.0 are downloaded from PyPI at test time (`pip download --no-deps` into a temp dir; nothing
 is installed and nothing of theirs is in this repository) and audited with the commands of
 examples/audit/released.py, each in its own `is-study audit` process, as a user runs them, and with
-only is-study's own dependencies importable (tests/only_own_dependencies.py hides every other
+only is-study's own dependencies importable (tests/helpers/only_own_dependencies.py hides every other
 installed distribution): a target that imports what this machine happens to have and a fresh venv
 lacks fails here as it would for the user, instead of passing by luck (verl's `orjson` did).
 
@@ -34,9 +34,11 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # pip-downloads three released frameworks and audits them in subprocesses
+
 REPO = Path(__file__).resolve().parent.parent
 # `python ONLY_OWN ARGS` is `is-study ARGS` with only is-study's dependencies importable
-ONLY_OWN = REPO / "tests" / "only_own_dependencies.py"
+ONLY_OWN = REPO / "tests" / "helpers" / "only_own_dependencies.py"
 spec = importlib.util.spec_from_file_location("released", REPO / "examples" / "audit" / "released.py")
 released = sys.modules.setdefault("released", importlib.util.module_from_spec(spec))
 spec.loader.exec_module(released)

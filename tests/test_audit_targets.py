@@ -4,7 +4,7 @@ their line, the all-masked batch judged on its own, shrinking that keeps the fai
 that tells rejected from PPO-clipped tokens, differential testing against a preset, input profiles,
 case files named by their kwargs and replayed by `is-study case`.
 
-The targets are small functions in tests/audit_targets.py; the released frameworks themselves are
+The targets are small functions in tests/helpers/audit_targets.py; the released frameworks themselves are
 audited in tests/test_audit_released.py.
 """
 
@@ -21,7 +21,7 @@ import torch
 from runner.audit.case_files import load_case_file
 from runner.errors import UserError
 
-TARGETS = "tests.audit_targets"
+TARGETS = "tests.helpers.audit_targets"
 HERE = Path(__file__).resolve().parent
 
 
@@ -190,8 +190,9 @@ def test_an_exception_is_one_finding_with_its_line_and_allowed_refusals_are_not(
     assert code == 1
     raised = [c for c in _cells(cells, "raises") if c["status"] == "fail"]
     assert len(raised) == 1, raised
-    line = _line_of(HERE / "audit_targets.py", "ess = 1.0 / mean_square")
-    assert raised[0]["violation"] == f"ZeroDivisionError: float division by zero at tests/audit_targets.py:{line}"
+    line = _line_of(HERE / "helpers" / "audit_targets.py", "ess = 1.0 / mean_square")
+    # the audit names a file as its package spells it: tests/helpers/ is a package, tests/ is not
+    assert raised[0]["violation"] == f"ZeroDivisionError: float division by zero at helpers/audit_targets.py:{line}"
     assert raised[0]["found_by"].startswith("the 1 finite check")
     case_text = Path(raised[0]["counterexample"]).read_text()
     assert "raises ZeroDivisionError" in case_text
@@ -243,7 +244,7 @@ def test_the_all_masked_batch_is_its_own_check():
     from runner.audit.crashes import CrashLog
     from runner.audit.generators import PROFILES
     from runner.audit.subjects import ExternalSubject
-    import tests.audit_targets as targets
+    import tests.helpers.audit_targets as targets
 
     reduction = check(ExternalSubject("nan", targets.nan_when_empty), PROFILES["adversarial"], CrashLog())
     assert reduction.status == "pass" and "with on-policy inputs too" in reduction.note
@@ -256,7 +257,7 @@ def test_the_all_masked_batch_is_its_own_check():
 def test_all_masked_batches_never_reach_the_invariants():
     from runner.audit.invariants import INVARIANTS, violation
     from runner.audit.subjects import Batch, ExternalSubject
-    import tests.audit_targets as targets
+    import tests.helpers.audit_targets as targets
 
     empty = Batch.of([[0.0, -1.0]], [[0.0, -1.0]], [[-1000.0, -1.0]], [[1.0, 1.0]], [[0, 0]])
     subject = ExternalSubject("nan", targets.nan_when_empty)
@@ -297,7 +298,7 @@ def test_a_target_that_answers_differently_twice_is_still_reported(tmp_path):
     from runner.audit.generators import BUDGETS
     from runner.audit.subjects import ExternalSubject
     from runner.audit.command import Group, audit_groups
-    import tests.audit_targets as targets
+    import tests.helpers.audit_targets as targets
 
     (cell,) = audit_groups([Group("flaky", False, [ExternalSubject("flaky", targets.flaky)])], BUDGETS["fast"],
                            tmp_path, invariants=[1], hand=False, all_masked=False)
@@ -313,7 +314,7 @@ def test_invariant_2_tells_ppo_clipped_tokens_from_rejected_ones(tmp_path):
     from runner.audit.subjects import Batch, ExternalSubject
     from runner.audit.invariants import check_finite, check_rejection
     from runner.audit.command import Group, audit_groups
-    import tests.audit_targets as targets
+    import tests.helpers.audit_targets as targets
 
     subject = ExternalSubject("unclamped", targets.unclamped_ppo)
     clipped = Batch.of([[100.0 - 1.0, -1.0]], [[-1.0, -1.0]], [[-1.0, -1.0]], [[1.0, 1.0]])
@@ -407,6 +408,7 @@ def test_the_realistic_profile_generates_only_realistic_batches():
     assert "float32-overflow-kept" in names and "accepted-extreme" not in names
 
 
+@pytest.mark.slow
 def test_each_finding_names_its_profile(cli, tmp_path):
     for profile in ("adversarial", "realistic"):
         code, cells, _ = _audit(cli, tmp_path / profile, "--profile", profile,
@@ -419,29 +421,30 @@ def test_each_finding_names_its_profile(cli, tmp_path):
 
 
 # --------------------------------------------------------------------------------- case files
+@pytest.mark.slow
 def test_case_files_carry_a_hash_of_the_kwargs_and_replay_their_target(cli, tmp_path):
     out = tmp_path / "out"
     files = []
     for kwargs in ('{"high": 5.0}', '{"high": 3.0}', '{"high": 5.0}'):
-        code, cells, _ = _audit(cli, out, "--target", "tests.external_loss_planted_bug:PlantedLoss",
+        code, cells, _ = _audit(cli, out, "--target", "tests.helpers.external_loss_planted_bug:PlantedLoss",
                                 "--target-kwargs", kwargs)
         assert code == 1
         files.append(Path(_one(cells, 1)["counterexample"]).name)
     assert files[0] == files[2] != files[1]
-    assert files[0].startswith("tests.external_loss_planted_bug--PlantedLoss.") and files[0].endswith(".inv1.yaml")
+    assert files[0].startswith("tests.helpers.external_loss_planted_bug--PlantedLoss.") and files[0].endswith(".inv1.yaml")
 
     path = out / files[1]
-    assert load_case_file(path).target == {"target": "tests.external_loss_planted_bug:PlantedLoss",
+    assert load_case_file(path).target == {"target": "tests.helpers.external_loss_planted_bug:PlantedLoss",
                                            "target_kwargs": '{"high": 3.0}'}
     code, stdout, err = cli("case", str(path), "--json")
     assert code == 1 and "replaying the target recorded in" in err  # invariant 1 still fails there
     (result,) = json.loads(stdout)
     assert result["finite"] is False and result["loss"] in ("nan", "-inf", "inf")
     # explicit --target wins, and so does correction=: the same check, on what the command line names
-    code, stdout, err = cli("case", str(path), "--json", "--target", "tests.external_loss_planted_bug:CorrectLoss")
+    code, stdout, err = cli("case", str(path), "--json", "--target", "tests.helpers.external_loss_planted_bug:CorrectLoss")
     assert code == 0 and json.loads(stdout)[0]["finite"] is True
     assert "pass invariant 1 (finite inputs give a finite loss and gradient) on " \
-           "tests.external_loss_planted_bug:CorrectLoss: holds on this file" in err
+           "tests.helpers.external_loss_planted_bug:CorrectLoss: holds on this file" in err
     code, stdout, _ = cli("case", str(path), "--json", "correction=seq-mask-tis")
     assert code == 0 and json.loads(stdout)[0]["finite"] is True
 
@@ -471,9 +474,9 @@ def test_a_weights_function_counterexample_replays_under_the_loss_it_failed(cli,
 
 
 def test_the_table_prints_each_finding_on_one_line(cli, tmp_path):
-    code, out, _ = cli("audit", "--out", str(tmp_path), "--target", "tests.external_loss_planted_bug:PlantedLoss")
+    code, out, _ = cli("audit", "--out", str(tmp_path), "--target", "tests.helpers.external_loss_planted_bug:PlantedLoss")
     assert code == 1
-    lines = [ln for ln in out.splitlines() if ln.startswith("  tests.external_loss_planted_bug:PlantedLoss · ")]
+    lines = [ln for ln in out.splitlines() if ln.startswith("  tests.helpers.external_loss_planted_bug:PlantedLoss · ")]
     assert [ln.split(" · ")[1].split(":")[0] for ln in lines] == ["1 finite", "2 reject→0", "4 padding", "all-masked"]
     assert all("[adversarial inputs] (bug) → " in ln and ln.endswith(".yaml") for ln in lines)
 
@@ -482,21 +485,21 @@ def test_the_table_prints_each_finding_on_one_line(cli, tmp_path):
 @pytest.mark.parametrize("args, needle", [
     (("--target", "no/such/file.py:Loss"), "no such file"),
     (("--target", "tests.no_such_module_xyz:Loss"), "cannot import"),
-    (("--target", "tests/audit_targets.py:nope"), "no attribute"),
-    (("--target", "tests.audit_targets:verl_style", "--convention", "nope"), "--convention"),
-    (("--target", "tests.audit_targets:verl_style", "--convention", "verl"), "benign batch"),
-    (("--target", "tests.audit_targets:dict_loss", "--convention", "plain"), "--loss-key"),
-    (("--target", "tests.audit_targets:unclamped_ppo", "--weights-fn", "tests.audit_targets:clamped_weights"),
+    (("--target", "tests/helpers/audit_targets.py:nope"), "no attribute"),
+    (("--target", "tests.helpers.audit_targets:verl_style", "--convention", "nope"), "--convention"),
+    (("--target", "tests.helpers.audit_targets:verl_style", "--convention", "verl"), "benign batch"),
+    (("--target", "tests.helpers.audit_targets:dict_loss", "--convention", "plain"), "--loss-key"),
+    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--weights-fn", "tests.helpers.audit_targets:clamped_weights"),
      "--arg-map weights=NAME"),
-    (("--target", "tests.audit_targets:unclamped_ppo", "--band", "1,2"), "give --weights-fn"),
-    (("--target", "tests.audit_targets:unclamped_ppo", "--band", "x"), "LOW,HIGH"),
-    (("--target", "tests.audit_targets:unclamped_ppo", "--call-kwargs", "[1]"), "JSON object"),
-    (("--target", "tests.audit_targets:unclamped_ppo", "--call-kwargs", '{"c": {"_target_": "no.such.Thing"}}'),
+    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--band", "1,2"), "give --weights-fn"),
+    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--band", "x"), "LOW,HIGH"),
+    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--call-kwargs", "[1]"), "JSON object"),
+    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--call-kwargs", '{"c": {"_target_": "no.such.Thing"}}'),
      "building c from no.such.Thing failed"),
-    (("--target", "tests.audit_targets:unclamped_ppo", "--stub", "not a module"), "not a module name"),
-    (("--target", "tests.audit_targets:unclamped_ppo", "--stub", "torch.distributed"), "the audit itself needs torch"),
+    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--stub", "not a module"), "not a module name"),
+    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--stub", "torch.distributed"), "the audit itself needs torch"),
     (("--stub", "ray"), "needs --target"),
-    (("--weights-fn", "tests.audit_targets:clamped_weights", "correction=tis"), "correction= does not apply"),
+    (("--weights-fn", "tests.helpers.audit_targets:clamped_weights", "correction=tis"), "correction= does not apply"),
     (("--profile", "gentle", "correction=tis"), "--profile"),
     (("--reference", "seq-mask-tis", "correction=tis"), "correction=PRESET"),
     (("--reference", "correction=no-such", "correction=tis"), "unknown correction preset"),
@@ -511,14 +514,14 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, needle):
 def test_an_unwritable_out_dir_is_one_line_and_exit_2(cli, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    code, _, err = cli("audit", "--out", str(blocker / "sub"), "--target", "tests.external_loss_planted_bug:PlantedLoss")
+    code, _, err = cli("audit", "--out", str(blocker / "sub"), "--target", "tests.helpers.external_loss_planted_bug:PlantedLoss")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
 
 
 def test_case_with_check_on_a_target_is_a_user_error(cli, tmp_path):
-    code, cells, _ = _audit(cli, tmp_path, "--target", "tests.external_loss_planted_bug:PlantedLoss")
+    code, cells, _ = _audit(cli, tmp_path, "--target", "tests.helpers.external_loss_planted_bug:PlantedLoss")
     code, _, err = cli("case", _one(cells, 1)["counterexample"], "--check", "--target",
-                       "tests.external_loss_planted_bug:PlantedLoss")
+                       "tests.helpers.external_loss_planted_bug:PlantedLoss")
     assert code == 2 and "does not apply to a target" in err
 
 

@@ -30,7 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from tests.helpers.cli import run_cli
+
+pytestmark = pytest.mark.slow  # tiny runs of every shipped experiment in every world, and a sweep
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "experiments"
 WRITE = os.environ.get("ISSTUDY_WRITE_GOLDEN") == "1"

@@ -11,7 +11,9 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
+
+pytestmark = pytest.mark.slow  # the benchmark suite itself, at tiny size
 
 
 def test_bench_suite_runs_at_tiny_size(tmp_path):

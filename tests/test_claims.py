@@ -30,7 +30,7 @@ from analysis.claims import registry
 from analysis.claims.registry import CLAIMS
 from analysis.claims.stats import FAILS, HOLDS, UNSURE, UNTESTABLE
 from runner.errors import UserError
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 EXPERIMENTS = list(CLAIMS)
 LINE = re.compile(r"^(?:(?P<world>[a-z]+)/)?(?P<name>[a-z0-9-]+): (?P<verdict>holds|does not hold|inconclusive|"
@@ -634,6 +634,7 @@ def test_staleness_arms_and_units():
     assert staleness._units(runs, 16) == "k=16 steps = 64–67 updates"
 
 
+@pytest.mark.slow
 def test_the_clipped_arm_sees_the_staleness(tmp_path):
     """Real runs (bigram, bf16, 12 steps of 16 sequences): PPO's clip fraction at each step's first update.
     Against old (the `none` arm) the ratio is exactly 1 there, so nothing is clipped at any k; against the
@@ -660,7 +661,7 @@ def test_ess_and_grad_norm_leave_out_updates_with_an_exactly_zero_gradient(tmp_p
     (frames.run_frame) and its first-10-steps mean (staleness_runs' ess_early) are means over the updates whose
     gradient is not exactly 0, never over a frozen θ's ESS; zero_grad is summary.json's zero_grad_fraction."""
     from analysis.load import load_dataset
-    from tests.conftest import run_cli
+    from tests.helpers.cli import run_cli
 
     for i, arm in enumerate(("geo-mask", "geo-mask-shuffled")):
         code, _, err = run_cli("run", "experiment=bigram/staleness-breaks-tis", f"arm=staleness/{arm}", "mismatch.staleness=16",
@@ -848,6 +849,7 @@ def sft_cache(tmp_path_factory):
     return tmp_path_factory.mktemp("sft-cache")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", WORLDS)
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_end_to_end(name, world, cli, tmp_path, sft_cache):

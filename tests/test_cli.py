@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from runner import registry
-from tests.conftest import REPO, spec_case_file
+from tests.helpers.repo import REPO, spec_case_file
 
 
 def test_help_lists_every_command_with_an_example(cli, monkeypatch):
@@ -165,6 +165,7 @@ def test_json_case_file_and_nonfinite_strings(cli, tmp_path):
     assert row["grad"] == [[-1.0, 0.0]]
 
 
+@pytest.mark.slow
 def test_real_binary_exit_code_and_no_traceback():
     res = subprocess.run([sys.executable, "-m", "runner", "case", str(spec_case_file("seed-issue")),
                           "correction=bogus"], cwd=REPO, capture_output=True, text=True)

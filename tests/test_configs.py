@@ -12,7 +12,7 @@ from runner.core.corrections import Correction
 from runner.hydra_app import app as hydra_app
 from runner.core.losses import LossSpec
 from runner.paths import conf_dir
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 CONF = REPO / "conf"
 # Launchers need their optional extras; experiments are composed by the experiment tests.
@@ -33,6 +33,7 @@ def _group_options():
             yield pytest.param(group_dir.name, name, id=f"{group_dir.name}={name}")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("group,name", list(_group_options()))
 def test_every_config_composes(group, name):
     cfg = hydra_app.compose([f"{group}={name}"])
@@ -113,6 +114,7 @@ Prose with `code` in it.
         preset_table("| `tis` [0.5, 5.0] | no section |")
 
 
+@pytest.mark.slow
 def test_spec_table_presets_all_exist():
     """The presets the spec's tables name are exactly conf/correction/, and each default band the
     spec gives in brackets is the preset's own low/high."""
@@ -129,6 +131,7 @@ def test_spec_table_presets_all_exist():
         assert (cfg.low, cfg.high) == band, f"{name}: conf has [{cfg.low}, {cfg.high}], {spec.name} says {band}"
 
 
+@pytest.mark.slow
 def test_preset_name_matches_file_and_carries_a_command_comment():
     for name in SPEC_PRESETS:
         path = CONF / "correction" / f"{name}.yaml"
@@ -146,6 +149,7 @@ def test_every_yaml_starts_with_its_command():
         assert command.startswith(("# is-study ", "# bash ")), path
 
 
+@pytest.mark.slow
 def test_thresholds_are_always_low_high_veto():
     for name in SPEC_PRESETS:
         cfg = hydra_app.compose([f"correction={name}", "correction.low=0.25", "correction.high=4", "correction.veto=0.001"])

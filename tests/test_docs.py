@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 DOC = REPO / "docs" / "corrections.md"
@@ -65,6 +65,7 @@ def _number(text: str) -> float:
     return special[text] if text in special else float(text)
 
 
+@pytest.mark.slow
 def test_worked_cases_are_what_is_study_case_gives():
     rows = _rows(DOC.read_text(), "| preset | accepted-moderate |")
     assert len(rows) == 10

@@ -15,8 +15,10 @@ import pandas as pd
 import pytest
 
 from analysis.load import update_rows
-from tests.conftest import run_cli
-from tests.figure_checks import problems, visible_axes
+from tests.helpers.cli import run_cli
+from tests.helpers.figure_checks import problems, visible_axes
+
+pytestmark = pytest.mark.slow  # each test draws figures from a sweep or run made by a module fixture
 
 BUG = "openrlhf-bc71bb1/seq-mask-tis"
 TINY = ["rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true"]

@@ -12,8 +12,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import run_cli
-from tests.figure_checks import draw, negative_ticks, panel_rows, problems, visible_axes
+from tests.helpers.cli import run_cli
+from tests.helpers.figure_checks import draw, negative_ticks, panel_rows, problems, visible_axes
+
+pytestmark = pytest.mark.slow  # each test draws figures from a sweep or run made by a module fixture
 
 TINY = ["train.steps=6", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.tokens_every=2"]
 FAULTS = ["mismatch.outlier_rate=0.05"]
@@ -364,7 +366,7 @@ def test_threshold_ticks_name_both_thresholds_and_the_legend_keeps_off_the_title
     """The bands [0.8, 1.25], [0.5, 2], [0.2, 5] change both thresholds; the x axis showed only the
     upper one (1, 2, 3, 4, 5). Each tick is a band now, the lower threshold beneath. One facet: the
     legend sits below the panels, never over the title's lines (issue 31)."""
-    from tests.figure_checks import draw
+    from tests.helpers.figure_checks import draw
 
     for style in ("default", "paper"):
         fig = _figures(probe_bands, ["threshold"], style)["threshold"]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 PACKAGES = ("runner", "analysis", "scripts")
 

@@ -53,6 +53,16 @@ def _installs(commands: list[str]) -> bool:
 def test_installed_environment_runs_without_pip(checkout):
     assert _commands(checkout, "test") == ["python3 -m pytest"]
     assert _commands(checkout, "run") == ["is-study run correction=seq-mask-tis"]
+    assert _commands(checkout, "test-fast") == ['python3 -m pytest -m "not slow"']
+    assert _commands(checkout, "lint") == ["python3 -m ruff check .", "python3 -m ruff format --check ."]
+
+
+def test_fresh_environment_installs_before_linting(checkout):
+    """ruff comes with the test extra: a new environment gets it before `make lint` calls it."""
+    (checkout / ".make" / "installed-k").unlink()
+    commands = _commands(checkout, "lint")
+    assert any("pip install -q -e '.[test]'" in c for c in commands)
+    assert commands[-2:] == ["python3 -m ruff check .", "python3 -m ruff format --check ."]
 
 
 def test_fresh_environment_installs_test_extras_then_runs(checkout):
@@ -78,6 +88,19 @@ def test_install_from_another_checkout_reinstalls(checkout):
     assert _installs(_commands(checkout, "test", installed_here=""))
 
 
-def test_ci_installs_from_scratch_then_runs_make_test():
+def test_ci_installs_from_scratch_then_lints_then_runs_make_test():
     script = (REPO / ".ci" / "run").read_text()
-    assert "rm -rf .make" in script and script.index("rm -rf .make") < script.index("\nmake test\n")
+    steps = ["rm -rf .make", "\nmake install\n", "\nmake lint\n", "\nmake test\n"]
+    assert all(step in script for step in steps), script
+    assert [script.index(step) for step in steps] == sorted(script.index(step) for step in steps)
+
+
+def test_ruff_is_pinned_in_the_test_extra_and_the_pre_commit_hooks_run_it():
+    """`make lint` and pre-commit run the same ruff, the version the tree is formatted with."""
+    import tomllib
+
+    test_extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["test"]
+    pins = [r for r in test_extra if r.startswith("ruff")]
+    assert len(pins) == 1 and pins[0].startswith("ruff=="), test_extra
+    hooks = (REPO / ".pre-commit-config.yaml").read_text()
+    assert "entry: ruff check" in hooks and "entry: ruff format" in hooks and "language: system" in hooks

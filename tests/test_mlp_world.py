@@ -155,6 +155,7 @@ def small_world_samples():
     return world, out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["init", "trained"])
 def test_exact_J_matches_monte_carlo(small_world_samples, which):
     """J within 3 standard errors of the mean reward of 100k responses (observed: J = 0.192 and
@@ -168,6 +169,7 @@ def test_exact_J_matches_monte_carlo(small_world_samples, which):
     assert abs(float(rewards.mean()) - J) < 3 * se
 
 
+@pytest.mark.slow
 def test_exact_gradient_matches_reinforce(small_world_samples):
     """At the trained θ: ∇J from autograd through the recursion against mean((R − J)·Σ_t ∇log π)
     over the same 100k responses: cosine > 0.99 and relative error < 0.15 (observed 0.9998, 0.022)."""
@@ -205,6 +207,7 @@ def sharpened():
     return world, theta0, _ascend(world, theta0, 40)
 
 
+@pytest.mark.slow
 def test_precision_is_ordered_and_mismatch_grows_as_logits_sharpen(sharpened):
     """At the same sharpened θ: kl_k3(bf16) ≥ 10× kl_k3(fp16) and kl_k3(fp8) > kl_k3(bf16); and
     bf16's kl_k3 is ≥ 10× what it is at θ₀ (observed 2.7e-4, 5.3e-6, 4.8e-3; bf16 at θ₀ 1.9e-5, most
@@ -218,6 +221,7 @@ def test_precision_is_ordered_and_mismatch_grows_as_logits_sharpen(sharpened):
 
 
 # ----------------------------------------------------------------------------------- experts
+@pytest.mark.slow
 def test_expert_routing_flips_give_large_probability_gaps_and_replay_removes_them():
     """experts = 4, after 25 ascent steps (T = 32, k = 3; found by scanning every state along a
     100-step ascent, where a gap ≥ 0.5 appears from step 20 on). Over every state of the recursion:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 import tomllib
 
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 
 def _mutation_script():
@@ -34,6 +34,15 @@ def test_every_group_is_mutated_and_its_tests_exist():
         assert target == script.GROUPS["worlds"][2]
     tests = [a for a in cfg["pytest_add_cli_args_test_selection"] if a.startswith("tests/")]
     assert tests and all((REPO / t).is_file() for t in tests), tests
+
+
+def test_the_mutation_runs_leave_out_the_slow_tests_by_their_marker():
+    """mutmut selects as `make test-fast` does, by the registered `slow` marker, not by a list of names."""
+    cfg = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]
+    selection = cfg["mutmut"]["pytest_add_cli_args_test_selection"]
+    assert "-k" not in selection
+    assert selection[selection.index("-m") + 1] == "not slow"
+    assert any(m.startswith("slow:") for m in cfg["pytest"]["ini_options"]["markers"])
 
 
 def test_equivalent_mutants_are_listed_with_a_reason():

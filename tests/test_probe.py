@@ -41,6 +41,7 @@ def row(df, preset):
 
 
 # ------------------------------------------------------------------------------ outputs
+@pytest.mark.slow
 def test_outputs_columns_and_rows(tmp_path):
     bands = [[0.5, 5.0], [None, 2.0]]
     df, run_dir = probe(tmp_path, ["probe.repeats=4", "probe.pretrain_steps=2", "rollout.seq_len=6",
@@ -154,6 +155,7 @@ def test_clamped_fraction_shows_truncation(tmp_path):
 
 
 # ----------------------------------------------------------------------------- unbiasedness
+@pytest.mark.slow
 @pytest.mark.parametrize("seed,ci", [(0, "bootstrap"), (1, "clt")])
 def test_on_policy_every_preset_is_unbiased(tmp_path, seed, ci):
     """k=0, fp32, no noise: every preset's weight is exactly 1, and the RLOO + seq-mean-token-sum
@@ -169,6 +171,7 @@ def test_on_policy_every_preset_is_unbiased(tmp_path, seed, ci):
     assert df.engine_kl.iloc[0] == 0.0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_group_mean_baseline_bias_is_detected(tmp_path, seed):
     """Power check: the group-mean baseline scales the on-policy expectation by exactly (1 − 1/G), so
@@ -181,6 +184,7 @@ def test_group_mean_baseline_bias_is_detected(tmp_path, seed):
     assert r.bias_norm_lo <= true_bias <= r.bias_norm_hi
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_stale_uncorrected_gradient_is_biased(tmp_path, seed):
     """k=4 drift steps plus logit noise σ=0.1 (fp32): `none` is biased far outside its CI (> 2×
@@ -194,6 +198,7 @@ def test_stale_uncorrected_gradient_is_biased(tmp_path, seed):
 
 
 # ------------------------------------------------------------------------- literature claims
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bias_variance_tradeoff_over_length(tmp_path, seed):
     """Liu & Li (2025): under a fixed per-token mismatch (k=8 drift steps + logit noise σ=0.3, fp32;
@@ -238,6 +243,7 @@ def test_bad_probe_config_fails_before_any_file(tmp_path, overrides, message):
     assert not run_dir.exists()
 
 
+@pytest.mark.slow
 def test_cli_end_to_end_and_bad_config(cli, tmp_path):
     run_dir = tmp_path / "cli-run"
     code, out, err = cli("run", "study=probe", "probe.repeats=3", "probe.pretrain_steps=1", "rollout.seq_len=4",
@@ -270,6 +276,7 @@ def test_world_theta_is_shared_across_mismatch():
     assert float(b.setup.world.exact.objective(b.engine_params)) < b.objective
 
 
+@pytest.mark.slow
 def test_bench_tiny_smoke(monkeypatch, capsys):
     from scripts import bench_probe
 

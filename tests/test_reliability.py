@@ -33,7 +33,8 @@ from runner import records
 from runner.sweep.locks import DirLock, Holder, LockBusy
 from runner.errors import UserError
 from runner.sweep.integrity import Damage, check_table
-from tests.conftest import REPO, kill_at_first_done, run_cli
+from tests.helpers.cli import kill_at_first_done, run_cli
+from tests.helpers.repo import REPO
 
 # 4 jobs of 300 steps × 2 updates on a tiny world: long enough (seconds) that a second sweep started
 # with it meets it running, short enough for CI
@@ -65,6 +66,7 @@ def undisturbed(tmp_path_factory) -> Path:
 
 
 # ----------------------------------------------------------------------------------------- one sweep per dir
+@pytest.mark.slow
 def test_two_sweeps_at_once_one_refuses_the_other_finishes_exactly(undisturbed, tmp_path):
     d = tmp_path / "contested"
     first, second = _sweep_process(d), _sweep_process(d)
@@ -95,6 +97,7 @@ def test_two_sweeps_at_once_one_refuses_the_other_finishes_exactly(undisturbed, 
     assert not (d / ".sweep.lock").exists() and not list(d.rglob("*.tmp"))
 
 
+@pytest.mark.slow
 def test_a_stale_lock_is_taken_over_with_a_note(undisturbed, tmp_path):
     d = tmp_path / "killed"
     proc = _sweep_process(d)
@@ -138,6 +141,7 @@ def test_without_flock_a_dead_holder_on_this_host_is_taken_over(tmp_path, monkey
         DirLock(path).acquire()
 
 
+@pytest.mark.slow
 def test_a_job_locked_by_another_process_is_left_alone(tmp_path):
     """A requeued job whose first attempt still runs: the second attempt must not touch its dir."""
     d = tmp_path / "requeue"
@@ -167,6 +171,7 @@ def test_a_job_locked_by_another_process_is_left_alone(tmp_path):
     assert not (d / "01" / "partial-output").exists() and (d / "01" / "DONE").is_file()
 
 
+@pytest.mark.slow
 def test_unique_temp_names_let_writers_race(undisturbed, tmp_path):
     """Two aggregations of one dir at once (the old shared `.sweep.csv.tmp` made one fail)."""
     from runner.sweep.aggregate import aggregate
@@ -193,6 +198,7 @@ def test_unique_temp_names_let_writers_race(undisturbed, tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- damaged jobs
+@pytest.mark.slow
 def test_aggregate_reports_damaged_jobs_and_resume_restores_the_exact_table(undisturbed, tmp_path):
     d = tmp_path / "damaged"
     shutil.copytree(undisturbed, d)

@@ -9,7 +9,9 @@ import re
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.helpers.cli import run_cli
+
+pytestmark = pytest.mark.slow  # each test reports on a sweep made by a module fixture
 
 SMALL = ["train.steps=25", "rollout.batch_size=4", "rollout.group_size=4", "log.quiet=true"]
 BUG = "openrlhf-bc71bb1/seq-mask-tis"

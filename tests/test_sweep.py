@@ -24,7 +24,8 @@ from runner.sweep import command as sweep
 from runner.errors import UserError
 from runner.hydra_app import app as hydra_app
 from runner.hydra_app import launch
-from tests.conftest import REPO, kill_at_first_done, run_cli
+from tests.helpers.cli import kill_at_first_done, run_cli
+from tests.helpers.repo import REPO
 
 TINY = ["train.steps=3", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.timing=false"]
 ROWS_PER_JOB = 3 * 2 + 1  # steps × train.updates_per_step, then the final row (J after the last update)
@@ -77,12 +78,14 @@ def basic_sweep(tmp_path_factory):
     return sweep_dir
 
 
+@pytest.mark.slow
 def test_basic_launcher_grid(basic_sweep):
     _check_grid_sweep(basic_sweep)
     assert (basic_sweep / "multirun.yaml").is_file() and (basic_sweep / "sweep.json").is_file()
     assert not list(basic_sweep.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_joblib_two_workers_gives_the_same_table(basic_sweep, tmp_path, cli):
     d = tmp_path / "joblib"
     code, out, err = cli("sweep", *GRID, *TINY, "--launcher", "joblib", "--jobs", "2", f"hydra.sweep.dir={d}")
@@ -109,6 +112,7 @@ def test_the_command_of_a_sweep_not_typed_is_rebuilt_whole():
         "is-study sweep seed=0,1 'x='\"'\"'a b'\"'\"'' --launcher joblib --jobs 2 --name ladder --resume"
 
 
+@pytest.mark.slow
 def test_job_dirs_are_zero_padded_and_sort(basic_sweep, tmp_path, cli):
     dirs = sorted(p.name for p in basic_sweep.iterdir() if p.is_dir())
     assert dirs == [f"{i:02d}" for i in range(8)]
@@ -135,6 +139,7 @@ def test_job_dirs_are_zero_padded_and_sort(basic_sweep, tmp_path, cli):
     assert (d / "1" / "DONE").is_file() and len(_read_csv(d / "sweep.csv")) == 2 * ROWS_PER_JOB
 
 
+@pytest.mark.slow
 def test_submitit_local_completes(basic_sweep, tmp_path, cli):
     d = tmp_path / "submitit"
     code, _, err = cli("sweep", *GRID, *TINY, "--launcher", "submitit-local", "--jobs", "8", f"hydra.sweep.dir={d}")
@@ -144,6 +149,7 @@ def test_submitit_local_completes(basic_sweep, tmp_path, cli):
     assert (d / "sweep.csv").read_bytes() == (basic_sweep / "sweep.csv").read_bytes()
 
 
+@pytest.mark.slow
 def test_ray_local_cluster_gives_the_same_table(basic_sweep, tmp_path):
     """A local Ray (the plugin's in-process ray.init), started for the sweep and stopped with it: a
     fresh interpreter, as a user runs it. Needs the [ray] extra, which the [test] extra brings."""
@@ -160,6 +166,7 @@ def test_ray_local_cluster_gives_the_same_table(basic_sweep, tmp_path):
     assert "INFO" not in res.stderr and "WARNING" not in res.stderr  # Ray's own logging kept off the terminal
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_reruns_only_unfinished_jobs(tmp_path, cli):
     d = tmp_path / "killed"
     args = ["seed=range(0,8)", "train.steps=60", "log.quiet=true", "log.timing=false", f"hydra.sweep.dir={d}"]
@@ -186,6 +193,7 @@ def test_sigkill_then_resume_reruns_only_unfinished_jobs(tmp_path, cli):
         assert len(_read_csv(job_dir.parent / "metrics.csv")) == 60 * 2 + 1
 
 
+@pytest.mark.slow
 def test_resume_needs_the_same_overrides_and_a_fresh_sweep_refuses_an_old_dir(basic_sweep, cli):
     code, _, err = cli("sweep", *GRID, *TINY, f"hydra.sweep.dir={basic_sweep}")
     assert code == 2 and "already holds a sweep" in err and "--resume" in err
@@ -196,6 +204,7 @@ def test_resume_needs_the_same_overrides_and_a_fresh_sweep_refuses_an_old_dir(ba
     assert code == 2 and "--resume needs" in err
 
 
+@pytest.mark.slow
 def test_dry_run_counts_match_real_runs(basic_sweep, tmp_path, cli):
     code, out, _ = cli("sweep", *GRID, *TINY, "--dry-run", f"hydra.sweep.dir={tmp_path}/dry")
     assert code == 0 and _jobs_from_dry_run(out) == 8 == len(_markers(basic_sweep, "DONE"))
@@ -256,6 +265,7 @@ def test_dry_run_refuses_what_the_sweep_refuses(tmp_path, cli, monkeypatch, bad,
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_dry_run_refuses_a_dir_that_holds_another_sweep(basic_sweep, cli):
     args = [*GRID, *TINY, f"hydra.sweep.dir={basic_sweep}"]
     assert cli("sweep", *args, "--dry-run") == cli("sweep", *args)
@@ -339,6 +349,7 @@ def test_failing_jobs_do_not_lose_the_others_and_rerun_on_resume(tmp_path, cli, 
     assert (d / "00" / "DONE").stat().st_mtime_ns == done0
 
 
+@pytest.mark.slow
 def test_aggregate_reads_hydra_files_not_dir_names(basic_sweep, tmp_path, cli):
     d = tmp_path / "copy"
     shutil.copytree(basic_sweep, d)
@@ -379,6 +390,7 @@ def test_launcher_flags(cli):
         assert code == 2 and "pip install 'is-study[ray]'" in err
 
 
+@pytest.mark.slow
 def test_one_launcher_vocabulary(cli):
     """`is-study list`, --launcher, hydra/launcher= and the files in conf/hydra/launcher/ use the same
     names, and hydra/launcher=NAME gives our preset, as --launcher NAME does."""
@@ -517,6 +529,7 @@ def test_a_launcher_error_is_reported_and_the_disk_decides(tmp_path, cli, monkey
     assert not (tmp_path / "early").exists()
 
 
+@pytest.mark.slow
 def test_bench_sweep_measures_a_cold_start_without_bytecode(tmp_path):
     """scripts/bench_sweep.py --nocache: both launchers from a fresh interpreter with no bytecode cache
     (issue 16: the first joblib sweep in a fresh venv was 29 s against 18 s on basic). Tiny here: it
@@ -546,6 +559,7 @@ def world_sweep(tmp_path_factory):
     return sweep_dir
 
 
+@pytest.mark.slow
 def test_sweep_tables_merge_on_one_name_per_key(world_sweep):
     """Every table names a key as the studies' files do (staleness, not mismatch.staleness), so pandas
     merges them on the same names without a rename; sweep.csv's last J is sweep_summary.csv's final J."""
@@ -569,6 +583,7 @@ def test_sweep_tables_merge_on_one_name_per_key(world_sweep):
     assert "objective" not in summary.columns and set(summary["objective_kind"]) == {"exact"}
 
 
+@pytest.mark.slow
 def test_sweep_summary_reads_cleanly_and_survives_a_move(world_sweep, tmp_path):
     """run_dir is text (./00, not the integer 0) relative to the sweep dir, so it still resolves after the
     sweep dir is moved; no column is empty in every row."""
@@ -586,6 +601,7 @@ def test_sweep_summary_reads_cleanly_and_survives_a_move(world_sweep, tmp_path):
     assert not [v for v in cells if isinstance(v, str) and os.path.isabs(v)]  # summary.json's absolute run_dir
 
 
+@pytest.mark.slow
 def test_aggregate_combines_separate_runs(tmp_path, cli):
     """`is-study aggregate runs/DAY1 runs/DAY2 --out DIR`: every run dir below the paths is a job; keys a run
     was not given come from its own files."""

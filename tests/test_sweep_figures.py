@@ -10,8 +10,10 @@ import math
 import numpy as np
 import pytest
 
-from tests.conftest import run_cli
-from tests.figure_checks import problems, visible_axes
+from tests.helpers.cli import run_cli
+from tests.helpers.figure_checks import problems, visible_axes
+
+pytestmark = pytest.mark.slow  # each test draws figures from a sweep or run made by a module fixture
 
 SIZE = ["train.steps=20", "log.quiet=true", "log.tokens_every=0"]
 
@@ -196,7 +198,7 @@ def test_training_y_labels_do_not_run_into_each_other(ds):
     label with maths was never wrapped). They are wrapped to their row now."""
     from analysis import figures
 
-    from tests.figure_checks import draw
+    from tests.helpers.figure_checks import draw
 
     fig = figures.figure("training", ds)
     found = problems(fig)
@@ -228,7 +230,7 @@ def test_the_title_keeps_the_config_to_one_line(tmp_path):
     # one row of panels: the legend goes below it, and the figure keeps no room for it on the right
     found = problems(fig)
     assert not found, found
-    from tests.figure_checks import draw
+    from tests.helpers.figure_checks import draw
 
     renderer = draw(fig)
     legend = fig.legends[0].get_window_extent(renderer)

@@ -66,6 +66,7 @@ def test_outputs_and_columns(tmp_path):
     assert summary["run_dir"] == str(run_dir)
 
 
+@pytest.mark.slow
 def test_on_policy_training_improves_the_exact_objective(tmp_path):
     """k=0, fp32, no noise, correction=none, default steps: J rises from 0.25 to above 0.9."""
     summary, run_dir = train(tmp_path, ["mismatch=none", "correction=none"])
@@ -78,6 +79,7 @@ def test_on_policy_training_improves_the_exact_objective(tmp_path):
     assert summary["events"]["nonfinite_loss"] == 0 and not summary["collapsed"]
 
 
+@pytest.mark.slow
 def test_outliers_poison_only_the_faithful_preset(tmp_path):
     faithful, _ = train(tmp_path, [FAITHFUL, *OUTLIERS, "train.steps=20"], "faithful")
     assert faithful["events"]["nonfinite_loss"] > 0
@@ -108,6 +110,7 @@ def test_raise_stops_with_one_line_and_no_done(tmp_path):
     assert rows(run_dir)[-1]["nonfinite_loss"] == "1"  # the failing update's row is on disk
 
 
+@pytest.mark.slow
 def test_deterministic_bytes(tmp_path):
     args = ["correction=seq-mask-tis", "train.steps=30", "mismatch.logit_noise=0.05", "seed=3"]
     _, a = train(tmp_path, [*args, "log.timing=false"], "a")

@@ -125,6 +125,7 @@ def test_clipped_says_when_the_clip_bound(tmp_path):
         assert r["clipped"] == str(int(float(r["grad_norm"]) > 0.005))
 
 
+@pytest.mark.slow
 def test_another_sampling_stream_keeps_theta0_and_draws_other_tokens(tmp_path):
     """mismatch.sampling_stream=1 (claim 4's chaos floor): the seed's θ₀ (init_std = 1 draws it from the
     sampling generator first, so the same J₀ = 0.2224), other prompts and tokens from step 0; stream 0 is the

@@ -27,7 +27,7 @@ from runner.worlds.precision import FP32, Precision
 from runner.worlds.registry import make_world
 from runner.worlds.transformer import mismatch, sft
 from runner.worlds.transformer.kv_cache import KVCache
-from tests.conftest import REPO
+from tests.helpers.repo import REPO
 
 SMALL_TASK = {"name": "sort", "values": 16, "length": None}
 SMALL_ROLLOUT = {"seq_len": 8}
@@ -84,6 +84,7 @@ def test_cached_sampling_matches_teacher_forced_in_fp32(one_thread, tmp_path, ex
     assert ((old - roll) * mask).abs().max().item() < 1e-5
 
 
+@pytest.mark.slow
 def test_cached_sampling_matches_teacher_forced_at_the_warm_start(one_thread, warm):
     # A trained θ: the sampled tokens span p ≈ 1 down to p < 0.01.
     teacher, cached, old, roll, mask = _both_routes(*warm, n=256)
@@ -116,6 +117,7 @@ def test_trainer_logits_carry_the_gradient(one_thread, tmp_path):
     assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in params.values())
 
 
+@pytest.mark.slow
 def test_low_precision_logits_come_in_the_compute_dtype(one_thread, warm):
     world, params = warm
     prompts = world.sample_prompts(4, torch.Generator().manual_seed(3))
@@ -127,6 +129,7 @@ def test_low_precision_logits_come_in_the_compute_dtype(one_thread, warm):
 
 
 # ----------------------------------------------------------------------------- the precision ladder
+@pytest.mark.slow
 def test_bf16_mismatch_is_ten_times_fp16_and_fp8_exceeds_bf16(one_thread, warm):
     # At the same θ (the warm start), on the engine's own samples (2048 responses each).
     world, params = warm
@@ -140,6 +143,7 @@ def test_bf16_mismatch_is_ten_times_fp16_and_fp8_exceeds_bf16(one_thread, warm):
     assert k3["fp8"] > k3["bf16"], k3
 
 
+@pytest.mark.slow
 def test_mismatch_concentrates_on_low_probability_tokens(one_thread, warm):
     world, params = warm
     prompts = world.sample_prompts(2048, torch.Generator().manual_seed(13))
@@ -176,6 +180,7 @@ def test_routing_replay_removes_expert_flips(one_thread, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ SFT warm start
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1])
 def test_sft_reaches_the_accuracy_band(one_thread, warm, tmp_path, seed):
     # 20–60% exact-match accuracy (512 samples: SE ≈ 0.022), most tokens sure, a minority of forks.
@@ -191,12 +196,14 @@ def test_sft_reaches_the_accuracy_band(one_thread, warm, tmp_path, seed):
     assert record["mean_entropy"] < 0.5, record
 
 
+@pytest.mark.slow
 def test_sft_is_deterministic(one_thread, tmp_path):
     world = small_world(tmp_path, sft_cfg={"steps": 20})
     a, b = sft.train(world), sft.train(world)
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_second_run_loads_the_cached_warm_start(one_thread, warm):
     world, params = warm
     assert world.warm_start["cache"] in ("trained", "hit")
@@ -240,6 +247,7 @@ def _spawn(steps, cache_dir):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_racing_jobs_train_the_warm_start_once(tmp_path):
     jobs = [_spawn(60, tmp_path), _spawn(60, tmp_path)]
     results = []
@@ -254,6 +262,7 @@ def test_racing_jobs_train_the_warm_start_once(tmp_path):
     assert not list(folder.glob(".*.tmp"))
 
 
+@pytest.mark.slow
 def test_killed_sft_leaves_no_checkpoint(tmp_path):
     job = _spawn(1_000_000, tmp_path)
     assert job.stdout.readline().strip() == "started"
@@ -363,6 +372,7 @@ def test_rollout_shorter_than_the_answer_is_an_error(tmp_path):
         make_world({"name": "transformer"}, {"seq_len": 6}, task)
 
 
+@pytest.mark.slow
 def test_bench_runs_at_tiny_size(tmp_path):
     # CI proves the bench runs; its figures are measured by `python scripts/bench_transformer.py`.
     out = tmp_path / "bench.json"
@@ -378,10 +388,11 @@ def test_bench_runs_at_tiny_size(tmp_path):
         assert row["value"] > 0 and (row["pass"] is not None or row["target"] == "info"), row
 
 
+@pytest.mark.slow
 def test_a_joblib_sweep_trains_one_shared_warm_start_once(tmp_path):
     """4 jobs on 2 joblib workers, all needing the same warm start: one job trains it (under the lock),
     the others wait and load it; the cache holds one checkpoint and no temporary file."""
-    from tests.conftest import run_cli
+    from tests.helpers.cli import run_cli
 
     cache = tmp_path / "cache"
     sweep_dir = tmp_path / "sweep"

@@ -121,6 +121,7 @@ def test_on_policy_fp32_engine_reports_old_and_bf16_differs_plausibly(name):
     assert 1e-4 < float(err.max()) < 0.5, float(err.max())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(WORLD_CONFIGS))
 def test_exact_objective_matches_monte_carlo(name):
     """J within 4 standard errors of the mean reward of 100k on-policy samples; ∇J against the

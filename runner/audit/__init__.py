@@ -18,7 +18,7 @@ and the JSON live in runner/audit/command.py, the table in runner/audit/table.py
 External code (`--target`, runner/audit/external.py):
 
 - `--target module:attr` imports a module (the current directory is on sys.path, so
-  `tests.external_loss_planted_bug:PlantedLoss` works from the repo root); `--target
+  `tests.helpers.external_loss_planted_bug:PlantedLoss` works from the repo root); `--target
   path/to/file.py:attr` loads a file without running its package's `__init__` (runner/audit/
   loading.py), and `--stub NAME,...` replaces heavy imports the loss never uses. `attr` may be
   dotted.

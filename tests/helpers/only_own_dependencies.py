@@ -1,6 +1,6 @@
 """Run `is-study ARGS` as in a fresh environment that holds is-study and its own dependencies only.
 
-    python tests/only_own_dependencies.py audit --target ...
+    python tests/helpers/only_own_dependencies.py audit --target ...
 
 Every installed distribution outside the closure of is-study's `dependencies` (pyproject.toml,
 no extras) is hidden: importing one of its modules raises ModuleNotFoundError, as it would where it
@@ -20,7 +20,7 @@ import runpy
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _name(requirement: str) -> str:
