@@ -1,5 +1,5 @@
 """Analysis of is-study outputs: tidy tables (`load`), figures (`analysis.plots`) and Markdown
-reports (`analysis.report`). Reads only what the studies wrote; never imports torch.
+reports (`analysis.reports`). Reads only what the studies wrote; never imports torch.
 
     from analysis import load, load_dataset
     df = load("runs/2025-01-01/12-00-00-abc123")   # one row per optimizer update

@@ -3,7 +3,8 @@ every module of runner/, analysis/ and scripts/, at module level and inside func
 
 The rules:
   - no import circle among the project's modules (a lazy import inside a function counts too);
-  - analysis/ never imports torch, the algebra (runner.corrections, runner.losses, runner.metrics) or the audit,
+  - analysis/ never imports torch, the algebra (runner.corrections, runner.losses, runner.metrics), the audit
+    or the Hydra gate (runner.hydra_app: analysis reads files and plain data, it never composes a config),
     not even lazily, and of runner only the modules listed in ANALYSIS_MAY_IMPORT, none of which imports torch
     when imported;
   - runner/ never imports analysis/, except the CLI (which hands the data to it);
@@ -28,15 +29,14 @@ from tests.conftest import REPO
 
 PACKAGES = ("runner", "analysis", "scripts")
 
-ANALYSIS_FORBIDDEN = ("torch", "runner.corrections", "runner.losses", "runner.metrics", "runner.audit")
+ANALYSIS_FORBIDDEN = ("torch", "runner.corrections", "runner.losses", "runner.metrics", "runner.audit", "runner.hydra_app")
 ANALYSIS_MAY_IMPORT = {
     "runner.errors",  # UserError
     "runner.lookup",  # lazy registries
     "runner.paths",  # conf_dir
-    "runner.registry",  # preset names and order (analysis.style, analysis.report)
+    "runner.registry",  # preset names and order (analysis.style, analysis.reports)
     "runner.schema",  # column names (analysis.load)
     "runner.values",  # override values as CSV / YAML / command line give them (analysis.load)
-    "runner.hydra_app.app",  # the default config, for a report's config diff (analysis.report)
 }
 RUNNER_MAY_IMPORT_ANALYSIS = {"runner.cli"}
 
@@ -258,6 +258,13 @@ def test_analysis_never_imports_torch_the_algebra_or_the_audit():
     assert not bad, _report(bad)
 
 
+def test_analysis_never_composes_a_config():
+    """The report's config diff reads the default config as plain data that the CLI composed
+    (runner.hydra_app.app.default_configs); analysis itself never reaches the Hydra gate."""
+    bad = [v for v in _analysis_forbidden() if "runner.hydra_app" in v]
+    assert not bad, _report(bad)
+
+
 def test_analysis_imports_only_the_listed_runner_modules_and_none_of_them_loads_torch():
     unlisted = _analysis_unlisted()
     assert not unlisted, "analysis imports runner modules not in ANALYSIS_MAY_IMPORT:" + _report(unlisted)
@@ -307,7 +314,8 @@ def test_hydra_only_in_its_package_and_omegaconf_types_only_where_listed():
 def test_every_rule_catches_a_planted_violation(monkeypatch):
     planted = {
         "analysis.planted": [Import("analysis.planted", "torch", (), 3, True),
-                             Import("analysis.planted", "runner.studies.case", ("evaluate",), 4, True)],
+                             Import("analysis.planted", "runner.studies.case", ("evaluate",), 4, True),
+                             Import("analysis.planted", "runner.hydra_app.app", ("compose",), 12, True)],
         "runner.planted": [Import("runner.planted", "analysis.plots", (), 5, True),
                            Import("runner.planted", "hydra.core.hydra_config", ("HydraConfig",), 6, True),
                            Import("runner.planted", "omegaconf", ("open_dict",), 7, True),
@@ -324,6 +332,7 @@ def test_every_rule_catches_a_planted_violation(monkeypatch):
     monkeypatch.setattr(f"{__name__}.ANALYSIS_MAY_IMPORT", ANALYSIS_MAY_IMPORT | {"runner.planted"})
     assert "analysis.planted:3 (lazy) imports torch" in _analysis_forbidden()
     assert "analysis.planted:4 (lazy) imports runner.studies.case" in _analysis_unlisted()
+    assert "analysis.planted:12 (lazy) imports runner.hydra_app.app" in _analysis_forbidden()
     assert "importing runner.planted loads torch" not in _loads_forbidden({"runner.planted"})  # lazy: not loaded
     # transitively, at module level: runner.planted -> runner.planted_b -> torch
     monkeypatch.setitem(FILES, "runner.planted_b", Path("runner.planted_b.py"))

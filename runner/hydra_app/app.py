@@ -281,3 +281,17 @@ def job(cfg: Any) -> Any:
     from runner.studies import run_study
 
     return run_study(cfg, output_dir())
+
+
+def default_configs() -> dict[str, Any]:
+    """The default config as plain data, for a dataset report's config diff: "" → `compose([])`
+    (what `is-study show` prints) and each other study NAME → `compose(["study=NAME"])`. Composed
+    here, in the gate, so that analysis only reads plain data and never composes."""
+    from runner.registry import group_options
+
+    configs = {"": to_container(compose([]))}
+    default_study = configs[""].get("study", {}).get("name")
+    for study in group_options("study"):
+        if study != default_study:
+            configs[study] = to_container(compose([f"study={study}"]))
+    return configs
