@@ -316,7 +316,7 @@ def test_every_rule_catches_a_planted_violation(monkeypatch):
         "analysis.planted": [Import("analysis.planted", "torch", (), 3, True),
                              Import("analysis.planted", "runner.studies.case", ("evaluate",), 4, True),
                              Import("analysis.planted", "runner.hydra_app.app", ("compose",), 12, True)],
-        "runner.planted": [Import("runner.planted", "analysis.plots", (), 5, True),
+        "runner.planted": [Import("runner.planted", "analysis.figures", (), 5, True),
                            Import("runner.planted", "hydra.core.hydra_config", ("HydraConfig",), 6, True),
                            Import("runner.planted", "omegaconf", ("open_dict",), 7, True),
                            Import("runner.planted", "omegaconf", ("OmegaConf",), 8, False)],
@@ -341,7 +341,7 @@ def test_every_rule_catches_a_planted_violation(monkeypatch):
     monkeypatch.setitem(IMPORTS, "runner.planted", [Import("runner.planted", "runner.planted_b", (), 2, False)])
     assert _loads_forbidden({"runner.planted"}) == ["importing runner.planted loads torch"]
     monkeypatch.setitem(IMPORTS, "runner.planted", planted["runner.planted"])
-    assert _runner_imports_analysis() == ["runner.planted:5 (lazy) imports analysis.plots"]
+    assert _runner_imports_analysis() == ["runner.planted:5 (lazy) imports analysis.figures"]
     hydra = [v for v in _hydra_outside() if v.startswith("runner.planted")]
     assert hydra == ["runner.planted:6 (lazy) imports hydra.core.hydra_config",
                      "runner.planted:7 (lazy) imports omegaconf ['open_dict']: only ['DictConfig', 'OmegaConf'] may be",

@@ -507,7 +507,7 @@ def _config_diff(ds: Dataset, configs: dict[str, Any] | str | None) -> str:
 # ----------------------------------------------------------------------------------------- figures
 def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str]:
     """Markdown image lines for the figures that apply, drawn into PATH/figures[/FILTER] if missing."""
-    from analysis import figures, plots
+    from analysis import figures
 
     avail = figures.availability(ds)
     kinds = [k for k in REPORT_FIGURES if avail.get(k) is None]
@@ -518,7 +518,7 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
         fig_dir = fig_dir / re.sub(r"[^A-Za-z0-9._=,-]+", "_", "_".join(filters))
     # The default style's figures, never a paper-style PNG that an older `plot --style paper` left here.
     missing = [k for k in kinds if not (fig_dir / f"{k}.png").is_file()
-               or plots.drawn_style(fig_dir / f"{k}.png") not in (None, "default")]
+               or figures.layout.drawn_style(fig_dir / f"{k}.png") not in (None, "default")]
     note = []
     if missing:
         try:
@@ -532,5 +532,5 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
         if not png.is_file():
             continue
         rel = Path(os.path.relpath(png.resolve(), base)).as_posix()
-        lines.append(f"![{plots.TITLES[k]}]({rel})\n")
+        lines.append(f"![{figures.TITLES[k]}]({rel})\n")
     return note + lines
