@@ -551,11 +551,12 @@ def report(
         from analysis.reports import dataset
         from runner.hydra_app import app as hydra_app
 
+        ds = dataset.load(path, overrides)
         try:
-            defaults = hydra_app.default_configs()
+            defaults = hydra_app.default_configs(dataset.studies(ds))
         except UserError as exc:  # the report says so in its config section instead
             defaults = str(exc)
-        text, dest = dataset.build(path, overrides, out, defaults)
+        text, dest = dataset.build(ds, overrides, out, defaults)
     else:
         from analysis.reports import case_card
         from runner.case_card import build_cards

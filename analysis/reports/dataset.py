@@ -28,13 +28,23 @@ REPORT_FIGURES = ("training", "threshold-training", "stability", "survival", "le
 
 
 # ----------------------------------------------------------------------------------------- entry
-def build(path: str, overrides: Sequence[str] = (), out: str | None = None,
+def load(path: str, overrides: Sequence[str] = ()) -> Dataset:
+    """The run, sweep or probe dir (or sweep.csv) at `path`, its jobs filtered by `overrides`."""
+    return load_dataset(Path(path)).select(list(overrides))
+
+
+def studies(ds: Dataset) -> set[str]:
+    """The studies the dataset's jobs ran (study.name in their saved config): whose default config
+    its config diff compares against."""
+    return {f.get("study.name") for f in (j.flat_config for j in ds.jobs) if f} - {None}
+
+
+def build(ds: Dataset, overrides: Sequence[str] = (), out: str | None = None,
           defaults: dict[str, Any] | str | None = None) -> tuple[str, Path | None]:
-    """The report of a run, sweep or probe dir (or a sweep.csv): (the Markdown, where it goes: a file
-    path, or None for stdout). `defaults` is the default config per study as plain data
-    (runner.hydra_app.app.default_configs: "" → the default, NAME → study=NAME's), or the reason it
-    could not be composed."""
-    ds = load_dataset(Path(path)).select(list(overrides))
+    """The report of a loaded run, sweep or probe dir: (the Markdown, where it goes: a file path, or
+    None for stdout). `defaults` is the default config as plain data (runner.hydra_app.app.
+    default_configs: "" → the default, NAME → study=NAME's, for the studies of `studies(ds)`), or
+    the reason it could not be composed."""
     dest = destination(out, ds.path / "report.md")
     return dataset_report(ds, overrides, dest, defaults), dest
 

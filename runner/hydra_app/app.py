@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from runner.errors import UserError
 from runner.paths import conf_dir
@@ -283,15 +283,12 @@ def job(cfg: Any) -> Any:
     return run_study(cfg, output_dir())
 
 
-def default_configs() -> dict[str, Any]:
+def default_configs(studies: Iterable[str] = ()) -> dict[str, Any]:
     """The default config as plain data, for a dataset report's config diff: "" → `compose([])`
-    (what `is-study show` prints) and each other study NAME → `compose(["study=NAME"])`. Composed
-    here, in the gate, so that analysis only reads plain data and never composes."""
-    from runner.registry import group_options
-
+    (what `is-study show` prints) and each of `studies` that is not the default one → its
+    `compose(["study=NAME"])`. Composed here, in the gate, so that analysis only reads plain data."""
     configs = {"": to_container(compose([]))}
     default_study = configs[""].get("study", {}).get("name")
-    for study in group_options("study"):
-        if study != default_study:
-            configs[study] = to_container(compose([f"study={study}"]))
+    for study in sorted(set(studies) - {default_study}):
+        configs[study] = to_container(compose([f"study={study}"]))
     return configs
