@@ -7,6 +7,8 @@ table, for a train sweep over precision, staleness or correction the peak-to-fin
 cell (mean over seeds, seed count, worst seed), and the key figures embedded by relative path (drawn
 into PATH/figures/ when missing).
 OVERRIDES filter the jobs of a sweep (`correction=tis mismatch.staleness=0,8`).
+
+~550 lines in one module on purpose: one report, read top to bottom in the order of its sections.
 """
 
 from __future__ import annotations
