@@ -370,17 +370,28 @@ def report(
     overrides: Optional[List[str]] = typer.Argument(None, help="Case file: Hydra overrides (correction=...). Dir: filters key=value[,value].", show_default=False),
     out: Optional[str] = typer.Option(None, "--out", "-o", help="Report file; '-' = stdout. Default: PATH/report.md (a case file: runs/reports/NAME-report.md)."),
 ) -> None:
-    from analysis import report as reports
+    from analysis import reports
 
     overrides = _overrides(overrides)
     case_path = reports.case_file(path)
+    # What the reports need from the config and the algebra is computed here, in runner, and handed
+    # to analysis as plain data; analysis only formats it.
     if case_path is None:
-        text, dest = reports.build(path, overrides, out)
-    else:  # the cards are computed here, in runner, and only formatted by analysis
+        from analysis.reports import dataset
+        from runner.hydra_app import app as hydra_app
+
+        ds = dataset.load(path, overrides)
+        try:
+            defaults = hydra_app.default_configs(dataset.studies(ds))
+        except UserError as exc:  # the report says so in its config section instead
+            defaults = str(exc)
+        text, dest = dataset.build(ds, overrides, out, defaults)
+    else:
+        from analysis.reports import case_card
         from runner.audit.case_card import build_cards
 
-        dest = reports.destination(out, reports.case_report_path(case_path))
-        text = reports.case_report(build_cards(case_path, overrides), overrides, shown=path)
+        dest = reports.destination(out, case_card.case_report_path(case_path))
+        text = case_card.case_report(build_cards(case_path, overrides), overrides, shown=path)
     reports.write(text, dest)
     if dest is not None:
         typer.echo(str(dest))

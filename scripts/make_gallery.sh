@@ -204,7 +204,7 @@ old_gallery = (out.parent / "gallery.md").read_text() if (out.parent / "gallery.
 # ----------------------------------------------------------------------------------------- the field's figures
 # Every number below is read off the runs just made, so the text cannot drift from the figures.
 from analysis import load_dataset
-from analysis.field_figures import job_lengths
+from analysis.figures.collapse import job_lengths
 from analysis.load import per_job
 
 BUG = "openrlhf-bc71bb1/seq-mask-tis"

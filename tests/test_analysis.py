@@ -144,7 +144,8 @@ def test_load_errors_are_one_line(tmp_path):
 
 
 def test_no_torch_in_analysis_and_no_pandas_in_the_cli():
-    code = ("import sys, analysis, analysis.load, analysis.style, analysis.plots, analysis.report\n"
+    code = ("import sys, analysis, analysis.load, analysis.style, analysis.figures\n"
+            "import analysis.reports.dataset, analysis.reports.case_card\n"
             "assert 'torch' not in sys.modules, 'analysis imported torch'\n"
             "import runner.cli\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
@@ -173,9 +174,10 @@ def _check_common(fig, n_axes: int, title_bit: str) -> None:
 
 
 def test_training_figure(sweep_dir):
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import training
 
-    fig = plots.training_figure(load_dataset(sweep_dir))
+    fig = training.training_figure(load_dataset(sweep_dir))
     _check_common(fig, 2 * 2, "correction × mismatch.staleness × seed")  # objective, reward × 2 staleness panels
     for ax in _visible_axes(fig):
         assert len(_series(ax)) == 2  # tis and the bug preset, each the mean over 2 seeds
@@ -189,9 +191,10 @@ def test_training_figure(sweep_dir):
 
 
 def test_grad_norm_figure(run_dir):
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import training
 
-    fig = plots.grad_norm_figure(load_dataset(run_dir))
+    fig = training.grad_norm_figure(load_dataset(run_dir))
     _check_common(fig, 1, f"correction={BUG}")
     (ax,) = _visible_axes(fig)
     assert ax.get_yscale() == "log" and "norm" in ax.get_ylabel()
@@ -200,9 +203,10 @@ def test_grad_norm_figure(run_dir):
 
 
 def test_stability_figure(sweep_dir):
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import training
 
-    fig = plots.stability_figure(load_dataset(sweep_dir))
+    fig = training.stability_figure(load_dataset(sweep_dir))
     _check_common(fig, 2, "mismatch.staleness")
     nonfinite, collapse = _visible_axes(fig)
     assert "NaN/inf" in nonfinite.get_ylabel() and "collapse" in collapse.get_ylabel()
@@ -214,9 +218,10 @@ def test_stability_figure(sweep_dir):
 
 
 def test_threshold_figure(probe_dir):
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import probe
 
-    fig = plots.threshold_figure(load_dataset(probe_dir))
+    fig = probe.threshold_figure(load_dataset(probe_dir))
     _check_common(fig, 3, "study=probe")
     bias, var, mse = _visible_axes(fig)
     assert "bias" in bias.get_ylabel() and "variance" in var.get_ylabel() and "MSE" in mse.get_ylabel()
@@ -228,11 +233,12 @@ def test_threshold_figure(probe_dir):
 
 
 def test_mismatch_figure(run_dir):
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import mismatch
 
     ds = load_dataset(run_dir)
     assert ds.tokens is not None and {"step", "seq", "pos", "token", "old", "roll"} <= set(ds.tokens.columns)
-    fig = plots.mismatch_figure(ds)
+    fig = mismatch.mismatch_figure(ds)
     _check_common(fig, 3, f"correction={BUG}")
     hist, scatter, binned = _visible_axes(fig)
     assert "log-ratio" in hist.get_xlabel() and "nats" in hist.get_xlabel()
@@ -242,9 +248,10 @@ def test_mismatch_figure(run_dir):
 
 
 def test_masking_figure(run_dir):
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import training
 
-    fig = plots.masking_figure(load_dataset(run_dir))
+    fig = training.masking_figure(load_dataset(run_dir))
     _check_common(fig, 2, "is-study run")  # the as-shipped preset never clamps: no clamped panel
     labels = [ax.get_ylabel() for ax in _visible_axes(fig)]
     assert "masked" in labels[0] and "ESS" in labels[1]
@@ -253,11 +260,12 @@ def test_masking_figure(run_dir):
 
 
 def test_colours_are_fixed_per_preset(run_dir, sweep_dir):
-    from analysis import load_dataset, plots, style
+    from analysis import load_dataset, style
+    from analysis.figures import training
 
     colour = {}
-    for fig in (plots.training_figure(load_dataset(sweep_dir)), plots.stability_figure(load_dataset(sweep_dir)),
-                plots.masking_figure(load_dataset(run_dir))):
+    for fig in (training.training_figure(load_dataset(sweep_dir)), training.stability_figure(load_dataset(sweep_dir)),
+                training.masking_figure(load_dataset(run_dir))):
         for ax in fig.axes:
             for ln in _series(ax):
                 colour.setdefault(ln.get_label(), set()).add(ln.get_color())
@@ -269,9 +277,10 @@ def test_colours_are_fixed_per_preset(run_dir, sweep_dir):
 
 
 def test_paper_style_is_single_column(sweep_dir):
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import training
 
-    fig = plots.training_figure(load_dataset(sweep_dir), style="paper")
+    fig = training.training_figure(load_dataset(sweep_dir), style="paper")
     assert abs(fig.get_figwidth() - 3.3) < 1e-6
     for ax in _visible_axes(fig):  # the paper style draws what the default one draws
         assert sorted(ln.get_label() for ln in _series(ax)) == sorted(["tis", BUG])
@@ -287,17 +296,17 @@ def _is_pdf(path: Path) -> bool:
 
 
 def _saved_figures(monkeypatch) -> dict:
-    """kind → the figure `is-study plot` saved under that name (analysis.plots.save, wrapped), so
+    """kind → the figure `is-study plot` saved under that name (analysis.figures.layout.save, wrapped), so
     a command test can check what was drawn, not only that a file was written."""
-    from analysis import plots
+    from analysis.figures import layout
 
-    saved, save = {}, plots.save
+    saved, save = {}, layout.save
 
     def recording_save(fig, out_dir, name, *args, **kwargs):
         saved[name] = fig
         return save(fig, out_dir, name, *args, **kwargs)
 
-    monkeypatch.setattr(plots, "save", recording_save)
+    monkeypatch.setattr(layout, "save", recording_save)
     return saved
 
 

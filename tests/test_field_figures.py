@@ -1,4 +1,4 @@
-"""The field's figures (analysis/field_figures.py: mismatch-over-training, survival, bias-split,
+"""The field's figures (analysis/figures/: mismatch-over-training, survival, bias-split,
 length-heatmap) and the report's peak-to-final table, on real tiny outputs made here: a bigram sweep
 where the as-shipped OpenRLHF preset meets NaN/inf and some runs collapse, an mlp sweep over the
 engine's precision, a transformer sweep with a tiny SFT warm start (its J by Monte Carlo), and probe
@@ -177,7 +177,7 @@ def test_a_monte_carlo_objective_is_drawn_with_its_standard_error(transformer):
 
 
 def test_a_long_run_is_smoothed_and_says_so():
-    from analysis.field_figures import smoothing_window
+    from analysis.figures.mismatch import smoothing_window
 
     assert smoothing_window(8) == smoothing_window(39) == 1
     assert smoothing_window(200) == 11 and smoothing_window(40) == 3
@@ -187,7 +187,7 @@ def test_a_long_run_is_smoothed_and_says_so():
 def test_survival_curve_counts_seeds_and_censors_early_ends():
     """Kaplan–Meier by hand: a run that ended early without collapsing (censored at step 5) is at
     risk until then and not after."""
-    from analysis.field_figures import survival_curve
+    from analysis.figures.collapse import survival_curve
 
     xs, ys, censored = survival_curve([2, np.nan, np.nan], [15, 5, 15], horizon=15)
     assert xs == [0, 2, 15] and ys == pytest.approx([1, 2 / 3, 2 / 3]) and censored == [5]
@@ -203,7 +203,7 @@ def test_survival_figure(field):
     aligned on each collapse step (the median over a correction's collapsed runs), and the NaN
     gradient that made the parameters NaN marked on the top edge."""
     from analysis import figures, load_dataset
-    from analysis.field_figures import LAG_STEPS, LEAD_STEPS, collapse_kind
+    from analysis.figures.collapse import LAG_STEPS, LEAD_STEPS, collapse_kind
 
     ds = load_dataset(field)
     summ = _summaries(field)
@@ -452,7 +452,7 @@ def test_no_drop_table_for_a_single_run(field):
 def test_a_run_that_collapsed_before_it_learned_is_a_collapse_not_a_flat_run():
     """The survival figure counts a run whose parameters went NaN at step 0 as a collapse; the
     never-learned note (whose runs did "not collapse") must not name it too."""
-    from analysis.plots import never_learned_note
+    from analysis.figures.layout import never_learned_note
 
     per = pd.DataFrame({"correction": ["tis", "tis", BUG, BUG], "learned": [1, 0, 0, 0], "collapsed": [0, 0, 1, 0]})
     assert never_learned_note(per) == ("never learned (J never rose above its start; not a collapse): "

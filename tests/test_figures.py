@@ -119,7 +119,8 @@ def test_every_figure_fits_and_nothing_is_clipped_or_overlaps(cells, probe_one_b
 def test_size_follows_content(cells, probe_one_band):
     """Height grows with the rows drawn, not more: a default-style row is at most 3.1 in, and the
     per-preset figure grows with the presets."""
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import probe
 
     for kind, fig in _figures(cells, TRAIN_KINDS, "default").items():
         rows = panel_rows(fig)
@@ -131,7 +132,7 @@ def test_size_follows_content(cells, probe_one_band):
         assert fig.get_figheight() <= 3.1 * rows + 1.6 + extra, (kind, rows, fig.get_size_inches())
         assert fig.get_figwidth() <= 17.5, (kind, fig.get_size_inches())
     for style, most in (("default", 4.5), ("paper", 3.0)):
-        assert plots.presets_figure(load_dataset(probe_one_band), style).get_figheight() < most  # 3 presets
+        assert probe.presets_figure(load_dataset(probe_one_band), style).get_figheight() < most  # 3 presets
 
 
 # ------------------------------------------------------------------------------ honest panels
@@ -140,20 +141,21 @@ def test_all_zero_panels_start_at_zero_and_say_so(one_seed, cells):
     negative tick, and says so; a fraction that is 0 in every run (nothing masked or clamped here)
     is said once in the title instead of a row of flat panels; no fraction panel shows a negative
     tick, nor do J and the reward."""
-    from analysis import figures, load_dataset, plots
+    from analysis import figures, load_dataset
+    from analysis.figures import training
 
     from analysis.load import update_rows
 
     ds = load_dataset(one_seed)
     updates = update_rows(ds.metrics)  # not the final rows (J after the last update: no update cells)
     assert updates["token_masked_fraction"].eq(0).all() and updates["clamped_fraction"].eq(0).all()
-    stab = plots.stability_figure(ds)
+    stab = training.stability_figure(ds)
     axes = visible_axes(stab)
     assert len(axes) == 4 and all(ax.get_ylim() == (0.0, 1.05) for ax in axes)
     notes = [t.get_text() for ax in axes for t in ax.texts]
     assert notes.count("no NaN/inf update in any run") == 2 and notes.count("no run collapsed") == 2
     assert not negative_ticks(stab, axes)
-    fig = plots.masking_figure(ds)
+    fig = training.masking_figure(ds)
     assert [ax.get_ylabel().replace("\n", " ") for ax in visible_axes(fig)][:1] == ["ESS (fraction of tokens)"]
     assert len(visible_axes(fig)) == 4  # one row: ESS × 4 cells
     assert "no token masked or clamped in any run (panels left out)" in _title(fig).replace("\n", " ")
@@ -167,11 +169,12 @@ def test_ess_of_nan_weights_is_a_gap_with_marks(cells):
     """Where the as-shipped preset's weights are NaN/inf (an outlier in the mini-batch), its ESS is
     undefined. It used to be drawn at 0; it is a gap where every seed's is undefined, and a mark
     under the data at every step where some seed's is."""
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import training
     from analysis.load import update_rows
 
     ds = load_dataset(cells)
-    fig = plots.masking_figure(ds)
+    fig = training.masking_figure(ds)
     m = update_rows(ds.metrics)  # the final rows (J after the last update) have no weights
     ess_panels = visible_axes(fig)[8:]  # the ESS row: panels 8–11 (3 metric rows × 4 facets)
     facet_jobs = [sorted(m.loc[(m["correction.high"] == h) & (m["mismatch.staleness"] == k), "job"].unique())
@@ -197,10 +200,11 @@ def test_ess_of_nan_weights_is_a_gap_with_marks(cells):
 
 
 def test_zero_gradients_are_marked_not_a_silent_gap(rejects_all):
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import training
 
     ds = load_dataset(rejects_all)
-    fig = plots.grad_norm_figure(ds)
+    fig = training.grad_norm_figure(ds)
     (ax,) = visible_axes(fig)
     zeros = [ln for ln in ax.get_lines() if ln.get_gid() == "zeros"]
     assert zeros and len(zeros[0].get_xdata()) == int((ds.metrics["grad_norm"] == 0).sum()) == 12
@@ -211,14 +215,15 @@ def test_zero_gradients_are_marked_not_a_silent_gap(rejects_all):
 def test_off_scale_mismatch_tails_are_drawn_and_counted(outliers):
     """1 in 20 rollout log-probs 1000 nats off: the histogram's x range stops near the bulk, and
     the tokens beyond it are drawn at the edge at their count and named as injected outliers."""
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import mismatch
 
     ds = load_dataset(outliers)
     tok = ds.tokens
     lr = (tok["old"] - tok["roll"]).to_numpy(dtype=float)
     n_outliers = int((np.abs(lr) > 50).sum())
     assert n_outliers > 0
-    fig = plots.mismatch_figure(ds)
+    fig = mismatch.mismatch_figure(ds)
     hist = visible_axes(fig)[0]
     tails = [p for p in hist.patches if p.get_gid() == "tails"]
     R = max(float(np.max(p.get_data().edges)) for p in hist.patches if p.get_gid() == "series")
@@ -233,9 +238,10 @@ def test_off_scale_mismatch_tails_are_drawn_and_counted(outliers):
 def test_identical_lines_are_distinguishable(cells):
     """none and tis mask nothing: their masked-fraction lines coincide. The one on top gets
     markers, the one underneath a wider rim, and the title says which is which."""
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import training
 
-    fig = plots.masking_figure(load_dataset(cells))
+    fig = training.masking_figure(load_dataset(cells))
     for ax in visible_axes(fig):
         lines = _series(ax)
         for i, a in enumerate(lines):
@@ -249,10 +255,11 @@ def test_identical_lines_are_distinguishable(cells):
 
 def test_every_dimension_has_its_own_palette(cells):
     """Staleness groups (the mismatch figure) never take a correction's colour."""
-    from analysis import load_dataset, plots, style
+    from analysis import load_dataset, style
+    from analysis.figures import mismatch
 
     ds = load_dataset(cells)
-    fig = plots.mismatch_figure(ds)
+    fig = mismatch.mismatch_figure(ds)
     hist = visible_axes(fig)[0]
     from matplotlib.colors import to_hex
 
@@ -277,7 +284,8 @@ def test_no_legend_or_title_says_band_for_a_shaded_area(cells, probe_bands):
 def test_captions_count_seeds_not_jobs(cells, one_seed):
     """Each point of the stability figure averages the seeds of one (threshold, correction, k)
     cell: 2 here, not the 4 jobs that share a correction and k; one seed says no 'mean over'."""
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import training
 
     two = {k: _title(f) for k, f in _figures(cells, ("stability", "training", "masking", "grad-norm"),
                                              "default").items()}
@@ -285,7 +293,7 @@ def test_captions_count_seeds_not_jobs(cells, one_seed):
     assert "over 2 seeds" in two["training"] and "over 2 seeds" in two["masking"] and "over 2 seeds" in two["grad-norm"]
     one = {k: _title(f) for k, f in _figures(one_seed, ("stability", "training", "masking"), "default").items()}
     assert all("seeds" not in t for t in one.values()), one
-    fig = plots.stability_figure(load_dataset(cells))
+    fig = training.stability_figure(load_dataset(cells))
     assert any("fraction of 2 seeds" in ax.get_ylabel().replace("\n", " ") for ax in visible_axes(fig))
 
 
@@ -297,9 +305,10 @@ def test_default_probe_plots_bias_variance_and_relative_mse_per_preset(probe_one
     code, out, err = run_cli("plot", str(probe_one_band), "-o", str(tmp_path))
     assert code == 0, err
     assert sorted(p.rsplit("/", 1)[-1] for p in out.split()) == ["presets.pdf", "presets.png"]
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import probe
 
-    fig = plots.presets_figure(load_dataset(probe_one_band))
+    fig = probe.presets_figure(load_dataset(probe_one_band))
     bias, var, rel = visible_axes(fig)
     assert "bias" in bias.get_xlabel() and "variance" in var.get_xlabel() and "MSE" in rel.get_xlabel()
     assert "/" in rel.get_xlabel() and "nabla J" in rel.get_xlabel()
@@ -321,12 +330,13 @@ def test_threshold_never_stars_a_degenerate_arm(probe_bands):
     """icepop at [0.8, 1.25] masks every token: its MSE is a zero update's, the lowest of icepop's
     bands, and it used to be starred. It is drawn hollow, and the star goes to the best band
     that learns; the MSE axis is relative (÷ ‖∇J‖²)."""
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import probe
 
     pr = pd.read_csv(probe_bands / "probe.csv")
     ice = pr[pr.preset == "icepop"].set_index("high")
     assert ice.loc[1.25, "degenerate"] == 1 and ice.loc[1.25, "mse"] == ice["mse"].min()
-    fig = plots.threshold_figure(load_dataset(probe_bands))
+    fig = probe.threshold_figure(load_dataset(probe_bands))
     rel = visible_axes(fig)[2]
     assert "nabla J" in rel.get_ylabel()
     stars = [(float(ln.get_xdata()[0]), float(ln.get_ydata()[0])) for ln in rel.get_lines() if ln.get_gid() == "best"]
@@ -345,14 +355,15 @@ def test_objective_every_n_steps_is_one_connected_line(tmp_path):
     cells between empty; the training figure used to draw those NaNs as gaps, leaving no visible
     line at all. The line joins the evaluated steps (with markers, being sparse), and the reward,
     logged every step, keeps all of them."""
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import training
 
     d = tmp_path / "r"
     _ok(*run_cli("run", "train.objective_every=3", *TINY, f"hydra.run.dir={d}")[::2])
     ds = load_dataset(d)
     evaluated = sorted(ds.metrics.loc[ds.metrics["objective"].notna(), "step"].unique())
     assert 2 <= len(evaluated) < ds.metrics["step"].nunique()
-    objective, reward = visible_axes(plots.training_figure(ds))
+    objective, reward = visible_axes(training.training_figure(ds))
     (line,) = _series(objective)
     assert list(line.get_xdata()) == evaluated and np.isfinite(np.asarray(line.get_ydata(), float)).all()
     assert line.get_marker() == "o"

@@ -37,11 +37,10 @@ ANALYSIS_MAY_IMPORT = {
     "runner.errors",  # UserError
     "runner.lookup",  # lazy registries
     "runner.paths",  # conf_dir
-    "runner.registry",  # preset names and order (analysis.style, analysis.report)
+    "runner.registry",  # preset names and order (analysis.style, analysis.reports)
     "runner.core.schema",  # column names (analysis.load)
     "runner.values",  # override values as CSV / YAML / command line give them (analysis.load)
     "runner.worlds.registry",  # the world list (analysis.claims.registry)
-    "runner.hydra_app.app",  # the default config, for a report's config diff (analysis.report)
 }
 RUNNER_MAY_IMPORT_ANALYSIS = {"runner.cli"}
 
@@ -335,8 +334,6 @@ def _analysis_uses_the_hydra_gate() -> list[str]:
     return [f"{i.where()} imports {i.target}" for i in _imports_of(("analysis",)) if _under(i.target, (HYDRA_GATE,))]
 
 
-@pytest.mark.xfail(strict=True, reason="analysis/report.py still composes a case card's configs through "
-                   "runner.hydra_app.app; that composition is moving into runner/audit/case_card.py (issue 30 §2)")
 def test_analysis_never_uses_the_hydra_gate():
     bad = _analysis_uses_the_hydra_gate()
     assert not bad, "analysis composes configs (runner's job):" + _report(bad)
@@ -385,7 +382,7 @@ def test_every_rule_catches_a_planted_violation(monkeypatch):
     planted = {
         "analysis.planted": [Import("analysis.planted", "torch", (), 3, True),
                              Import("analysis.planted", "runner.audit.case_study", ("evaluate",), 4, True)],
-        "runner.planted": [Import("runner.planted", "analysis.plots", (), 5, True),
+        "runner.planted": [Import("runner.planted", "analysis.figures", (), 5, True),
                            Import("runner.planted", "hydra.core.hydra_config", ("HydraConfig",), 6, True),
                            Import("runner.planted", "omegaconf", ("open_dict",), 7, True),
                            Import("runner.planted", "omegaconf", ("OmegaConf",), 8, False)],
@@ -409,7 +406,7 @@ def test_every_rule_catches_a_planted_violation(monkeypatch):
     monkeypatch.setitem(IMPORTS, "runner.planted", [Import("runner.planted", "runner.planted_b", (), 2, False)])
     assert _loads_forbidden({"runner.planted"}) == ["importing runner.planted loads torch"]
     monkeypatch.setitem(IMPORTS, "runner.planted", planted["runner.planted"])
-    assert _runner_imports_analysis() == ["runner.planted:5 (lazy) imports analysis.plots"]
+    assert _runner_imports_analysis() == ["runner.planted:5 (lazy) imports analysis.figures"]
     hydra = [v for v in _hydra_outside() if v.startswith("runner.planted")]
     assert hydra == ["runner.planted:6 (lazy) imports hydra.core.hydra_config",
                      "runner.planted:7 (lazy) imports omegaconf ['open_dict']: only ['DictConfig', 'OmegaConf'] may be",

@@ -51,9 +51,9 @@ def test_a_run_that_never_learned_says_so(sweep):
     assert "no collapse" not in line
     tis = _verdict(_report(sweep), "tis")
     assert "no collapse" in tis and "never learned" not in tis
-    from analysis import plots
+    from analysis.figures import training
 
-    fig = plots.stability_figure(load_dataset(sweep))
+    fig = training.stability_figure(load_dataset(sweep))
     title = fig._suptitle.get_text().replace("\n", " ")
     assert f"never learned (J never rose above its start; not a collapse): {BUG} (4 of 4 runs)" in title
 

@@ -40,7 +40,7 @@ def _title(fig) -> str:
 
 
 def _panel_titles(fig) -> list[str]:
-    """The panels' titles, centred (plots.Grid) or on the left (the field's rows of panels)."""
+    """The panels' titles, centred (layout.Grid) or on the left (the field's rows of panels)."""
     return [ax.get_title() or ax.get_title(loc="left") for ax in visible_axes(fig)
             if ax.get_title() or ax.get_title(loc="left")]
 
@@ -81,12 +81,12 @@ def test_paper_training_keeps_the_panels_where_the_corrections_differ(ds):
 def test_arm_spread_ranks_facets_by_the_gap_between_corrections(ds):
     """arm_spread is the largest gap between two corrections' mean lines, as a fraction of the
     figure's range: 0 where they coincide (k = 0), largest at tight k = 8."""
-    from analysis import plots
+    from analysis.figures import facets
 
     per = ds.metrics.groupby(["job", "step"]).agg(objective=("objective", "first"),
                                                    correction=("correction", "first")).reset_index()
-    fs = plots.facets(ds, ds.metrics, limit=None)
-    spread = dict(zip([f.title("paper") for f in fs], plots.arm_spread(per, fs, ["objective"])))
+    fs = facets.facets(ds, ds.metrics, limit=None)
+    spread = dict(zip([f.title("paper") for f in fs], facets.arm_spread(per, fs, ["objective"])))
     assert all(spread[f"band={b}, staleness=0"] == 0 for b in ("tight", "mid", "loose"))
     assert max(spread, key=spread.get) == "band=tight, staleness=8"
     # by hand: the largest gap over steps between the two corrections' means over seeds, over J's range
@@ -161,7 +161,8 @@ def test_threshold_training_draws_outcomes_against_the_band(ds):
     """A row per staleness, a column per outcome that is not 0 in every run, a line per correction
     over the three bands; each point is the mean over seeds of summary.json's final J (as per_job
     reads it). The peak-to-final drop and NaN/inf events are 0 in every run: said, not drawn."""
-    from analysis import figures, plots
+    from analysis import figures
+    from analysis.figures import layout
 
     assert "threshold-training" in figures.KINDS
     avail = figures.availability(ds)
@@ -189,7 +190,7 @@ def test_threshold_training_draws_outcomes_against_the_band(ds):
     assert y.tolist() == pytest.approx([expected["tight"], expected["mid"], expected["loose"]], abs=1e-12)
     assert [t.get_text() for t in k8.get_xticklabels()] == ["tight\n0.8–1.25", "mid\n0.5–2", "loose\n0.2–5"]
     assert k8.get_xscale() == "log"
-    assert plots.TITLES["threshold-training"]
+    assert layout.TITLES["threshold-training"]
 
 
 # ------------------------------------------------------------------------------ layout
@@ -241,9 +242,10 @@ def test_the_title_keeps_the_config_to_one_line(tmp_path):
 
 def test_stability_spaces_staleness_by_its_value(bands):
     """Staleness 0, 2, 8 on a numeric axis (it was spaced 0, 1, 2 as if categorical)."""
-    from analysis import load_dataset, plots
+    from analysis import load_dataset
+    from analysis.figures import training
 
-    fig = plots.stability_figure(load_dataset(bands))
+    fig = training.stability_figure(load_dataset(bands))
     ax = visible_axes(fig)[-1]  # the lowest row carries the tick labels
     ticks = [(round(float(t.get_position()[0]), 6), t.get_text()) for t in ax.get_xticklabels()]
     assert ticks == [(0.0, "0"), (2.0, "2"), (8.0, "8")]
@@ -273,7 +275,7 @@ def test_symlog_decades_fit_the_panel():
     """The transformer histogram's axis (linear within ±1e-5, to ±0.15) on a 1.7 in paper panel held
     −10⁻¹ −10⁻² −10⁻³ side by side; the decades kept are at least a label's width apart, and the
     widest panel keeps more of them."""
-    from analysis.plots import SYMLOG_LINSCALE, symlog_decades
+    from analysis.figures.mismatch import SYMLOG_LINSCALE, symlog_decades
 
     c, R = 1e-5, 0.15
     for width, paper in ((1.7, True), (3.5, False)):
@@ -291,27 +293,27 @@ def test_paper_style_keeps_its_own_folder_and_the_report_embeds_the_default(band
     """`plot --style paper` wrote into PATH/figures/, over the default figures, and report.md embedded
     whichever was drawn last. The paper style goes to PATH/figures/paper/; the report embeds the
     default style's, and redraws a paper-style PNG it finds in PATH/figures/."""
-    from analysis import plots
+    from analysis.figures import layout
 
     code, out, err = run_cli("plot", str(bands), "-k", "training", "--style", "paper")
     assert code == 0, err
     paper = bands / "figures" / "paper" / "training.png"
-    assert str(paper) in out.split() and plots.drawn_style(paper) == "paper"
+    assert str(paper) in out.split() and layout.drawn_style(paper) == "paper"
     assert not (bands / "figures" / "training.png").exists()
     code, out, err = run_cli("plot", str(bands), "-k", "training")
     assert code == 0, err
-    assert plots.drawn_style(bands / "figures" / "training.png") == "default"
-    assert plots.drawn_style(paper) == "paper"  # untouched
+    assert layout.drawn_style(bands / "figures" / "training.png") == "default"
+    assert layout.drawn_style(paper) == "paper"  # untouched
     # an older `plot --style paper` left a paper PNG in figures/: the report draws the default over it
     code, _, err = run_cli("plot", str(bands), "-k", "masking", "--style", "paper", "-o", str(bands / "figures"))
     assert code == 0, err
-    assert plots.drawn_style(bands / "figures" / "masking.png") == "paper"
+    assert layout.drawn_style(bands / "figures" / "masking.png") == "paper"
     code, out, err = run_cli("report", str(bands), "--out", str(tmp_path / "r.md"))
     assert code == 0, err
     text = (tmp_path / "r.md").read_text()
     assert "figures/training.png" in text and "figures/paper/" not in text
     assert "figures/threshold-training.png" in text  # the sweep's one result, in the report too
-    assert plots.drawn_style(bands / "figures" / "masking.png") == "default"
+    assert layout.drawn_style(bands / "figures" / "masking.png") == "default"
 
 
 def test_zero_gradient_marks_do_not_stretch_a_shared_log_axis(tmp_path):

@@ -56,14 +56,14 @@ def check(directory: Path, names: list[str], every: bool, out: Path | None,
           style: str = "default") -> Iterator[tuple[str, Verdict]]:
     """Evaluate each claim on its experiment's dir (`directory`, or with `every` DIRECTORY/<name>), writing
     its figure into `out` if given; yields (name, verdict) as each one finishes."""
-    from analysis import plots
+    from analysis.figures import layout
 
     if out is not None:
-        out = plots.ensure_dir(out)
+        out = layout.ensure_dir(out)
     for n in names:
         v, fig = evaluate(n, Path(directory) / n if every else Path(directory), style)
         if out is not None:
-            for written in plots.save(fig, out, n, style):
+            for written in layout.save(fig, out, n, style):
                 if written.suffix == ".png":
                     shrink_png(written)
         yield n, v

@@ -1,6 +1,6 @@
 """The case repro card, computed: a case file run through one composed preset and loss, the file's
 expected results picked and compared, and two invariants checked per case. Returns plain data (a
-`CaseCard`); analysis/report.py only formats it, so analysis never runs the algebra or the audit.
+`CaseCard`); analysis/reports/case_card.py only formats it, so analysis never runs the algebra or the audit.
 
 The invariants are the two a bug report is about:
   1 the loss and d loss / d log_probs are finite (NaN or ±inf is the bug);

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import secrets
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 from runner.errors import UserError
 from runner.paths import conf_dir
@@ -281,3 +281,14 @@ def job(cfg: Any) -> Any:
     from runner.studies import run_study
 
     return run_study(cfg, output_dir())
+
+
+def default_configs(studies: Iterable[str] = ()) -> dict[str, Any]:
+    """The default config as plain data, for a dataset report's config diff: "" → `compose([])`
+    (what `is-study show` prints) and each of `studies` that is not the default one → its
+    `compose(["study=NAME"])`. Composed here, in the gate, so that analysis only reads plain data."""
+    configs = {"": to_container(compose([]))}
+    default_study = configs[""].get("study", {}).get("name")
+    for study in sorted(set(studies) - {default_study}):
+        configs[study] = to_container(compose([f"study={study}"]))
+    return configs

@@ -1,18 +1,14 @@
-"""`is-study report PATH [OVERRIDES]`: Markdown for an issue or a lab notebook.
+"""`is-study report DIR [OVERRIDES]`: the Markdown report of a run dir, a sweep dir or a probe dir.
 
-For a run dir, a sweep dir or a probe dir: the verdict per correction, the command that produced
-the data (from `.hydra/overrides.yaml`, or the sweep's `multirun.yaml`), the config's differences
-from the defaults (`runner.hydra_app.app.compose([])` against the run's `.hydra/config.yaml`), a results
+The verdict per correction, the command that produced the data (from `.hydra/overrides.yaml`, or
+the sweep's `multirun.yaml`), the config's differences from the defaults (the default config, which
+the CLI composes and hands here as plain data, against the run's `.hydra/config.yaml`), a results
 table, for a train sweep over precision, staleness or correction the peak-to-final drop of J per
 cell (mean over seeds, seed count, worst seed), and the key figures embedded by relative path (drawn
 into PATH/figures/ when missing).
 OVERRIDES filter the jobs of a sweep (`correction=tis mismatch.staleness=0,8`).
 
-For a case file (`is-study report case.yaml correction=...`): the repro card. The inputs, the
-expected against the actual results and which invariant broke: 1 a finite loss and gradient, 2
-exactly zero gradient at every rejected unit. runner/audit/case_card.py computes all of it (the CLI calls
-it and hands the card here); this module only formats it, and never imports torch, the algebra or
-the audit.
+~550 lines in one module on purpose: one report, read top to bottom in the order of its sections.
 """
 
 from __future__ import annotations
@@ -20,109 +16,39 @@ from __future__ import annotations
 import math
 import os
 import re
-import sys
-from collections import Counter
 from pathlib import Path
 from typing import Any, Sequence
 
 from analysis.load import (DEGENERATE_RULE, QUIET_KEYS, Dataset, command, flatten, fmt_value, load_dataset, per_job,
                            probe_frame)
+from analysis.reports import destination, fmt, table
 from runner.errors import UserError
 
-CASE_SUFFIXES = (".yaml", ".yml", ".json")
 MAX_TABLE_ROWS = 120
 REPORT_FIGURES = ("training", "threshold-training", "stability", "survival", "length-heatmap", "presets", "threshold", "bias-split", "mismatch",
                   "mismatch-over-training", "grad-norm", "masking")
 
 
 # ----------------------------------------------------------------------------------------- entry
-def case_file(path: str) -> Path | None:
-    """The case file PATH names (a file, or a shipped case's name); None when PATH is a run, sweep or
-    probe dir, or a sweep.csv. Anything else is a one-line error."""
-    target = Path(path)
-    if target.is_dir() or (target.is_file() and target.suffix == ".csv"):
-        return None
-    case_path = _case_path(path)
-    if case_path is None:
-        raise UserError(f"no such file or directory: {path}")
-    return case_path
+def load(path: str, overrides: Sequence[str] = ()) -> Dataset:
+    """The run, sweep or probe dir (or sweep.csv) at `path`, its jobs filtered by `overrides`."""
+    return load_dataset(Path(path)).select(list(overrides))
 
 
-def build(path: str, overrides: Sequence[str] = (), out: str | None = None) -> tuple[str, Path | None]:
-    """The report of a run, sweep or probe dir (or a sweep.csv): (the Markdown, where it goes: a file
-    path, or None for stdout)."""
-    ds = load_dataset(Path(path)).select(list(overrides))
+def studies(ds: Dataset) -> set[str]:
+    """The studies the dataset's jobs ran (study.name in their saved config): whose default config
+    its config diff compares against."""
+    return {f.get("study.name") for f in (j.flat_config for j in ds.jobs) if f} - {None}
+
+
+def build(ds: Dataset, overrides: Sequence[str] = (), out: str | None = None,
+          defaults: dict[str, Any] | str | None = None) -> tuple[str, Path | None]:
+    """The report of a loaded run, sweep or probe dir: (the Markdown, where it goes: a file path, or
+    None for stdout). `defaults` is the default config as plain data (runner.hydra_app.app.
+    default_configs: "" → the default, NAME → study=NAME's, for the studies of `studies(ds)`), or
+    the reason it could not be composed."""
     dest = destination(out, ds.path / "report.md")
-    return dataset_report(ds, overrides, dest), dest
-
-
-def write(text: str, dest: Path | None) -> None:
-    if dest is None:
-        sys.stdout.write(text)
-        return
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        dest.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot write --out {dest}: {exc.strerror or exc}") from None
-
-
-def destination(out: str | None, default: Path | None) -> Path | None:
-    """Where --out sends a report: a file, or None for stdout ('-', or no --out and no default)."""
-    if out == "-":
-        return None
-    if out is None:
-        return default
-    dest = Path(out)
-    if dest.is_dir():
-        raise UserError(f"--out {out} is a directory; give a file name, e.g. {dest / 'report.md'}")
-    return dest
-
-
-def _case_path(path: str) -> Path | None:
-    p = Path(path)
-    if p.is_file():
-        if p.suffix not in CASE_SUFFIXES:
-            raise UserError(f"{p}: expected a run dir, a sweep dir or a case file (.yaml/.json)")
-        return p
-    if not p.exists() and "/" not in path and os.sep not in path:
-        from runner import registry
-
-        return registry.shipped_case(path)
-    return None
-
-
-# ----------------------------------------------------------------------------------------- markdown bits
-def _fmt(v: Any, digits: int = 4) -> str:
-    if v is None:
-        return "—"
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        if v == int(v) and abs(v) < 1e6:
-            return str(int(v))
-        return f"{v:.{digits}g}"
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_fmt(x, digits) for x in v) + "]"
-    return str(v)
-
-
-def _cell(v: Any) -> str:
-    return _fmt(v).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(rows: list[dict], columns: Sequence[str] | None = None) -> str:
-    """A GitHub Markdown table via pandas.to_markdown (tabulate)."""
-    import pandas as pd
-
-    if not rows:
-        return "_(no rows)_"
-    df = pd.DataFrame([{k: _cell(v) for k, v in r.items()} for r in rows], columns=columns)
-    return df.to_markdown(index=False, disable_numparse=True)
+    return dataset_report(ds, overrides, dest, defaults), dest
 
 
 def _mean_sd(values) -> str:
@@ -138,7 +64,8 @@ def _mean_sd(values) -> str:
 
 
 # ----------------------------------------------------------------------------------------- dataset report
-def dataset_report(ds: Dataset, filters: Sequence[str] = (), dest: Path | None = None) -> str:
+def dataset_report(ds: Dataset, filters: Sequence[str] = (), dest: Path | None = None,
+                   defaults: dict[str, Any] | str | None = None) -> str:
     parts: list[str] = []
     kind = _kind_words(ds)
     parts.append(f"# is-study report: {ds.name}\n")
@@ -156,7 +83,7 @@ def dataset_report(ds: Dataset, filters: Sequence[str] = (), dest: Path | None =
     parts.append(f"_(source: {source})_\n")
 
     parts.append("## Config: differences from the defaults\n")
-    parts.append(_config_diff(ds) + "\n")
+    parts.append(_config_diff(ds, defaults) + "\n")
 
     parts.append("## Results\n")
     parts.append((_probe_table(ds) if is_probe else _train_table(ds)) + "\n")
@@ -322,7 +249,7 @@ def _train_table(ds: Dataset) -> str:
               "last J of metrics.csv and sweep.csv). NaN/inf events count NaN/inf losses and gradients (events.csv). "
               "learned: "
               "runs whose J rose above its start (a flat run neither learned nor collapsed).")
-    return _table(rows) + note + legend
+    return table(rows) + note + legend
 
 
 DROP_CELL = ("precision", "staleness", "correction")
@@ -380,7 +307,7 @@ def drop_table(ds: Dataset) -> str | None:
         if bool(per["nan_params"].any()):
             row["NaN parameters"] = f"{int(g['nan_params'].sum())}/{len(g)}"
         if se is not None:
-            row["J s.e."] = _fmt(float(g["se"].mean()), 2)
+            row["J s.e."] = fmt(float(g["se"].mean()), 2)
         rows.append(row)
     note = ""
     if len(rows) > MAX_TABLE_ROWS:
@@ -407,7 +334,7 @@ def drop_table(ds: Dataset) -> str | None:
     if se is not None:
         legend += ("J is a Monte Carlo estimate here (J s.e.: its standard error per evaluation): the peak of many noisy "
                    "evaluations sits above the truth by about 1–2 s.e., so a drop within ~2 s.e. is noise.")
-    return lead + _table(rows) + note + legend.rstrip()
+    return lead + table(rows) + note + legend.rstrip()
 
 
 def _objective_se(ds: Dataset) -> dict | None:
@@ -434,7 +361,7 @@ def sort_key(value: Any) -> tuple:
 
 def _band(low: Any, high: Any) -> str:
     def one(v):
-        return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else _fmt(v)
+        return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt(v)
     return f"[{one(low)}, {one(high)}]"
 
 
@@ -448,14 +375,14 @@ def _probe_verdicts(ds: Dataset) -> list[str]:
     out = []
     if mse == "rel_mse" and "exact_grad_norm" in pr.columns:
         g = pr["exact_grad_norm"].astype(float)
-        out.append(f"relative MSE = MSE / ‖∇J‖² (‖∇J‖² = {_fmt(float(g.iloc[0]) ** 2, 3)}"
+        out.append(f"relative MSE = MSE / ‖∇J‖² (‖∇J‖² = {fmt(float(g.iloc[0]) ** 2, 3)}"
                    + (" in the first cell" if g.nunique() > 1 else "") + "); 1 is the MSE of a zero update. "
                    + DEGENERATE_RULE[0].upper() + DEGENERATE_RULE[1:] + ": never picked as a preset's best.")
     ok = pr[(pr["degenerate"] == 0) & pr[mse].notna()]
     if len(ok):
         best = ok.loc[ok[mse].astype(float).idxmin()]
         out.append(f"lowest {'relative ' if mse == 'rel_mse' else ''}MSE of all arms that learn: **{best['preset']}** "
-                   f"at {_band(best.get('low'), best.get('high'))}{_where(ds, best)}: {_fmt(float(best[mse]), 3)}")
+                   f"at {_band(best.get('low'), best.get('high'))}{_where(ds, best)}: {fmt(float(best[mse]), 3)}")
     for name in sorted(pr["preset"].astype(str).unique(), key=preset_rank):
         cur = pr[pr["preset"].astype(str) == name]
         nb = len(cur)
@@ -470,9 +397,9 @@ def _probe_verdicts(ds: Dataset) -> list[str]:
         if len(good):
             best = good.loc[good[mse].astype(float).idxmin()]
             line += (f"; {'lowest ' if nb > 1 else ''}{'relative ' if mse == 'rel_mse' else ''}MSE "
-                     f"{_fmt(float(best[mse]), 3)} at "
-                     f"{_band(best['low'], best['high'])}{_where(ds, best)} (bias {_fmt(float(best['bias_norm']), 3)}, "
-                     f"variance {_fmt(float(best['variance']), 3)})")
+                     f"{fmt(float(best[mse]), 3)} at "
+                     f"{_band(best['low'], best['high'])}{_where(ds, best)} (bias {fmt(float(best['bias_norm']), 3)}, "
+                     f"variance {fmt(float(best['variance']), 3)})")
         bad = cur[cur["degenerate"] == 1]
         if len(bad):
             what = _degenerate_words(bad.iloc[0])
@@ -532,12 +459,13 @@ def _probe_table(ds: Dataset) -> str:
               "covariance, mse = bias² + variance, all against the exact on-policy gradient ∇J(θ); rel_mse = mse / "
               "‖∇J‖² (1: the MSE of a zero update). mean_masked_fraction and clamped_fraction: tokens the "
               "correction rejected, and kept tokens whose weight the clamp changed. " + DEGENERATE_RULE + ".")
-    return _table(rows, cols) + note + legend
+    return table(rows, cols) + note + legend
 
 
-def _config_diff(ds: Dataset) -> str:
+def _config_diff(ds: Dataset, configs: dict[str, Any] | str | None) -> str:
     """The config keys whose value differs from the defaults: `is-study show` for the train study,
-    `is-study show study=NAME` for another study (its own section is then not all "new")."""
+    `is-study show study=NAME` for another study (its own section is then not all "new"). `configs`
+    are the defaults as plain data (see `build`), or why they could not be composed."""
     if not ds.jobs:
         return "_(no .hydra/config.yaml beside this sweep.csv)_"
     flats = [j.flat_config for j in ds.jobs]
@@ -545,16 +473,16 @@ def _config_diff(ds: Dataset) -> str:
         return "_(no .hydra/config.yaml in the run dir)_"
     studies = {f.get("study.name") for f in flats} - {None}
     base = [f"study={studies.pop()}"] if len(studies) == 1 else []
-    try:
-        from runner.hydra_app import app as hydra_app
-
-        defaults = flatten(hydra_app.to_container(hydra_app.compose([])))
-        if base and defaults.get("study.name") != base[0].split("=", 1)[1]:
-            defaults = flatten(hydra_app.to_container(hydra_app.compose(base)))
-        else:
-            base = []
-    except UserError as exc:
-        return f"_(the defaults could not be composed: {exc})_"
+    if not isinstance(configs, dict):
+        return f"_(the defaults could not be composed: {configs or 'none given'})_"
+    defaults = flatten(configs[""])
+    if base and defaults.get("study.name") != base[0].split("=", 1)[1]:
+        study = base[0].split("=", 1)[1]
+        if study not in configs:
+            return f"_(the defaults could not be composed: no study {study!r} in conf/study/)_"
+        defaults = flatten(configs[study])
+    else:
+        base = []
     keys: dict[str, None] = {}
     for flat in flats:
         for k in flat:
@@ -578,20 +506,20 @@ def _config_diff(ds: Dataset) -> str:
         default = defaults.get(k, "(absent)")
         if len(values) == 1 and fmt_value(values[0]) == fmt_value(default):
             continue
-        shown = ", ".join(_fmt(v) for v in values[:8]) + (" …" if len(values) > 8 else "")
+        shown = ", ".join(fmt(v) for v in values[:8]) + (" …" if len(values) > 8 else "")
         if many:
             shown = f"{shown} (swept)" if len(values) > 1 else shown
-        rows.append({"key": f"`{k}`", "default": _fmt(default), "this sweep" if many else "this run": shown})
+        rows.append({"key": f"`{k}`", "default": fmt(default), "this sweep" if many else "this run": shown})
     against = f"`is-study show {base[0]}`" if base else "`is-study show`"
     if not rows:
         return f"_(none: the defaults of {against})_"
-    return f"Against the defaults ({against}):\n\n" + _table(rows)
+    return f"Against the defaults ({against}):\n\n" + table(rows)
 
 
 # ----------------------------------------------------------------------------------------- figures
 def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str]:
     """Markdown image lines for the figures that apply, drawn into PATH/figures[/FILTER] if missing."""
-    from analysis import figures, plots
+    from analysis import figures
 
     avail = figures.availability(ds)
     kinds = [k for k in REPORT_FIGURES if avail.get(k) is None]
@@ -602,7 +530,7 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
         fig_dir = fig_dir / re.sub(r"[^A-Za-z0-9._=,-]+", "_", "_".join(filters))
     # The default style's figures, never a paper-style PNG that an older `plot --style paper` left here.
     missing = [k for k in kinds if not (fig_dir / f"{k}.png").is_file()
-               or plots.drawn_style(fig_dir / f"{k}.png") not in (None, "default")]
+               or figures.layout.drawn_style(fig_dir / f"{k}.png") not in (None, "default")]
     note = []
     if missing:
         try:
@@ -616,196 +544,5 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
         if not png.is_file():
             continue
         rel = Path(os.path.relpath(png.resolve(), base)).as_posix()
-        lines.append(f"![{plots.TITLES[k]}]({rel})\n")
+        lines.append(f"![{figures.TITLES[k]}]({rel})\n")
     return note + lines
-
-
-# ----------------------------------------------------------------------------------------- case card
-INVARIANTS = {1: "finite loss and gradient", 2: "zero gradient at rejected units"}
-
-
-CASE_REPORTS = Path("runs") / "reports"  # under runs/, where `is-study run` writes and .gitignore ignores
-
-
-def case_report_path(case_path: Path) -> Path:
-    """Where a case file's report goes by default: runs/reports/NAME-report.md under the current
-    directory, not next to the case file (which may be a shipped one, inside the package) nor loose
-    in the current directory (a checkout's root, outside .gitignore)."""
-    return Path.cwd() / CASE_REPORTS / f"{Path(case_path).stem}-report.md"
-
-
-def _verdict(card) -> tuple[str, str]:
-    """(word, sentence): BROKEN when an invariant fails, MISMATCH when the results differ from the
-    file's expected ones, OK otherwise; the sentence says what was checked, and nothing more is
-    claimed than was checked."""
-    n = len(card.checks)
-    broken_cases = {1: [c.name for c in card.checks if not c.finite],
-                    2: [c.name for c in card.checks if c.rejection.status == "fail"]}
-    broken = [f"invariant {k} ({INVARIANTS[k]}) fails in {', '.join(cases)}" for k, cases in broken_cases.items()
-              if cases]
-    checked_2 = sum(1 for c in card.checks if c.rejection.status != "n/a")
-    why_na = sorted({c.rejection.reason for c in card.checks if c.rejection.status == "n/a"})
-    if checked_2 == n:
-        two = f"invariant 2 in all {n} cases"
-    elif checked_2:
-        two = f"invariant 2 in {checked_2} of {n} cases (n/a in the others: {'; '.join(why_na)})"
-    else:
-        two = f"invariant 2 n/a ({'; '.join(why_na)})"
-    if card.expected is None:
-        expected = f"not compared with expected results ({card.no_expected_reason})"
-    elif card.mismatches:
-        expected = f"{len(card.mismatches)} mismatch(es) with the file's expected results"
-    else:
-        expected = f"the file's expected results match in all {n} cases (tolerance 1e-5)"
-    if broken:
-        text = "; ".join(broken)
-        return "BROKEN", text[0].upper() + text[1:] + f". Checked: invariant 1 in all {n} cases, {two}; {expected}."
-    if card.expected is not None and card.mismatches:
-        return "MISMATCH", f"Checked: invariant 1 in all {n} cases, {two}; {expected}."
-    return "OK", f"Checked: invariant 1 in all {n} cases, {two}; {expected}."
-
-
-def case_report(cards, overrides: list[str], shown: str | None = None) -> str:
-    """The repro card's Markdown from runner.audit.case_card.CaseCard(s): one card, or a summary of every
-    preset of the file's expect: list followed by each preset's card. `shown` is the path or name the
-    user gave (default: the file's path)."""
-    if not isinstance(cards, (list, tuple)):
-        cards = [cards]
-    if len(cards) == 1:
-        return _one_card(cards[0], overrides, shown, level=1)
-    name = Path(shown or cards[0].path).name
-    parts = [f"# Repro cards: `{name}`, every preset of its `expect:` list\n",
-             f"{len(cards)} presets, each under the overrides of its expect entry; a card per preset follows. "
-             f"`is-study report {shown or cards[0].path} correction=PRESET` gives one.\n"]
-    rows = []
-    for card in cards:
-        word, _ = _verdict(card)
-        broken = [k for k in (1, 2) if any((not c.finite) if k == 1 else c.rejection.status == "fail"
-                                           for c in card.checks)]
-        rows.append({"preset": f"`{card.preset}`", "verdict": f"**{word}**",
-                     "faithful": "yes" if card.correction.get("faithful") else "no",
-                     "invariants broken": ", ".join(str(k) for k in broken) or "none",
-                     "expected results": ("—" if card.expected is None else
-                                          ("match" if not card.mismatches else f"{len(card.mismatches)} mismatch(es)"))})
-    parts.append(_table(rows) + "\n")
-    counts = Counter(_verdict(c)[0] for c in cards)
-    parts.append("Summary: " + ", ".join(f"{n} {w}" for w, n in counts.items()) + ". BROKEN on a faithful preset "
-                 "whose expected results match is the released code's behaviour, reproduced.\n")
-    for card in cards:
-        parts.append(_one_card(card, overrides, shown, level=2))
-    return "\n".join(parts).rstrip() + "\n"
-
-
-def _one_card(card, overrides: list[str], shown: str | None, level: int) -> str:
-    h = "#" * level
-    sub = "#" * (level + 1)
-    corr_cfg, loss_cfg = card.correction, card.loss
-    title = f"Repro card: `{Path(shown or card.path).name}` under correction={card.preset}"
-    parts = [f"{h} {title if level == 1 else f'correction={card.preset}'}\n"]
-    word, sentence = _verdict(card)
-    parts.append(f"**Verdict: {word}.** {sentence}\n")
-    if card.expected is not None and card.mismatches:
-        parts.append(f"**{len(card.mismatches)} mismatch(es) with the file's expected results** (tolerance 1e-5): "
-                     + "; ".join(str(m) for m in card.mismatches[:5]) + ".\n")
-    elif card.expected is not None and word == "BROKEN":
-        parts.append("The actual results match the file's expected results (tolerance 1e-5): the reported behaviour "
-                     "is reproduced.\n")
-
-    shown_path = shown or str(card.path)
-    card_overrides = list(getattr(card, "overrides", None) or overrides)
-    parts.append(f"{sub} Command\n")
-    parts.append("```bash\n" + " ".join(["is-study", "case", shown_path, *card_overrides]) + "\n```\n")
-
-    parts.append(f"{sub} Setup\n")
-    band = f"[{_fmt(corr_cfg.get('low'))}, {_fmt(corr_cfg.get('high'))}]"
-    setup = [
-        {"": "correction", "value": f"`{card.preset}`" + (" (faithful reproduction)" if corr_cfg.get("faithful") else "")},
-        {"": "what it computes", "value": corr_cfg.get("description", "")},
-        {"": "band [low, high]", "value": band + (f", veto {_fmt(corr_cfg.get('veto'))}"
-                                                  if corr_cfg.get("veto") is not None else "")},
-        {"": "loss", "value": f"`{loss_cfg.get('name')}`, reduction {loss_cfg.get('reduction')}"},
-    ]
-    parts.append(_table(setup) + "\n")
-
-    parts.append(f"{sub} Inputs\n")
-    parts.append("Per token: the trainer's log-probs under θ (`log_probs`), at rollout time (`old_log_probs`), "
-                 "the engine's (`rollout_log_probs`), the advantage and the action mask; log-ratio = old − roll.\n")
-    for case in card.cases:
-        parts.append(f"**{case.name}**\n")
-        parts.append(_inputs_table(case) + "\n")
-
-    parts.append(f"{sub} Expected vs actual\n")
-    parts.append(_expect_table(card.results, card.expected, card.mismatches) + "\n")
-
-    parts.append(f"{sub} Invariants\n")
-    parts.append(_table([_invariant_row(c, r) for c, r in zip(card.checks, card.results)]) + "\n")
-    parts.append("1: the loss and d loss / d log_probs are finite (NaN or ±inf is the bug). "
-                 "2: a unit the correction rejects contributes exactly zero gradient (not 0·inf = NaN).\n")
-    return "\n".join(parts).rstrip() + "\n"
-
-
-def _invariant_row(check, result: dict) -> dict:
-    if check.finite:
-        one = "✓"
-    else:
-        one = f"✗ loss {_fmt(result['loss'])}" + ("" if check.inputs_finite else " (the inputs hold NaN/inf)")
-    rejection = check.rejection
-    if rejection.status == "n/a":
-        two = f"n/a ({rejection.reason})"
-    elif rejection.status == "fail":
-        two = f"✗ {rejection.reason}"
-    else:
-        n = rejection.rejected
-        two = f"✓ ({n} rejected token{'s' if n != 1 else ''}, gradient 0)"
-    return {"case": check.name, f"1 {INVARIANTS[1]}": one, f"2 {INVARIANTS[2]}": two}
-
-
-def _inputs_table(case) -> str:
-    rows = []
-    B = len(case.log_probs)
-    for b in range(B):
-        for t in range(len(case.log_probs[b])):
-            row = {"seq": b} if B > 1 else {}
-            old, roll = case.old_log_probs[b][t], case.rollout_log_probs[b][t]
-            row.update({"t": t, "log_probs": case.log_probs[b][t], "old_log_probs": old, "rollout_log_probs": roll,
-                        "advantages": case.advantages[b][t], "action_mask": case.action_mask[b][t],
-                        "log-ratio": old - roll if math.isfinite(old) and math.isfinite(roll) else float("nan")})
-            # Full precision (the shortest repr that round-trips): the card must reproduce the case.
-            rows.append({k: _exact(v) if isinstance(v, float) else v for k, v in row.items()})
-    return _table(rows)
-
-
-def _exact(v: float) -> str:
-    if not math.isfinite(v):
-        return _fmt(v)
-    return str(int(v)) if v == int(v) and abs(v) < 1e15 else repr(v)
-
-
-def _expect_table(results: list[dict], expected: list | None, mismatches) -> str:
-    bad = {(m.case, m.field.split("[")[0]) for m in mismatches}
-    rows = []
-    for i, res in enumerate(results):
-        exp = expected[i] if expected is not None and i < len(expected) else {}
-        for field in ("loss", "grad"):
-            row = {"case": res["name"], "field": field if field == "loss" else "d loss / d log_probs",
-                   "expected": _fmt(_num(exp[field]), 7) if field in exp else "—", "actual": _fmt(_num(res[field]), 7)}
-            if field in exp:
-                row["match"] = "✗" if (res["name"], field) in bad else "✓"
-            else:
-                row["match"] = "—"
-            rows.append(row)
-        rows.append({"case": res["name"], "field": "finite", "expected": "—",
-                     "actual": "yes" if res["finite"] else "**NO**", "match": "—"})
-    return _table(rows, ["case", "field", "expected", "actual", "match"])
-
-
-def _num(v: Any) -> Any:
-    """Case-file numbers may be the strings 'nan' / 'inf' / '-inf'."""
-    if isinstance(v, list):
-        return [_num(x) for x in v]
-    if isinstance(v, str):
-        try:
-            return float(v)
-        except ValueError:
-            return v
-    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
