@@ -143,6 +143,29 @@ def test_logrank_and_survival_by_hand():
     assert xs == [0.0, 1.0, 2.0, 3.0] and ss == [1.0, pytest.approx(0.8), pytest.approx(0.6), pytest.approx(0.3)]
 
 
+def test_logrank_and_intervals_by_hand_where_both_arms_collapse():
+    """Mutation testing's survivors (analysis/claims/stats.py), killed by hand-computed numbers.
+    Log-rank with collapses in both arms, a tie in the risk sets and a last time with one run at risk:
+    a collapses at 10 and 30, b at 20 and is censored at 40. At u = 10: 2 of 4 at risk in a, E = 1/2,
+    V = 1·(1/2)(1/2)·3/3 = 1/4; u = 20: 1 of 3, E = 1/3, V = (1/3)(2/3)·2/2 = 2/9; u = 30: 1 of 2, E = 1/2,
+    V = (1/2)(1/2)·1/1 = 1/4. O − E = 2 − 4/3, χ² = (2/3)² / (13/18) = 8/13."""
+    chi2, p = stats.logrank([10, 30], [1, 1], [20, 40], [1, 0])
+    assert chi2 == pytest.approx(8 / 13, rel=1e-12) and p == pytest.approx(math.erfc(math.sqrt(4 / 13)), rel=1e-12)
+    # the same from the other arm (a's O − E is b's E − O) and from counts given as text, as a CSV cell reads
+    assert stats.logrank([20, 40], [1, 0], [10, 30], [1, 1])[0] == pytest.approx(8 / 13, rel=1e-12)
+    assert stats.logrank(["10", "30"], ["1", "1"], ["20", "40"], ["1", "0"])[0] == pytest.approx(8 / 13, rel=1e-12)
+    # b collapses at 5, a at 10 with only itself at risk (r = 1: no variance term, not a division by 0):
+    # E = 1/2 + 1, V = 1/4, χ² = (1 − 3/2)² / (1/4) = 1
+    assert stats.logrank([10], [1], [5], [1]) == (pytest.approx(1.0, rel=1e-12), pytest.approx(math.erfc(math.sqrt(0.5))))
+    # times as text sort as numbers: 99 before 100 (as strings, "100" < "99")
+    assert stats.kaplan_meier(["100", "99"], ["1", "1"]) == ([0.0, 99.0, 100.0], [1.0, 0.5, 0.0])
+    # two seeds have an interval: 1.5 ± t_{0.975, 1} · 0.5 = 1.5 ± 6.3531; at 90%, ± t_{0.95, 1} · 0.5 = ± 3.1569
+    m, lo, hi, n = stats.t_interval([1.0, 2.0])
+    assert (m, n) == (1.5, 2) and (lo, hi) == (pytest.approx(1.5 - 6.35310, abs=1e-5), pytest.approx(1.5 + 6.35310, abs=1e-5))
+    assert stats.interval([1.0, 2.0], "t", level=0.90) == (pytest.approx(1.5 - 3.15688, abs=1e-5),
+                                                          pytest.approx(1.5 + 3.15688, abs=1e-5), 2)
+
+
 def test_run_summaries():
     calm = [1.0] * 30
     assert stats.spikes_of(calm) == 0
