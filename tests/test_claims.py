@@ -159,6 +159,9 @@ def test_logrank_and_intervals_by_hand_where_both_arms_collapse():
     assert stats.logrank([10], [1], [5], [1]) == (pytest.approx(1.0, rel=1e-12), pytest.approx(math.erfc(math.sqrt(0.5))))
     # times as text sort as numbers: 99 before 100 (as strings, "100" < "99")
     assert stats.kaplan_meier(["100", "99"], ["1", "1"]) == ([0.0, 99.0, 100.0], [1.0, 0.5, 0.0])
+    # p = 0.05 exactly is not significant either way (3/3 against 0/3: 1/C(6, 3)); one run against 20: p = 1/21
+    assert stats.collapse_effect(3, 3, 0, 3) == UNSURE and stats.collapse_effect(0, 3, 3, 3) == UNSURE
+    assert stats.collapse_effect(1, 1, 0, 20) == HOLDS and stats.collapse_effect(0, 20, 1, 1) == FAILS
     # two seeds have an interval: 1.5 ± t_{0.975, 1} · 0.5 = 1.5 ± 6.3531; at 90%, ± t_{0.95, 1} · 0.5 = ± 3.1569
     m, lo, hi, n = stats.t_interval([1.0, 2.0])
     assert (m, n) == (1.5, 2) and (lo, hi) == (pytest.approx(1.5 - 6.35310, abs=1e-5), pytest.approx(1.5 + 6.35310, abs=1e-5))
