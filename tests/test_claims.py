@@ -143,6 +143,32 @@ def test_logrank_and_survival_by_hand():
     assert xs == [0.0, 1.0, 2.0, 3.0] and ss == [1.0, pytest.approx(0.8), pytest.approx(0.6), pytest.approx(0.3)]
 
 
+def test_logrank_and_intervals_by_hand_where_both_arms_collapse():
+    """Mutation testing's survivors (analysis/claims/stats.py), killed by hand-computed numbers.
+    Log-rank with collapses in both arms, a tie in the risk sets and a last time with one run at risk:
+    a collapses at 10 and 30, b at 20 and is censored at 40. At u = 10: 2 of 4 at risk in a, E = 1/2,
+    V = 1·(1/2)(1/2)·3/3 = 1/4; u = 20: 1 of 3, E = 1/3, V = (1/3)(2/3)·2/2 = 2/9; u = 30: 1 of 2, E = 1/2,
+    V = (1/2)(1/2)·1/1 = 1/4. O − E = 2 − 4/3, χ² = (2/3)² / (13/18) = 8/13."""
+    chi2, p = stats.logrank([10, 30], [1, 1], [20, 40], [1, 0])
+    assert chi2 == pytest.approx(8 / 13, rel=1e-12) and p == pytest.approx(math.erfc(math.sqrt(4 / 13)), rel=1e-12)
+    # the same from the other arm (a's O − E is b's E − O) and from counts given as text, as a CSV cell reads
+    assert stats.logrank([20, 40], [1, 0], [10, 30], [1, 1])[0] == pytest.approx(8 / 13, rel=1e-12)
+    assert stats.logrank(["10", "30"], ["1", "1"], ["20", "40"], ["1", "0"])[0] == pytest.approx(8 / 13, rel=1e-12)
+    # b collapses at 5, a at 10 with only itself at risk (r = 1: no variance term, not a division by 0):
+    # E = 1/2 + 1, V = 1/4, χ² = (1 − 3/2)² / (1/4) = 1
+    assert stats.logrank([10], [1], [5], [1]) == (pytest.approx(1.0, rel=1e-12), pytest.approx(math.erfc(math.sqrt(0.5))))
+    # times as text sort as numbers: 99 before 100 (as strings, "100" < "99")
+    assert stats.kaplan_meier(["100", "99"], ["1", "1"]) == ([0.0, 99.0, 100.0], [1.0, 0.5, 0.0])
+    # p = 0.05 exactly is not significant either way (3/3 against 0/3: 1/C(6, 3)); one run against 20: p = 1/21
+    assert stats.collapse_effect(3, 3, 0, 3) == UNSURE and stats.collapse_effect(0, 3, 3, 3) == UNSURE
+    assert stats.collapse_effect(1, 1, 0, 20) == HOLDS and stats.collapse_effect(0, 20, 1, 1) == FAILS
+    # two seeds have an interval: 1.5 ± t_{0.975, 1} · 0.5 = 1.5 ± 6.3531; at 90%, ± t_{0.95, 1} · 0.5 = ± 3.1569
+    m, lo, hi, n = stats.t_interval([1.0, 2.0])
+    assert (m, n) == (1.5, 2) and (lo, hi) == (pytest.approx(1.5 - 6.35310, abs=1e-5), pytest.approx(1.5 + 6.35310, abs=1e-5))
+    assert stats.interval([1.0, 2.0], "t", level=0.90) == (pytest.approx(1.5 - 3.15688, abs=1e-5),
+                                                          pytest.approx(1.5 + 3.15688, abs=1e-5), 2)
+
+
 def test_run_summaries():
     calm = [1.0] * 30
     assert stats.spikes_of(calm) == 0
@@ -542,9 +568,9 @@ STALE_ARMS = ("seq-tis", "tis", "none", "icepop", "geo-mask", "geo-mask-shuffled
 
 
 def _stale(vcpo=True, precursors=True, m2po=True, clip_collapses=False, icepop=True, explode=20.0, control=3.0,
-           plain_collapses=False, plain_explode=1.5, seeds=3, ks=(2, 16), arms=STALE_ARMS):
-    """Runs of the staleness experiment, one row per arm × k × seed (2 updates a step, so k = 16 steps is 32–33
-    optimizer updates): which arms collapse (and how) is set by the flags; `explode` is geo-mask's max grad norm
+           plain_collapses=False, plain_explode=1.5, seeds=4, ks=(2, 16), arms=STALE_ARMS):
+    """Runs of the staleness experiment, one row per arm × k × seed (4 seeds: the fewest at which 4/4 against 0/4
+    is significant, Fisher p = 1/70; 2 updates a step, so k = 16 steps is 32–33 optimizer updates): which arms collapse (and how) is set by the flags; `explode` is geo-mask's max grad norm
     over its early median, `control` its shuffled control's, plain_explode plain PPO's (none); plain PPO
     collapses where plain_collapses."""
     kmax = max(ks)
@@ -574,14 +600,17 @@ def _stale(vcpo=True, precursors=True, m2po=True, clip_collapses=False, icepop=T
 def test_staleness_rule():
     v = staleness.staleness_verdict(_stale())
     assert v.verdict == HOLDS and (v.parts["V"], v.parts["M"], v.parts["A"]) == (HOLDS, HOLDS, HOLDS)
-    assert "seq-tis 3/3 collapsed at steps 30, 35, 40 (drop) in 100 steps" in v.statement  # time to collapse
+    # time to collapse, and the count's exact interval: 4/4 → [(α/2)^(1/4), 1] = [39.8%, 100%]
+    assert "seq-tis 4/4 collapsed [40%, 100%] at steps 30, 35, 40, 45 (drop) in 100 steps" in v.statement
+    assert "Fisher p = 0.014 that seq-tis collapses more often than plain PPO (1 the other way)" in v.statement
     assert "k=16 steps = 32–33 updates" in v.statement and "k=2 steps = 4–5 updates" in v.statement  # both units
     assert "clip fraction 10%" in v.statement  # M2PO's clipped arm: its clip sees the staleness
     assert v.parts["kmax"] == 16
     # seq-tis collapses at k = 2, but with no spike and no ESS fall ahead of it: not VCPO's collapse
     assert staleness.staleness_verdict(_stale(precursors=False)).parts["V"] == FAILS
-    # the clipped run collapses as often as the untrusted one: the trust region is not what saves it
-    assert staleness.staleness_verdict(_stale(clip_collapses=True)).parts["M"] == FAILS
+    # the clipped run collapses as often as the untrusted one (4/4 against 4/4, Fisher p = 1 either way): no
+    # difference shown in either direction, so inconclusive, not "holds"
+    assert staleness.staleness_verdict(_stale(clip_collapses=True)).parts["M"] == UNSURE
     # no M2PO arms in the data: M is n/a and left out of the verdict
     v = staleness.staleness_verdict(_stale(arms=STALE_ARMS[:6]))
     assert v.parts["M"] == "n/a" and v.verdict == HOLDS
@@ -617,12 +646,49 @@ def test_staleness_rule_judges_geo_rs_against_its_shuffled_control():
     assert a2(explode=5.0, control=1.0, plain_explode=12.0) == FAILS  # never 10×, while plain PPO's is 12×
     assert a2(explode=5.0, control=1.0) == stats.UNTESTABLE  # nothing reaches 10× (plain PPO 1.5×)
     assert a2(explode=20.0, control=15.0) == UNSURE  # 10× but only 1.33× its control: the averaging may be all of it
-    assert a2(explode=20.0, control=30.0) == FAILS  # the random control grows more: not geo-RS's selection
+    # the random control grows more in every seed: not geo-RS's selection, once the exact sign test can say so
+    # (5 of 5 seeds: p = 1/32; 4 of 4: p = 1/16 ≥ 0.05)
+    assert a2(explode=20.0, control=30.0, seeds=5) == FAILS and a2(explode=20.0, control=30.0) == UNSURE
     assert a2(explode=math.nan) == stats.UNTESTABLE  # geo-mask's gradient never non-zero: no ratio to judge
     v = staleness.staleness_verdict(_stale(arms=tuple(a for a in STALE_ARMS if a != "geo-mask-shuffled")))
     assert v.parts["areal"]["A2"] == UNSURE and "no shuffled control" in v.statement  # confounded alone
     s = staleness.staleness_verdict(_stale(explode=5.0, control=4.0)).statement
     assert "its shuffled control (as many rejected at random) 4–4×" in s and "plain PPO 1.5–1.5×" in s
+
+
+def test_staleness_collapse_parts_read_counts_by_fisher_and_clopper_pearson():
+    """Every collapse part compares its arm with its comparator by Fisher's exact test (stats.collapse_effect),
+    not by raw counts: one seed (mlp at default size) gives 1/1 against 0/1, one-sided p = 1/2, so no part can
+    hold or fail on it; three seeds, 3/3 against 0/3, p = 1/C(6, 3) = 0.05, still not below 0.05; four, 4/4
+    against 0/4, p = 1/C(8, 4) = 1/70, the first that holds."""
+    one = staleness.staleness_verdict(_stale(seeds=1, explode=20.0, control=3.0))
+    assert (one.parts["V"], one.parts["M"], one.parts["areal"]["A1"], one.parts["areal"]["A2"]) == (UNSURE,) * 4
+    assert one.verdict == UNSURE
+    # 1/1: Clopper–Pearson [α/2, 1] = [2.5%, 100%] (printed to 1 digit: 3%); 0/1: [0, 1 − α/2] = [0%, 97.5%]
+    assert stats.clopper_pearson(1, 1) == (pytest.approx(0.025, rel=1e-9), 1.0)
+    assert "seq-tis 1/1 collapsed [3%, 100%] at step 30 (drop)" in one.statement
+    assert "plain PPO 0/1 collapsed [0%, 97%] in 100 steps" in one.statement  # 97.4999…% by bisection
+    assert "Fisher p = 0.5 that seq-tis collapses more often than plain PPO (1 the other way)" in one.statement
+    assert "Fisher p = 0.5 that no trust region collapses more often than clipped" in one.statement
+    # mlp's old "does not hold": token-MIS 0/1 against plain PPO's 1/1 (p = 0.5 the other way)
+    mlp = staleness.staleness_verdict(_stale(seeds=1, icepop=False, plain_collapses=True))
+    assert mlp.parts["areal"]["A1"] == UNSURE
+    assert "Fisher p = 1 that icepop collapses more often than plain PPO (0.5 the other way)" in mlp.statement
+    three = staleness.staleness_verdict(_stale(seeds=3))
+    assert (three.parts["V"], three.parts["M"], three.parts["areal"]["A1"]) == (UNSURE,) * 3
+    assert "Fisher p = 0.05 that seq-tis collapses more often than plain PPO" in three.statement
+    assert "seq-tis 3/3 collapsed [29%, 100%]" in three.statement  # 0.025^(1/3) = 0.292
+    # 3/4 against 0/4: p = C(4,3)·C(4,0)/C(8,3) = 4/56 = 0.071, inconclusive; the other way 0/4 against 4/4 fails
+    rows = _stale()
+    rows.loc[(rows["arm"] == "seq-tis") & (rows["staleness"] == 2) & (rows["seed"] == 0), "collapsed"] = 0.0
+    part = staleness.staleness_verdict(rows)
+    assert part.parts["V"] == UNSURE and "Fisher p = 0.071 that seq-tis" in part.statement
+    assert staleness.staleness_verdict(_stale(vcpo=False, plain_collapses=True)).parts["vcpo"]["verdict"] == FAILS
+    # A2's explosion counts by the same test: geo-mask beyond its control in 4/4 against the control's 0/4
+    assert "the control exploding in 0/4: Fisher p = 0.014 that geo-mask explodes (beyond its control)" in \
+        staleness.staleness_verdict(_stale()).statement
+    assert stats.sign_test(5, 5) == 1 / 32 and stats.sign_test(4, 4) == 1 / 16 and stats.sign_test(0, 3) == 1.0
+    assert stats.sign_test(2, 3) == pytest.approx(4 / 8)  # C(3,2) + C(3,3) = 4 of 8
 
 
 def test_staleness_arms_and_units():
@@ -829,7 +895,7 @@ PINNED: dict = {
     # J every 20 steps: in 4 steps only J₀, the same in every arm, so every gap and the floor are 0
     ("mlp", "precision-vs-algorithm"): pin("untestable here", (rf"fp16 0, bf16 {NUM}, against", 0.0),
                                            (rf"sampling stream\) of {NUM}", 0.0)),
-    ("mlp", "staleness-breaks-tis"): pin("untestable here", (rf"peak J {NUM}", 0.381), (rf"clipped 0/1 collapsed in 4 steps, clip fraction {NUM}%, final 0.403", 8)),
+    ("mlp", "staleness-breaks-tis"): pin("untestable here", (rf"peak J {NUM}", 0.381), (rf"clipped 0/1 collapsed \[0%, 97%\] in 4 steps, clip fraction {NUM}%, final 0.403", 8)),
     ("mlp", "seed-bug-end-to-end"): pin("inconclusive", (rf"skip updates \({NUM}%", 18.8), (rf"paired Δ {NUM}", -0.0518)),
     # the transformer's J is Monte Carlo (32 rollouts: J in steps of 1/32)
     ("transformer", "tis-tames-mismatch"): pin("untestable here", (rf"bf16: fp32 PPO final J {NUM}", 0.4688),
@@ -869,6 +935,14 @@ def test_experiment_end_to_end(name, world, cli, tmp_path, sft_cache):
     check = PINNED.get((world, name))
     if check is not None:
         check(m["verdict"], m["text"])
+    if name == "tis-tames-mismatch":  # nothing collapses in 4 steps: no flat-at-1 survival row, the headline says so
+        from analysis.load import load_dataset
+
+        _, fig = tis.evaluate(load_dataset(sweep_dir), "default")
+        settings = {a.get_title().split("\n")[0] for a in fig.axes}
+        assert len(fig.axes) == len(settings) and all(a.get_ylabel() != "runs not yet collapsed\n(Kaplan–Meier)"
+                                                      for a in fig.axes)
+        assert re.search(r"No run collapsed in \d+ seeds? \(any arm or engine\)\.", fig.get_suptitle().replace("\n", " "))
 
 
 def test_all_writes_verdicts(tmp_path, cli):

@@ -25,13 +25,14 @@ def new_figure(ncols: int, nrows: int = 1, style: str = "default", panel: tuple[
     return fig, axes
 
 
-def headline(fig, title: str, source: str, verdict: Verdict, style: str) -> None:
-    """Title: the claim and its source; then the verdict with its key numbers, wrapped to the figure's width."""
+def headline(fig, title: str, source: str, verdict: Verdict, style: str, note: str = "") -> None:
+    """Title: the claim and its source; then the verdict with its key numbers, wrapped to the figure's width;
+    then `note`, a sentence on what the panels leave out (in the paper style on a line under the verdict)."""
     paper = style == "paper"
     width = fig.get_figwidth()
     if paper:  # one line: the claim and the verdict; the numbers go in the caption (VERDICTS.md)
         n = f" ({verdict.n_text()})" if verdict.n_text() else ""
-        fig.suptitle(f"{title}: {verdict.verdict}{n}", x=0.01, ha="left", fontsize=8)
+        fig.suptitle(f"{title}: {verdict.verdict}{n}" + (f"\n{note}" if note else ""), x=0.01, ha="left", fontsize=8)
         for ax in fig.axes:
             ax.title.set_fontsize(7)
             ax.xaxis.label.set_fontsize(7)
@@ -40,7 +41,8 @@ def headline(fig, title: str, source: str, verdict: Verdict, style: str) -> None
     chars = max(int(width * 13.5), 50)
     head = textwrap.fill(f"{title} ({source})", chars, break_on_hyphens=False)
     # the key numbers; every number behind the verdict is in figures/VERDICTS.md
-    numbers = f"{verdict.key} (all numbers: VERDICTS.md)" if verdict.key else verdict.statement
+    numbers = (f"{verdict.key}{'. ' + note if note else ''} (all numbers: VERDICTS.md)" if verdict.key
+               else " ".join(x for x in (verdict.statement, note) if x))
     n = f" ({verdict.n_text()})" if verdict.n_text() else ""
     body = textwrap.fill(f"Verdict: {verdict.verdict.upper()}{n}. {numbers}", chars, break_on_hyphens=False)
     fig.suptitle(f"{head}\n{body}", x=0.01, ha="left", fontsize=9.5)

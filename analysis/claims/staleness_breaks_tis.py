@@ -18,6 +18,10 @@ what PPO's ratio is taken against, conf/arm/staleness/):
 Time-to-collapse (the step the runner's relative rules name) is measured for every arm, not only whether.
 Staleness is counted in training steps k; with U updates a step the engine is k·U to k·U + U − 1 optimizer
 updates behind (M2PO's unit), and both are stated.
+Collapse counts are read with the exact machinery every claim shares (analysis/claims/stats.py; n = seeds): each
+arm's count with its Clopper–Pearson 95% interval, and an arm "collapses more often" than its comparator only by
+Fisher's exact test (one-sided p < 0.05, `stats.collapse_effect`): 1/1 against 0/1 (p = 0.5) is inconclusive,
+never "holds" or "does not hold". The same test reads A2's explosion counts.
 A part whose arms never collapse, with or without the correction (or the trust region), cannot test "X
 collapses" in this world: it is "untestable here", with its numbers, never "does not hold". Updates whose
 gradient is exactly 0 (θ not moving) are left out of every ESS and grad-norm statistic: there ESS ≡ 1 says
@@ -35,8 +39,9 @@ from analysis import style as st
 from analysis import zero_grad
 from analysis.claims.figures import headline, legend_below, new_figure
 from analysis.claims.frames import band_text, objective_series, required, run_frame, update_index, world_of
-from analysis.claims.stats import (FAILS, HOLDS, SPIKE_FACTOR, SPIKE_WINDOW, UNSURE, UNTESTABLE, Verdict, all_of,
-                                   pct, rate, sig, steps_text)
+from analysis.claims.stats import (ALPHA, FAILS, HOLDS, SPIKE_FACTOR, SPIKE_WINDOW, UNSURE, UNTESTABLE, Verdict,
+                                   all_of, collapse_effect, count_text, fisher_exact, pct, rate, sig, sign_test,
+                                   steps_text)
 from analysis.load import Dataset
 from runner.errors import UserError
 
@@ -46,7 +51,7 @@ SOURCE = "VCPO (arXiv 2602.17616); M2PO (arXiv 2510.01161); AReaL PR #1218"
 
 # Thresholds of the rule (named in its docstring and the experiments' headers).
 VCPO_LAG = 2  # V is judged at k = 2, the lag VCPO reports
-MAJORITY = 0.5  # a part's event must happen in at least half of the seeds (or of the collapsed runs)
+MAJORITY = 0.5  # M's prosperity then collapse in at least half of the seeds, V's precursors in half of its collapses
 PRECURSOR_STEPS = 10  # the window before a collapse (and at a run's start) in which precursors are looked for
 ESS_DROP = 0.05  # the ESS "falls ahead": its mean over the window before the collapse is ≥ 0.05 below the first window's
 PROSPERITY = 0.5  # M: before collapsing, the untrusted run gains at least half of what the clipped run gains
@@ -134,10 +139,28 @@ def _units(runs, k: int) -> str:
 
 
 def _collapses(f, label: str) -> str:
+    """'seq-tis 3/4 collapsed [19%, 99%] at steps 30, 35, 40 (drop) in 100 steps': the count with its exact 95%
+    interval, the time to each collapse and the run length."""
     n = int(f["collapsed"].sum())
     kinds = sorted({x for x in f.loc[f["collapsed"] > 0, "collapse_kind"] if x})
-    return (f"{label} {n}/{len(f)} collapsed{steps_text(f.loc[f['collapsed'] > 0, 'collapse_step'])}"
+    return (f"{label} {count_text(n, len(f))}{steps_text(f.loc[f['collapsed'] > 0, 'collapse_step'])}"
             + (f" ({', '.join(kinds)})" if kinds else "") + f" in {int(f['steps'].max()) + 1 if len(f) else 0} steps")
+
+
+def more_often(k_a: int, n_a: int, k_b: int, n_b: int, a: str, b: str, event: str = "collapses") -> tuple[str, str]:
+    """Does arm a's event (a collapse; A2: an explosion) happen more often than arm b's? `stats.collapse_effect`
+    on the two counts (holds at Fisher's one-sided p < 0.05, does not hold when b's is significantly more often,
+    else inconclusive), with its text: 'Fisher p = 0.014 that seq-tis collapses more often than plain PPO (1 the
+    other way)'. Inconclusive, with no p, when an arm has no runs."""
+    if not (n_a and n_b):
+        return UNSURE, f"no Fisher test of {a} against {b} (an arm without runs)"
+    p_more, p_less = fisher_exact(k_a, n_a, k_b, n_b, "greater"), fisher_exact(k_a, n_a, k_b, n_b, "less")
+    return (collapse_effect(k_a, n_a, k_b, n_b),
+            f"Fisher p = {sig(p_more, 2)} that {a} {event} more often than {b} ({sig(p_less, 2)} the other way)")
+
+
+def _count(f) -> tuple[int, int]:
+    return int(f["collapsed"].sum()), len(f)
 
 
 def _majority(x: float) -> bool:
@@ -170,28 +193,30 @@ def combine(verdicts) -> str:
 
 
 def vcpo_part(runs) -> tuple[str, str, dict]:
-    """V: seq-tis at k = 2 under PPO's clip. Untestable when neither seq-tis nor plain PPO (none) collapses at
-    k = 2 in any seed. Holds when at least half of its seeds collapse and, among the collapsed runs, at least
-    half had a grad-norm spike in the PRECURSOR_STEPS steps before (or at) the collapse and at least half had
-    their ESS ≥ ESS_DROP lower over those steps than over their first PRECURSOR_STEPS. Does not hold when no
-    seed collapses (while plain PPO does), or when runs collapse but none shows either precursor. Else
-    inconclusive."""
+    """V: seq-tis at k = 2 under PPO's clip, against plain PPO (none) at k = 2 by Fisher's exact test
+    (more_often). Untestable when neither collapses in any seed. Holds when seq-tis collapses significantly
+    more often and, among its collapsed runs, at least half had a grad-norm spike in the PRECURSOR_STEPS steps
+    before (or at) the collapse and at least half had their ESS ≥ ESS_DROP lower over those steps than over
+    their first PRECURSOR_STEPS. Does not hold when plain PPO collapses significantly more often, or when
+    seq-tis does but none of its collapses shows either precursor. Else inconclusive (so with one or two
+    seeds per arm it can be no more)."""
     f = _arm(runs, SEQ_TIS, VCPO_LAG)
     if f.empty:
         raise UserError(f"staleness-breaks-tis: needs {SEQ_TIS} runs at k = {VCPO_LAG} (VCPO's lag) under PPO's clip")
     plain = _arm(runs, PLAIN, VCPO_LAG)
     c = rate(f["collapsed"])
+    v_more, fisher = more_often(*_count(f), *_count(plain), SEQ_TIS, "plain PPO")
     fell = f[f["collapsed"] > 0]
     spiked = rate(fell["spike_before"]) if len(fell) else math.nan
     ess_fell = (fell["ess_before"] <= fell["ess_early"] - ESS_DROP) if len(fell) else []
     ess_rate = rate(ess_fell) if len(fell) else math.nan
     if _never_collapses(f, plain):
         v = UNTESTABLE
-    elif c == 0:
+    elif v_more == FAILS:
         v = FAILS
-    elif _majority(c) and _majority(spiked) and _majority(ess_rate):
+    elif v_more == HOLDS and _majority(spiked) and _majority(ess_rate):
         v = HOLDS
-    elif len(fell) and spiked == 0 and ess_rate == 0:
+    elif v_more == HOLDS and spiked == 0 and ess_rate == 0:
         v = FAILS
     else:
         v = UNSURE
@@ -199,7 +224,7 @@ def vcpo_part(runs) -> tuple[str, str, dict]:
     if len(fell):
         ess += f", {sig(fell['ess_before'].mean(), 2)} before the collapses"
     spikes = f"{int(fell['spike_before'].sum())}/{len(fell)}" if len(fell) else "— (no collapse)"
-    control = f"; {_collapses(plain, 'plain PPO')}" if len(plain) else ""
+    control = f"; {_collapses(plain, 'plain PPO')}; {fisher}" if len(plain) else ""
     why = " (neither seq-tis nor plain PPO collapses at this lag: the world shows no collapse to explain)" \
         if v == UNTESTABLE else ""
     text = (f"V (VCPO, {_units(runs, VCPO_LAG)}): {_collapses(f, SEQ_TIS)}{_zero_text(f)}; a spike before the "
@@ -212,9 +237,10 @@ def m2po_part(runs, k: int) -> tuple[str, str, dict]:
     """M: at the largest k, M2PO's two arms, both with no correction and PPO's ratio against the behaviour
     policy: without the trust region (m2po-free) against with it (m2po-clip). Per seed, prosperity-then-collapse
     = the untrusted run collapsed at or after its peak step and had gained at least PROSPERITY × the clipped
-    run's gain (peak J − J₀) by then. Untestable when neither arm collapses in any seed. Holds when at least half
-    of the seeds show it and the clipped arm collapses in fewer seeds; does not hold when the untrusted arm
-    collapses in no seed (while the clipped one does), or the clipped arm's rate is as high; else inconclusive.
+    run's gain (peak J − J₀) by then. Untestable when neither arm collapses in any seed. Holds when the untrusted
+    arm collapses significantly more often than the clipped one (Fisher, more_often) and at least half of the
+    seeds show prosperity then collapse; does not hold when the clipped arm collapses significantly more often;
+    else inconclusive (equal counts, 3/3 against 3/3 as 0/1 against 1/1, show no difference either way).
     n/a without both arms. The clipped arm's clip fraction is stated (PPO against old: 0 at a step's first
     update)."""
     free, clip = _arm(runs, M2PO_FREE, k).set_index("seed"), _arm(runs, M2PO_CLIP, k).set_index("seed")
@@ -229,11 +255,12 @@ def m2po_part(runs, k: int) -> tuple[str, str, dict]:
     after = (free["collapsed"] > 0) & (free["collapse_step"] >= free["peak_step"])
     both = prosper & after
     c_free, c_clip = rate(free["collapsed"]), rate(clip["collapsed"])
+    v_more, fisher = more_often(*_count(free), *_count(clip), "no trust region", "clipped")
     if _never_collapses(free, clip):
         v = UNTESTABLE
-    elif c_free == 0 or c_clip >= c_free:
+    elif v_more == FAILS:
         v = FAILS
-    elif _majority(rate(both)):
+    elif v_more == HOLDS and _majority(rate(both)):
         v = HOLDS
     else:
         v = UNSURE
@@ -245,8 +272,8 @@ def m2po_part(runs, k: int) -> tuple[str, str, dict]:
             f"{_collapses(free.reset_index(), 'no trust region')}, peak J {sig(free['peak'].mean(), 3)} (gain "
             f"{sig(gain_free.mean(), 2)} vs {sig((clip['peak'] - clip['initial']).mean(), 2)} clipped), final "
             f"{sig(free['final'].mean(), 3)}; {_collapses(clip.reset_index(), 'clipped')}, clip fraction "
-            f"{pct(clip['clip_fraction'].mean())}, final {sig(clip['final'].mean(), 3)}{old_clip}; prosperity then "
-            f"collapse in {int(both.sum())}/{len(both)}: {v}{why}")
+            f"{pct(clip['clip_fraction'].mean())}, final {sig(clip['final'].mean(), 3)}{old_clip}; {fisher}; prosperity "
+            f"then collapse in {int(both.sum())}/{len(both)}: {v}{why}")
     key = f"M: no-TR {int(free['collapsed'].sum())}/{len(free)} vs clip {int(clip['collapsed'].sum())}/{len(clip)} collapsed"
     return v, text, {"verdict": v, "collapsed_free": c_free, "collapsed_clip": c_clip,
                      "prosper_then_collapse": rate(both), "clip_fraction": float(clip["clip_fraction"].mean()),
@@ -254,15 +281,13 @@ def m2po_part(runs, k: int) -> tuple[str, str, dict]:
 
 
 def _a1(runs, k: int):
-    """A1: icepop (token-MIS alone) collapses in at least half of the seeds: holds; in none: does not hold
-    (while plain PPO collapses), untestable when neither icepop nor plain PPO collapses; else inconclusive."""
+    """A1: icepop (token-MIS alone) against plain PPO (none) at this k by Fisher's exact test (more_often):
+    holds when icepop collapses significantly more often, does not hold when plain PPO does, untestable when
+    neither collapses in any seed; else inconclusive."""
     mis, plain = _arm(runs, TOKEN_MIS, k), _arm(runs, PLAIN, k)
-    c = rate(mis["collapsed"])
-    if _never_collapses(mis, plain):
-        v = UNTESTABLE
-    else:
-        v = HOLDS if _majority(c) else FAILS if c == 0 else UNSURE
-    control = f"; {_collapses(plain, 'plain PPO')}" if len(plain) else ""
+    v_more, fisher = more_often(*_count(mis), *_count(plain), TOKEN_MIS, "plain PPO")
+    v = UNTESTABLE if _never_collapses(mis, plain) else v_more
+    control = f"; {_collapses(plain, 'plain PPO')}; {fisher}" if len(plain) else ""
     why = " (neither collapses)" if v == UNTESTABLE else ""
     text = f"A1 token-MIS ({TOKEN_MIS}): {_collapses(mis, TOKEN_MIS)} [AReaL: ~250 steps]{control}: {v}{why}"
     return v, text, f"{TOKEN_MIS} {int(mis['collapsed'].sum())}/{len(mis)} collapsed"
@@ -273,9 +298,12 @@ def _a2(runs, k: int):
     AND that ratio is ≥ CONTROL_FACTOR × the shuffled control's of the same seed (which rejects as many
     sequences at random: what averaging over that few tokens alone does). Untestable when neither geo-mask nor
     plain PPO (none) at this k explodes in any seed (the world shows no explosion), or geo-mask's gradient is
-    never non-zero (no ratio). Holds in at least half of the seeds; does not hold when geo-mask never explodes
-    (while plain PPO does), or its ratio is below the control's in every seed; inconclusive without the control
-    (the statistic alone is confounded by the rejected fraction) and otherwise."""
+    never non-zero (no ratio). The counts are read as the collapse parts' (more_often, Fisher's exact test):
+    holds when geo-mask explodes beyond its control (both conditions) significantly more often than the
+    control explodes; does not hold when plain PPO explodes significantly more often than geo-mask, or geo-mask's
+    ratio is below its control's in significantly many seeds (the exact sign test, p < 0.05: every seed of at
+    least 5); inconclusive without the control (the statistic alone is confounded by the rejected fraction) and
+    otherwise."""
     geo = _arm(runs, GEO_RS, k).set_index("seed")
     ctrl = _arm(runs, GEO_CONTROL, k).set_index("seed")
     plain = _arm(runs, PLAIN, k)
@@ -299,14 +327,21 @@ def _a2(runs, k: int):
     control = ctrl["explode"].astype(float)
     excess = ratio / control
     beyond = booms & (excess >= CONTROL_FACTOR)
+    ctrl_booms = (control >= EXPLODE) | (ctrl["collapse_kind"] == "spike")
+    n = len(seeds)
+    v_beyond, fisher = more_often(int(beyond.sum()), n, int(ctrl_booms.sum()), n, GEO_RS, "its control",
+                                  "explodes (beyond its control)")
+    v_plain, _ = more_often(int(plain_booms.sum()), len(plain), int(booms.sum()), n, "plain PPO", GEO_RS, "explodes")
+    below = int((excess < 1).sum())
+    p_below = sign_test(below, n) if n else math.nan
     reason = ""
     if not np.isfinite(ratio).any():
         v, reason = UNTESTABLE, why["frozen"]
     elif quiet:
         v, reason = UNTESTABLE, why["quiet"]
-    elif _majority(rate(beyond)):
+    elif v_beyond == HOLDS:
         v = HOLDS
-    elif not booms.any() or bool((excess < 1).all()):
+    elif v_plain == HOLDS or p_below < ALPHA:
         v = FAILS
     else:
         v = UNSURE
@@ -315,7 +350,9 @@ def _a2(runs, k: int):
             f"{_zero_text(geo.reset_index())}; its shuffled control (as many rejected at random) "
             f"{sig(control.min(), 2)}–{sig(control.max(), 2)}×, rejecting {pct(ctrl['rejected'].mean())}"
             f"{_zero_text(ctrl.reset_index())}{plain_text}; geo-mask ≥ {CONTROL_FACTOR:g}× its control and exploding "
-            f"in {int(beyond.sum())}/{len(geo)}; {_collapses(geo.reset_index(), GEO_RS)}: {v}{reason}")
+            f"in {int(beyond.sum())}/{len(geo)}, the control exploding in {int(ctrl_booms.sum())}/{n}: {fisher}; "
+            f"below its control in {below}/{n} (sign test p = {sig(p_below, 2)}); "
+            f"{_collapses(geo.reset_index(), GEO_RS)}: {v}{reason}")
     return v, text, f"{GEO_RS} grad ×{sig(ratio.max(), 2)} vs control ×{sig(control.max(), 2)}"
 
 

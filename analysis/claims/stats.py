@@ -35,15 +35,16 @@ HOLDS, FAILS, UNSURE = "holds", "does not hold", "inconclusive"
 # A claim whose positive control failed (the world never shows the effect the claim is about) is not tested.
 UNTESTABLE = "untestable here"
 VERDICTS = (HOLDS, FAILS, UNSURE, UNTESTABLE)
-LEVEL = 0.95  # every interval: two-sided 95%
-ALPHA = 1 - LEVEL  # every exact test: significant at p < 0.05
+ALPHA = 0.05  # every exact test: significant at p < 0.05 (not 1 − LEVEL = 0.050000000000000044, which would
+# count 3/3 against 0/3's p = 1/20 = 0.05 as significant)
+LEVEL = 1 - ALPHA  # every interval: two-sided 95%
 # The old ±2 SE rule, kept for the rules and error bars that still read it (with many tokens, not seeds, behind
 # a mean, t ≈ 2); a verdict on seeds uses t_quantile.
 SIGMAS = 2.0
 EPS = 1e-12
 
 # Shared by the run summaries below and the claims' rules and figures.
-SPIKE_FACTOR = 5.0  # a grad-norm spike: above 5× the median of the trailing window (as analysis.plots)
+SPIKE_FACTOR = 5.0  # a grad-norm spike: above 5× the median of the trailing window (as analysis.figures)
 SPIKE_WINDOW = 20
 FINAL_FRACTION = 0.25  # the "final objective" is the mean J over the last quarter of the updates
 # A band that rejects at least this fraction of the tokens leaves an arm that learns from almost nothing: a
@@ -290,6 +291,14 @@ def collapse_effect(k_more: int, n_more: int, k_less: int, n_less: int) -> str:
     if fisher_exact(k_more, n_more, k_less, n_less, "less") < ALPHA:
         return FAILS
     return UNSURE
+
+
+def sign_test(m: int, n: int) -> float:
+    """The exact one-sided sign test: P(at least m of n paired seeds on one side) when either side is equally
+    likely, Σ_{i ≥ m} C(n, i) / 2ⁿ (every one of n seeds below needs n ≥ 5 for p < 0.05)."""
+    if not 0 <= m <= n:
+        raise ValueError(f"sign_test: {m} of {n}")
+    return sum(math.comb(n, i) for i in range(m, n + 1)) / 2 ** n
 
 
 def count_text(k: int, n: int) -> str:

@@ -175,7 +175,8 @@ def tis_figure(ds: Dataset, runs, verdict: Verdict, style: str):
     """Per mismatched setting, a column: J against step (mean over seeds, band min–max; crosses at each run's
     collapse) of plain PPO and TIS under the mismatch and of the fp32 PPO run (the reference, in every column),
     and below it the Kaplan–Meier survival curves (the fraction of seeds not yet collapsed): a TIS curve to the
-    right of PPO's is a delayed collapse, one that stays at 1 a prevented one."""
+    right of PPO's is a delayed collapse, one that stays at 1 a prevented one. Where no run collapsed (every arm
+    and setting), every curve would be a flat line at 1: the row is left out and the headline says so."""
     from matplotlib.lines import Line2D
 
     df = with_keys(ds, ds.metrics, correction="correction", seed="seed", **SETTING_KEYS)
@@ -188,11 +189,12 @@ def tis_figure(ds: Dataset, runs, verdict: Verdict, style: str):
     names = [n for n in ordered_presets(df["correction"].unique())]
     mc = runs["j_se"].notna().any()
     last = float(runs["steps"].max())
-    fig, axes = new_figure(len(settings), 2, style, sharey="row")
+    survival = bool((runs["collapsed"] > 0).any())
+    fig, axes = new_figure(len(settings), 2 if survival else 1, style, sharey="row")
     ref_j = df[(df["setting"] == ref_setting) & (df["correction"] == "none")] if ref_setting else df.iloc[:0]
     ref_runs = runs[ref_mask & (runs["correction"] == "none")]
     for c, setting in enumerate(settings):
-        ax_j, ax_s = axes[0][c], axes[1][c]
+        ax_j, ax_s = axes[0][c], (axes[1][c] if survival else None)
         arms = [("fp32", ref_j, ref_runs)] + [
             (name, df[(df["setting"] == setting) & (df["correction"] == name)],
              runs[(runs["setting"] == setting) & (runs["correction"] == name)]) for name in names]
@@ -205,33 +207,39 @@ def tis_figure(ds: Dataset, runs, verdict: Verdict, style: str):
             for _, r in fr[fr["collapsed"] > 0].iterrows():
                 if math.isfinite(r["collapse_step"]):
                     ax_j.plot([r["collapse_step"]], [r["peak"] * 0.7], marker="x", color=color, markersize=7)
-            if len(fr):
+            if len(fr) and survival:
                 xs, ss = kaplan_meier(_times(fr), fr["collapsed"])
                 ax_s.step(xs + [last], ss + [ss[-1]], where="post", color=color, linestyle=ls, linewidth=1.4)
-        ax_s.set_ylim(-0.05, 1.05)
         p = verdict.parts.get(setting, {})
         if p and style != "paper":  # a paper's narrow panels leave the numbers to the caption (VERDICTS.md)
             m, lo, hi, n = p["gap"]
             ax_j.text(0.97, 0.04, f"gap J_fp32 − J_PPO (final, n = {n}):\n{sig(m, 2)}, 95% t CI [{sig(lo, 2)}, {sig(hi, 2)}]",
                       transform=ax_j.transAxes, ha="right", va="bottom", fontsize="x-small")
-            fell = p["collapsed"]
+        if p and style != "paper" and survival:
+            fell, n = p["collapsed"], p["n"]
             ax_s.text(0.03, 0.06, f"collapsed: fp32 {fell['fp32']}/{n}, PPO {fell['ppo']}/{n}, TIS {fell['tis']}/{n}"
                       + (f"\nlog-rank p = {sig(p['logrank'][1], 2)}" if math.isfinite(p["logrank"][1]) else ""),
                       transform=ax_s.transAxes, ha="left", va="bottom", fontsize="x-small")
         ax_j.set_title(f"engine {setting}" + (f"\n[{p['verdict']}]" if p else ""), fontsize="medium")
-        ax_s.set_xlabel("training step")
+        (ax_s if survival else ax_j).set_xlabel("training step")
         if c == 0:
             ax_j.set_ylabel(r"objective $J(\theta)$" + (" (Monte Carlo)" if mc else " (exact)"))
-            ax_s.set_ylabel("runs not yet collapsed\n(Kaplan–Meier)")
+        if survival:
+            ax_s.set_ylim(-0.05, 1.05)
+            if c == 0:
+                ax_s.set_ylabel("runs not yet collapsed\n(Kaplan–Meier)")
     handles = [Line2D([], [], color=st.FP32_GREY, linestyle="--")] + [line_handle(n) for n in names]
     labels = ["plain PPO, fp32 engine (no mismatch)"] + [
         ("token TIS, min(ρ, 2)" if n == "tis" else "plain PPO" if n == "none" else n) for n in names]
-    handles.append(Line2D([], [], linestyle="none", marker="x", color="0.3"))
-    labels.append("a run's collapse (at 70% of its peak J)")
+    if survival:
+        handles.append(Line2D([], [], linestyle="none", marker="x", color="0.3"))
+        labels.append("a run's collapse (at 70% of its peak J)")
     handles.append(Line2D([], [], color="0.5", linewidth=6, alpha=0.3))
     labels.append("band: min–max over seeds")
     legend_below(fig, handles, labels, style)
-    headline(fig, f"{TITLE} [{world_of(ds)} world]", SOURCE, verdict, style)
+    seeds = runs["seed"].nunique()
+    calm = "" if survival else f"No run collapsed in {seeds} seed{'s' if seeds != 1 else ''} (any arm or engine)."
+    headline(fig, f"{TITLE} [{world_of(ds)} world]", SOURCE, verdict, style, note=calm)
     return fig
 
 
