@@ -24,15 +24,16 @@ import json
 import math
 import os
 import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import yaml
 
-from runner.errors import UserError
 from runner.core.schema import ALL_METRICS_COLUMNS, DEGENERATE_MASKED, DEGENERATE_NORM_RATIO
+from runner.errors import UserError
 from runner.values import parse_override, same_value
 
 try:  # the C loader is ~10× faster on the 100 small files of a sweep
@@ -100,8 +101,9 @@ def find_runs(path: Path, depth: int = 2) -> list[Path]:
         children = []
         for p in level:
             try:
-                children.extend(sorted((c for c in p.iterdir() if c.is_dir() and not c.name.startswith(".")),
-                                       key=_job_sort_key))
+                children.extend(
+                    sorted((c for c in p.iterdir() if c.is_dir() and not c.name.startswith(".")), key=_job_sort_key)
+                )
             except OSError:
                 continue
         runs = [c for c in children if _is_run_dir(c)]
@@ -122,7 +124,7 @@ class Job:
     values: dict[str, Any]
 
     @classmethod
-    def read(cls, index: int, path: Path) -> "Job":
+    def read(cls, index: int, path: Path) -> Job:
         raw = _yaml(path / ".hydra" / "overrides.yaml")
         overrides = [str(o) for o in raw] if isinstance(raw, list) else []
         values = dict(parse_override(o) for o in overrides if "=" in o)
@@ -203,7 +205,7 @@ class Dataset:
     jobs: list[Job]
     sweep_csv: Path | None = None
     _frames: dict[str, Any] = field(default_factory=dict, repr=False)
-    _parent: "Dataset | None" = field(default=None, repr=False)
+    _parent: Dataset | None = field(default=None, repr=False)
 
     # ---- keys
     @cached_property
@@ -214,8 +216,9 @@ class Dataset:
             skip = set(ALL_METRICS_COLUMNS) | set(JOB_COLUMNS)
             if df is None:
                 return []
-            return [c for c in df.columns if c not in skip] + [key for col, key in CONFIG_NAME_OF.items()
-                                                               if col in df.columns and key not in df.columns]
+            return [c for c in df.columns if c not in skip] + [
+                key for col, key in CONFIG_NAME_OF.items() if col in df.columns and key not in df.columns
+            ]
         seen: dict[str, None] = {}
         for job in self.jobs:
             for k in job.values:
@@ -268,8 +271,7 @@ class Dataset:
             for k in self.keys:
                 if k not in df.columns:
                     df[k] = job.values.get(k)
-        df.attrs.update({"keys": list(self.keys), "swept": list(self.swept), "path": str(self.path),
-                         "kind": self.kind})
+        df.attrs.update({"keys": list(self.keys), "swept": list(self.swept), "path": str(self.path), "kind": self.kind})
         return df
 
     def _concat(self, name: str, reader) -> Any:
@@ -315,6 +317,7 @@ class Dataset:
         def read(j):
             df = _read_csv(j.path / "events.csv", dtype={"kind": str, "detail": str, "action": str})
             return df
+
         return self._concat("events", read)
 
     @property
@@ -327,6 +330,7 @@ class Dataset:
             if s is None:
                 return pd.DataFrame([{"done": j.done}])
             return pd.DataFrame([{**flatten(s), "done": j.done}])
+
         return self._concat("summary", read)
 
     @property
@@ -342,6 +346,7 @@ class Dataset:
             if df is None or not {"old", "roll"} <= set(df.columns):
                 return None
             return df
+
         return self._concat("tokens", read)
 
     @property
@@ -374,8 +379,10 @@ class Dataset:
         if job_col == "run_dir":
             lookup = {os.path.normpath(str(j.path.resolve())): j.index for j in self.jobs}
             lookup.update({j.path.name: j.index for j in self.jobs})
-            df["job"] = [lookup.get(os.path.normpath(str((self.path / str(p)).resolve())), lookup.get(Path(str(p)).name))
-                         for p in df["run_dir"]]
+            df["job"] = [
+                lookup.get(os.path.normpath(str((self.path / str(p)).resolve())), lookup.get(Path(str(p)).name))
+                for p in df["run_dir"]
+            ]
         elif job_col in ("job", "job_num"):
             nums = [j.num for j in self.jobs]
             if None not in nums and len(set(nums)) == len(nums):
@@ -411,7 +418,7 @@ class Dataset:
         return self._attach(df[cols])
 
     # ---- selection
-    def select(self, filters: Sequence[str]) -> "Dataset":
+    def select(self, filters: Sequence[str]) -> Dataset:
         """Keep the jobs whose key (or any dotted config key) matches every `key=value[,value]`."""
         if not filters:
             return self
@@ -562,8 +569,10 @@ def command(ds: Dataset) -> tuple[str, str]:
                     vals.append(v)
         prefix = next((o.partition("=")[0] for j in ds.jobs for o in j.overrides if parse_override(o)[0] == k), k)
         parts.append(f"{prefix}={','.join(vals)}")
-    return (_quote(["is-study", "sweep", *parts, f"hydra.sweep.dir={ds.path}"]),
-            f"reconstructed from the {len(ds.jobs)} jobs' .hydra/overrides.yaml")
+    return (
+        _quote(["is-study", "sweep", *parts, f"hydra.sweep.dir={ds.path}"]),
+        f"reconstructed from the {len(ds.jobs)} jobs' .hydra/overrides.yaml",
+    )
 
 
 QUIET_KEYS = ("log.quiet", "log.timing", "log.metrics")  # change no number: left out of titles
@@ -576,8 +585,9 @@ def describe(ds: Dataset) -> str:
         return "is-study run " + (" ".join(ov) if ov else "(defaults)")
     if not ds.jobs:
         return f"{ds.sweep_csv}: " + (" × ".join(ds.swept) if ds.swept else "nothing swept")
-    fixed = [o for o in ds.first.overrides if parse_override(o)[0] not in ds.swept
-             and parse_override(o)[0] not in QUIET_KEYS]
+    fixed = [
+        o for o in ds.first.overrides if parse_override(o)[0] not in ds.swept and parse_override(o)[0] not in QUIET_KEYS
+    ]
     swept = " × ".join(ds.swept) if ds.swept else "nothing swept"
     n = len(ds.jobs)
     return f"{ds.name}: {swept} ({n} job{'s' if n != 1 else ''})" + (f"; {' '.join(fixed)}" if fixed else "")
@@ -609,16 +619,31 @@ def per_job(ds: Dataset):
     events = loss_bad + grad_bad
     # metrics.csv's final row (J after the last update, runner/core/schema.py) is no update: it has no reward
     updates = df["reward"].notna() if "reward" in df.columns else True
-    frame = df.assign(_bad=events > 0, _events=events, _update=updates,
-                      _skipped=df["skipped"].fillna(0) if "skipped" in df.columns else 0)
+    frame = df.assign(
+        _bad=events > 0,
+        _events=events,
+        _update=updates,
+        _skipped=df["skipped"].fillna(0) if "skipped" in df.columns else 0,
+    )
     seed = {"seed": ("seed", "first")} if "seed" in frame.columns else {}
     precision = {"precision": ("precision", "first")} if "precision" in frame.columns else {}
-    per = (frame.groupby("job", sort=True)
-                .agg(correction=("correction", "first"), staleness=("staleness", "first"), **precision, **seed,
-                     updates=("_update", "sum"), nonfinite=("_bad", "sum"), nonfinite_events=("_events", "sum"),
-                     skipped=("_skipped", "sum"), last_objective=("objective", "last"),
-                     max_objective=("objective", "max"), last_reward=("reward", "last"))
-                .reset_index())
+    per = (
+        frame.groupby("job", sort=True)
+        .agg(
+            correction=("correction", "first"),
+            staleness=("staleness", "first"),
+            **precision,
+            **seed,
+            updates=("_update", "sum"),
+            nonfinite=("_bad", "sum"),
+            nonfinite_events=("_events", "sum"),
+            skipped=("_skipped", "sum"),
+            last_objective=("objective", "last"),
+            max_objective=("objective", "max"),
+            last_reward=("reward", "last"),
+        )
+        .reset_index()
+    )
     per["nonfinite"] = per["nonfinite"] / per["updates"].where(per["updates"] > 0)
     per["updates"] = per["updates"].astype(int)
     per["first_bad"] = per["job"].map(frame.loc[frame["_bad"]].groupby("job")["step"].min())
@@ -626,23 +651,28 @@ def per_job(ds: Dataset):
     done = {j.index: j.done for j in ds.jobs}
 
     def from_summary(key, fallback):
-        return [summ.get(j, {}).get(key, fb) if summ.get(j, {}).get(key) is not None else fb
-                for j, fb in zip(per["job"], fallback)]
+        return [
+            summ.get(j, {}).get(key, fb) if summ.get(j, {}).get(key) is not None else fb
+            for j, fb in zip(per["job"], fallback)
+        ]
+
     per["final_objective"] = from_summary("final_objective", per["last_objective"])
     per["best_objective"] = from_summary("peak_objective", per["max_objective"])
     per["final_reward"] = from_summary("final_reward", per["last_reward"])
     per["collapsed"] = [float(summ[j]["collapsed"]) if "collapsed" in summ.get(j, {}) else np.nan for j in per["job"]]
     # learned: False when J never rose above its start (summary.json); NaN for runs that predate it
-    per["learned"] = [float(summ[j]["learned"]) if summ.get(j, {}).get("learned") is not None else np.nan
-                      for j in per["job"]]
+    per["learned"] = [
+        float(summ[j]["learned"]) if summ.get(j, {}).get("learned") is not None else np.nan for j in per["job"]
+    ]
     per["initial_objective"] = [summ.get(j, {}).get("initial_objective", np.nan) for j in per["job"]]
     for key in ("peak_step", "collapse_step", "collapse_reason"):
         per[key] = [summ.get(j, {}).get(key) for j in per["job"]]
     # final_objective: J after the last update, the last J of metrics.csv (its final row) and summary.json's.
     # NaN/inf parameters end a run: its J is undefined from then on (summary.json's final_objective
     # is null, and final_objective above falls back to the last finite J, from before the NaN).
-    per["nonfinite_params"] = [float(summ[j]["nonfinite_params"]) if "nonfinite_params" in summ.get(j, {})
-                               else np.nan for j in per["job"]]
+    per["nonfinite_params"] = [
+        float(summ[j]["nonfinite_params"]) if "nonfinite_params" in summ.get(j, {}) else np.nan for j in per["job"]
+    ]
     per["done"] = [done.get(j, True) for j in per["job"]]
     per = per.drop(columns=["last_objective", "max_objective", "last_reward"])
     firsts = df.drop_duplicates("job").set_index("job")
@@ -675,5 +705,4 @@ def probe_frame(ds: Dataset):
     return pr
 
 
-DEGENERATE_RULE = (f"degenerate: masks ≥ {DEGENERATE_MASKED:.0%} of the tokens or "
-                   f"‖E ĝ‖ < {DEGENERATE_NORM_RATIO:g}·‖∇J‖")
+DEGENERATE_RULE = f"degenerate: masks ≥ {DEGENERATE_MASKED:.0%} of the tokens or ‖E ĝ‖ < {DEGENERATE_NORM_RATIO:g}·‖∇J‖"

@@ -23,14 +23,19 @@ from __future__ import annotations
 
 import contextlib
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Iterator
 
 # Okabe & Ito (2008), without yellow (too light on white).
 OKABE_ITO = {
-    "black": "#000000", "orange": "#E69F00", "sky": "#56B4E9", "green": "#009E73",
-    "blue": "#0072B2", "vermillion": "#D55E00", "purple": "#CC79A7",
+    "black": "#000000",
+    "orange": "#E69F00",
+    "sky": "#56B4E9",
+    "green": "#009E73",
+    "blue": "#0072B2",
+    "vermillion": "#D55E00",
+    "purple": "#CC79A7",
 }
 OURS_ORDER = ("black", "orange", "sky", "green", "blue", "vermillion", "purple")
 # Paul Tol's muted scheme (https://personal.sron.nl/~pault/), without the pale grey.
@@ -56,16 +61,16 @@ EVENT_COLOR = "#D55E00"
 # ours it is compared with most (openrlhf-bc71bb1/seq-mask-tis is rose, the fixed seq-mask-tis
 # green). Faithful presets added later take the muted palette in registry order.
 FAITHFUL_COLORS = {
-    "openrlhf-bc71bb1/tis": "#332288",           # indigo (tis: orange)
-    "openrlhf-bc71bb1/icepop": "#882255",        # wine (icepop: sky blue)
+    "openrlhf-bc71bb1/tis": "#332288",  # indigo (tis: orange)
+    "openrlhf-bc71bb1/icepop": "#882255",  # wine (icepop: sky blue)
     "openrlhf-bc71bb1/seq-mask-tis": "#CC6677",  # rose (seq-mask-tis: green)
-    "openrlhf-0.11/token-clip": "#999933",       # olive
-    "openrlhf-0.11/token-mask": "#332288",       # indigo
-    "openrlhf-0.11/seq-mask": "#AA4499",         # purple
+    "openrlhf-0.11/token-clip": "#999933",  # olive
+    "openrlhf-0.11/token-mask": "#332288",  # indigo
+    "openrlhf-0.11/seq-mask": "#AA4499",  # purple
     "trl/token-truncate": "#882255",
     "trl/token-mask": "#999933",
     "trl/sequence-truncate": "#CC6677",
-    "trl/sequence-mask": "#44AA99",              # teal
+    "trl/sequence-mask": "#44AA99",  # teal
     "verl/token-tis": "#44AA99",
     "verl/icepop": "#AA4499",
     "verl/seq-tis": "#882255",

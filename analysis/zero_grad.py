@@ -51,8 +51,16 @@ def shade(ax, frame, color, x: str = "x") -> bool:
     flags = frozen(frame, x)
     spans = stretches(flags.index.to_numpy(), flags.to_numpy())
     for lo, hi in spans:
-        ax.axvspan(lo, hi, facecolor=_rgba(color, ALPHA), edgecolor=_rgba(color, 3 * ALPHA), hatch=HATCH,
-                   linewidth=0, zorder=0, gid="zero-grad")
+        ax.axvspan(
+            lo,
+            hi,
+            facecolor=_rgba(color, ALPHA),
+            edgecolor=_rgba(color, 3 * ALPHA),
+            hatch=HATCH,
+            linewidth=0,
+            zorder=0,
+            gid="zero-grad",
+        )
     return bool(spans)
 
 

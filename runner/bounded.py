@@ -83,8 +83,7 @@ def count_nodes(root: yaml.Node, max_elements: int, what: str, hint: str = "") -
             stack.append((node, True))
             for child in children:
                 if id(child) in active:
-                    raise TooLarge(f"{what}: a YAML alias refers to the node that contains it "
-                                   f"(it expands without end)")
+                    raise TooLarge(f"{what}: a YAML alias refers to the node that contains it (it expands without end)")
                 if id(child) not in counts:
                     stack.append((child, False))
             continue

@@ -5,7 +5,8 @@ live here rather than in any one of them. No torch."""
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from runner.errors import UserError
 
@@ -23,8 +24,9 @@ def check_keys(section: str, cfg: Mapping[str, Any], allowed: Iterable[str]) -> 
         raise UserError(f"{section}: unknown key(s) {', '.join(unknown)}{hint}; valid: {', '.join(sorted(allowed))}")
 
 
-def as_int(section: str, cfg: Mapping[str, Any], key: str, low: int | None = None, default: Any = ...,
-           high: int | None = None) -> int:
+def as_int(
+    section: str, cfg: Mapping[str, Any], key: str, low: int | None = None, default: Any = ..., high: int | None = None
+) -> int:
     value = cfg.get(key, default)
     if value is ...:
         raise UserError(f"{section}.{key} is missing")
@@ -37,8 +39,16 @@ def as_int(section: str, cfg: Mapping[str, Any], key: str, low: int | None = Non
     return value
 
 
-def as_float(section: str, cfg: Mapping[str, Any], key: str, low: float | None = None, high: float | None = None,
-             low_open: bool = False, finite: bool = True, default: Any = ...) -> float:
+def as_float(
+    section: str,
+    cfg: Mapping[str, Any],
+    key: str,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    finite: bool = True,
+    default: Any = ...,
+) -> float:
     value = cfg.get(key, default)
     if value is ...:
         raise UserError(f"{section}.{key} is missing")

@@ -8,7 +8,7 @@ import re
 # Hydra, a path: both ends stay readable), and a message longer than MESSAGE_LIMIT likewise.
 TOKEN_LIMIT = 200
 MESSAGE_LIMIT = 1000
-_LONG_TOKEN = re.compile(r"\S{%d,}" % (TOKEN_LIMIT + 1))
+_LONG_TOKEN = re.compile(rf"\S{{{TOKEN_LIMIT + 1},}}")
 
 
 def _middle_cut(text: str, head: int, tail: int) -> str:

@@ -8,7 +8,8 @@ line listing the valid ones. No if-chains over names anywhere else.
 from __future__ import annotations
 
 import importlib
-from typing import Any, Iterator, Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from runner.errors import UserError
 

@@ -20,8 +20,9 @@ import math
 import os
 import secrets
 from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any
 
 from runner.errors import UserError
 
@@ -129,7 +130,7 @@ class CsvWriter:
             with self._guard():
                 self._file.close()
 
-    def __enter__(self) -> "CsvWriter":
+    def __enter__(self) -> CsvWriter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -147,7 +148,8 @@ class NumberCsvWriter(CsvWriter):
         self._variable = [c for c in self.columns if c not in constants]
         line = io.StringIO()
         csv.writer(line, lineterminator="").writerow(
-            [fmt(constants[c]).replace("%", "%%") if c in constants else "\0" for c in self.columns])
+            [fmt(constants[c]).replace("%", "%%") if c in constants else "\0" for c in self.columns]
+        )
         self._template = line.getvalue().replace("\0", "%s") + "\n"
 
     def write(self, row: Mapping[str, Any]) -> None:

@@ -6,10 +6,9 @@ A preset is a YAML file, so the registry is the directory listing plus each file
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
-
-import re
 
 import yaml
 
@@ -42,8 +41,10 @@ def group_options(group: str) -> list[str]:
 def _band(data: dict) -> str:
     if "low" not in data and "high" not in data:
         return ""
+
     def fmt(v):
         return "—" if v is None else f"{v:g}"
+
     return f"[{fmt(data.get('low'))}, {fmt(data.get('high'))}]"
 
 

@@ -30,6 +30,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 def same_value(a: Any, b: Any) -> bool:
     """Equality across the types a CSV, a YAML file and a command line give the same value."""
+
     def norm(v):
         if isinstance(v, bool):
             return str(v).lower()
@@ -42,4 +43,5 @@ def same_value(a: Any, b: Any) -> bool:
             return float(s)
         except ValueError:
             return s.lower() if s.lower() in ("true", "false", "null") else s
+
     return norm(a) == norm(b)

@@ -99,8 +99,10 @@ def bench_correction(tiny: bool) -> list[Result]:
     up to 2x from one run to the next."""
     if tiny:
         return _bench_correction_once(tiny)
-    code = ("import sys, json; sys.path.insert(0, {repo!r}); from scripts.bench import _bench_correction_once; "
-            "print(json.dumps([r.__dict__ for r in _bench_correction_once(False)]))").format(repo=str(REPO))
+    code = (
+        f"import sys, json; sys.path.insert(0, {str(REPO)!r}); from scripts.bench import _bench_correction_once; "
+        "print(json.dumps([r.__dict__ for r in _bench_correction_once(False)]))"
+    )
     runs = []
     for _ in range(3):
         res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
@@ -112,9 +114,16 @@ def bench_correction(tiny: bool) -> list[Result]:
         values = sorted(r.value for r in rows)
         mid = statistics.median(values)
         target = float(rows[0].target.strip("<= x"))
-        out.append(Result(rows[0].name, mid, rows[0].target, mid <= target,
-                          f"median of {len(rows)} processes (range {values[0]:.2f}–{values[-1]:.2f}); "
-                          + min(rows, key=lambda r: abs(r.value - mid)).detail))
+        out.append(
+            Result(
+                rows[0].name,
+                mid,
+                rows[0].target,
+                mid <= target,
+                f"median of {len(rows)} processes (range {values[0]:.2f}–{values[-1]:.2f}); "
+                + min(rows, key=lambda r: abs(r.value - mid)).detail,
+            )
+        )
     return out
 
 
@@ -131,6 +140,7 @@ def _bench_correction_once(tiny: bool) -> list[Result]:
         def run():
             lp = lp0.clone().requires_grad_(True)
             policy_loss(spec, corr, lp, old, roll, adv, mask, metrics=metrics).loss.backward()
+
         return run
 
     def bare():
@@ -146,9 +156,16 @@ def _bench_correction_once(tiny: bool) -> list[Result]:
     for label, reference in (("bare", bare), ("bare NaN-safe", bare_safe)):
         for metrics, target in ((True, 1.3), (False, 1.05)):
             t_ours, t_ref, ratio = _median_ratio(ours(metrics), reference, rounds, mrt)
-            out.append(Result(f"seq-mask-tis loss vs {label} inline torch, metrics={'on' if metrics else 'off'} "
-                              f"(B={B}, T={T}, fwd+bwd)", ratio, f"<= {target}x", ratio <= target,
-                              f"ours {t_ours * 1e3:.2f} ms vs {label} {t_ref * 1e3:.2f} ms"))
+            out.append(
+                Result(
+                    f"seq-mask-tis loss vs {label} inline torch, metrics={'on' if metrics else 'off'} "
+                    f"(B={B}, T={T}, fwd+bwd)",
+                    ratio,
+                    f"<= {target}x",
+                    ratio <= target,
+                    f"ours {t_ours * 1e3:.2f} ms vs {label} {t_ref * 1e3:.2f} ms",
+                )
+            )
     return out
 
 
@@ -204,30 +221,46 @@ def bench_long_sequences(tiny: bool) -> list[Result]:
         peaks = sorted(r["peak_delta_bytes"] for r in runs)
         inputs = runs[0]["input_bytes"]
         ratio = statistics.median(peaks) / inputs
-        out.append(Result(f"long sequences peak memory / inputs, metrics={'on' if metrics else 'off'} (B=8, T={T}, fwd+bwd)",
-                          ratio, "<= 3x", ratio <= 3.0,
-                          f"median peak +{statistics.median(peaks) / 2**20:.1f} MiB (max {peaks[-1] / 2**20:.1f}) "
-                          f"for {inputs / 2**20:.1f} MiB of inputs, {len(runs)} processes"))
+        out.append(
+            Result(
+                f"long sequences peak memory / inputs, metrics={'on' if metrics else 'off'} (B=8, T={T}, fwd+bwd)",
+                ratio,
+                "<= 3x",
+                ratio <= 3.0,
+                f"median peak +{statistics.median(peaks) / 2**20:.1f} MiB (max {peaks[-1] / 2**20:.1f}) "
+                f"for {inputs / 2**20:.1f} MiB of inputs, {len(runs)} processes",
+            )
+        )
     # linear, not quadratic, in T: time at 4T over time at T
+    from torch.utils import benchmark
+
     from runner.core.corrections import Correction
     from runner.core.losses import LossSpec, policy_loss
-    from torch.utils import benchmark
 
     corr = Correction(name="seq-mask-tis", weight="token", weight_op="clamp", filter="geometric", low=0.5, high=5.0)
     times = {}
     # both sizes well past the L2 cache, so the ratio shows the algorithm, not the cache
-    for t_len in ((1024, 4096) if tiny else (32768, 131072)):
+    for t_len in (1024, 4096) if tiny else (32768, 131072):
         lp0, old, roll, adv, mask = _synthetic_batch(8, t_len)
 
         def run(lp0=lp0, old=old, roll=roll, adv=adv, mask=mask):
             lp = lp0.clone().requires_grad_(True)
             policy_loss(LossSpec(), corr, lp, old, roll, adv, mask).loss.backward()
 
-        times[t_len] = benchmark.Timer(stmt="f()", globals={"f": run}).blocked_autorange(min_run_time=0.1 if tiny else 0.5).median
+        times[t_len] = (
+            benchmark.Timer(stmt="f()", globals={"f": run}).blocked_autorange(min_run_time=0.1 if tiny else 0.5).median
+        )
     (t1, a), (t2, b) = sorted(times.items())
     scale = b / a
-    out.append(Result(f"time scaling T={t1}→{t2} (×{t2 // t1} tokens)", scale, f"<= {1.5 * t2 / t1:.0f}x (linear)",
-                      scale <= 1.5 * t2 / t1, f"{a * 1e3:.2f} ms → {b * 1e3:.2f} ms"))
+    out.append(
+        Result(
+            f"time scaling T={t1}→{t2} (×{t2 // t1} tokens)",
+            scale,
+            f"<= {1.5 * t2 / t1:.0f}x (linear)",
+            scale <= 1.5 * t2 / t1,
+            f"{a * 1e3:.2f} ms → {b * 1e3:.2f} ms",
+        )
+    )
     return out
 
 
@@ -254,12 +287,20 @@ def bench_cli(tiny: bool) -> list[Result]:
     out = []
     for arg in ("--help", "list"):
         seconds = _cold([sys.executable, "-m", "runner", arg], repeats)
-        probe = subprocess.run([sys.executable, "-c", _IMPORT_PROBE.format(arg=arg)], capture_output=True, text=True, cwd=REPO)
+        probe = subprocess.run(
+            [sys.executable, "-c", _IMPORT_PROBE.format(arg=arg)], capture_output=True, text=True, cwd=REPO
+        )
         no_torch = "NO-TORCH" in probe.stderr
-        out.append(Result(f"CLI latency `is-study {arg}` (cold process)", seconds, "< 0.5 s, no torch import",
-                          seconds < 0.5 and no_torch,
-                          f"python -c pass {baseline * 1e3:.0f} ms; ratio {seconds / baseline:.1f}x; "
-                          f"torch imported: {'no' if no_torch else 'YES'}"))
+        out.append(
+            Result(
+                f"CLI latency `is-study {arg}` (cold process)",
+                seconds,
+                "< 0.5 s, no torch import",
+                seconds < 0.5 and no_torch,
+                f"python -c pass {baseline * 1e3:.0f} ms; ratio {seconds / baseline:.1f}x; "
+                f"torch imported: {'no' if no_torch else 'YES'}",
+            )
+        )
     return out
 
 
@@ -279,8 +320,12 @@ def _script_results(script: str, tiny: bool) -> list[Result]:
     out_file.unlink()
     if isinstance(rows, dict):  # bench_sweep.py's richer record
         rows = _sweep_rows(rows)
-    return [Result(r["name"], r["value"], str(r["target"]), None if r["pass"] is None else bool(r["pass"]),
-                   r.get("detail", "")) for r in rows]
+    return [
+        Result(
+            r["name"], r["value"], str(r["target"]), None if r["pass"] is None else bool(r["pass"]), r.get("detail", "")
+        )
+        for r in rows
+    ]
 
 
 def _sweep_rows(fig: dict) -> list[dict]:
@@ -288,12 +333,20 @@ def _sweep_rows(fig: dict) -> list[dict]:
     basic = steady["basic"]
     size = f"{fig['jobs']} jobs × {fig['steps']} steps"
     return [
-        {"name": f"sweep overhead per job, basic launcher ({size})", "value": basic["overhead_ms_per_job"],
-         "target": f"<= {targets['overhead_ms_per_job']:g} ms", "pass": targets["overhead_ok"],
-         "detail": f"wall {basic['wall_s']:.2f} s, in-job compute {basic['compute_s']:.2f} s"},
-        {"name": f"sweep joblib speedup, {fig['workers']} workers over basic ({size})", "value": steady["speedup"],
-         "target": f">= {targets['speedup']:g}x", "pass": targets["speedup_ok"],
-         "detail": f"joblib wall {steady['joblib']['wall_s']:.2f} s"},
+        {
+            "name": f"sweep overhead per job, basic launcher ({size})",
+            "value": basic["overhead_ms_per_job"],
+            "target": f"<= {targets['overhead_ms_per_job']:g} ms",
+            "pass": targets["overhead_ok"],
+            "detail": f"wall {basic['wall_s']:.2f} s, in-job compute {basic['compute_s']:.2f} s",
+        },
+        {
+            "name": f"sweep joblib speedup, {fig['workers']} workers over basic ({size})",
+            "value": steady["speedup"],
+            "target": f">= {targets['speedup']:g}x",
+            "pass": targets["speedup_ok"],
+            "detail": f"joblib wall {steady['joblib']['wall_s']:.2f} s",
+        },
     ]
 
 
@@ -311,8 +364,11 @@ BENCHES = {
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default="bench.json",
-                        help="JSON output: a list of {name, value, target, pass} (pass is null for a context figure)")
+    parser.add_argument(
+        "--out",
+        default="bench.json",
+        help="JSON output: a list of {name, value, target, pass} (pass is null for a context figure)",
+    )
     parser.add_argument("--tiny", action="store_true", help="tiny sizes: proves the suite runs, measures nothing")
     parser.add_argument("--only", default="", help=f"comma-separated subset of: {', '.join(BENCHES)}")
     args = parser.parse_args()
@@ -330,15 +386,24 @@ def main() -> int:
     for name in chosen:
         with console.status(f"bench: {name}"):
             results.extend(BENCHES[name](args.tiny))
-    table = Table(title=f"is-study benchmarks ({'tiny' if args.tiny else 'full'}; {os.cpu_count()} CPUs)", title_justify="left")
+    table = Table(
+        title=f"is-study benchmarks ({'tiny' if args.tiny else 'full'}; {os.cpu_count()} CPUs)", title_justify="left"
+    )
     for col in ("benchmark", "figure", "target", "pass", "detail"):
         table.add_column(col)
     for r in results:
         verdict = "—" if r.passed is None else "[green]pass[/green]" if r.passed else "[red]FAIL[/red]"
         table.add_row(r.name, f"{r.value:.3g}", r.target, verdict, r.detail)
     Console(width=200).print(table)
-    Path(args.out).write_text(json.dumps([{"name": r.name, "value": r.value, "target": r.target, "pass": r.passed,
-                                           "detail": r.detail} for r in results], indent=1))
+    Path(args.out).write_text(
+        json.dumps(
+            [
+                {"name": r.name, "value": r.value, "target": r.target, "pass": r.passed, "detail": r.detail}
+                for r in results
+            ],
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -120,15 +120,20 @@ def _per_call(overrides: list[str], repeats: int, calls: int) -> dict[str, float
                 losses.policy_loss(spec, corr, x, *rest, **l_kwargs).loss.backward()
             finally:
                 losses.FUSED_PPO = True
+
         return run
 
-    sides = {"metrics numpy": metrics_call("numpy"), "metrics torch": metrics_call("torch"),
-             "PPO fused": loss_call(True), "PPO readable": loss_call(False)}
+    sides = {
+        "metrics numpy": metrics_call("numpy"),
+        "metrics torch": metrics_call("torch"),
+        "PPO fused": loss_call(True),
+        "PPO readable": loss_call(False),
+    }
     times: dict[str, list[float]] = {name: [] for name in sides}
     for fn in sides.values():
         fn()
     for r in range(repeats):
-        for name in list(sides)[r % len(sides):] + list(sides)[:r % len(sides)]:
+        for name in list(sides)[r % len(sides) :] + list(sides)[: r % len(sides)]:
             fn = sides[name]
             start = time.perf_counter()
             for _ in range(calls):
@@ -154,25 +159,34 @@ def main() -> int:
     for world, overrides in worlds.items():
         times: dict[str, list[float]] = {side: [] for side in SIDES}
         for r in range(rounds):
-            for side in SIDES[r % len(SIDES):] + SIDES[:r % len(SIDES)]:  # each side in each place of the order
+            for side in SIDES[r % len(SIDES) :] + SIDES[: r % len(SIDES)]:  # each side in each place of the order
                 gc.collect()
                 times[side].append(_seconds_per_step(overrides, side, steps))
         ms = {side: statistics.median(t) * 1e3 for side, t in times.items()}
         shape = _batch_shape(overrides)
         for side in SIDES[1:]:
             ratio = statistics.median(a / b for a, b in zip(times[side], times["today"]))
-            row = {"name": f"train step, {side} vs today ({world}: {shape})", "value": ratio, "target": "info",
-                   "pass": None, "detail": f"{ms[side]:.2f} ms vs {ms['today']:.2f} ms per step, median of {rounds} "
-                                           f"rounds of {steps} steps"}
+            row = {
+                "name": f"train step, {side} vs today ({world}: {shape})",
+                "value": ratio,
+                "target": "info",
+                "pass": None,
+                "detail": f"{ms[side]:.2f} ms vs {ms['today']:.2f} ms per step, median of {rounds} "
+                f"rounds of {steps} steps",
+            }
             result.append(row)
             print(f"{row['name']}: {ratio:.3f}x - {row['detail']}", flush=True)
         per_call = _per_call(overrides, *((3, 5) if args.tiny else (15, 50)))
         for second, first in (("metrics torch", "metrics numpy"), ("PPO readable", "PPO fused")):
             ratio = per_call[second] / per_call[first]
-            row = {"name": f"per call, {second} vs {first.split()[-1]} ({world})", "value": ratio, "target": "info",
-                   "pass": None, "detail": f"{per_call[second] * 1e6:.0f} µs vs {per_call[first] * 1e6:.0f} µs; "
-                                           + ("one call a step" if second.startswith("metrics")
-                                                                    else "one call an update")}
+            row = {
+                "name": f"per call, {second} vs {first.split()[-1]} ({world})",
+                "value": ratio,
+                "target": "info",
+                "pass": None,
+                "detail": f"{per_call[second] * 1e6:.0f} µs vs {per_call[first] * 1e6:.0f} µs; "
+                + ("one call a step" if second.startswith("metrics") else "one call an update"),
+            }
             result.append(row)
             print(f"{row['name']}: {ratio:.3f}x - {row['detail']}", flush=True)
     Path(args.out).write_text(json.dumps(result, indent=1))

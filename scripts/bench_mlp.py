@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
-import tempfile
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,8 +55,12 @@ def _sample(world, params, prompts, precision: Precision, generator: torch.Gener
 def _default_run_seconds() -> float:
     with tempfile.TemporaryDirectory() as tmp:
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "runner", "run", "policy=mlp", f"hydra.run.dir={tmp}/run", "-q"],
-                       cwd=REPO, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "runner", "run", "policy=mlp", f"hydra.run.dir={tmp}/run", "-q"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+        )
         return time.perf_counter() - start
 
 
@@ -113,19 +117,38 @@ def main() -> None:
         suite = []
         for label in ("dense", "4 experts"):
             grad_s = timing[(label, "exact J (value + gradient, float64)")]
-            suite.append({"name": f"mlp exact J + ∇J, T={args.seq_len}, V=16 ({label})", "value": grad_s,
-                          "target": f"<= {TARGET_S:g} s", "pass": grad_s <= TARGET_S,
-                          "detail": f"value alone {timing[(label, 'exact J (value, float64)')]:.3f} s"})
+            suite.append(
+                {
+                    "name": f"mlp exact J + ∇J, T={args.seq_len}, V=16 ({label})",
+                    "value": grad_s,
+                    "target": f"<= {TARGET_S:g} s",
+                    "pass": grad_s <= TARGET_S,
+                    "detail": f"value alone {timing[(label, 'exact J (value, float64)')]:.3f} s",
+                }
+            )
         batch_s = timing[("dense", f"sample {args.batch}x{args.seq_len} fp32")]
         one_s = timing[("dense", f"sample 1x{args.seq_len} fp32")]
         ratio = batch_s / one_s
-        suite.append({"name": f"mlp sampling {args.batch} sequences vs 1 (vectorised over the batch)", "value": ratio,
-                      "target": f"<= {args.batch / 4:g}x", "pass": ratio <= args.batch / 4,
-                      "detail": f"{batch_s * 1e3:.1f} ms vs {one_s * 1e3:.1f} ms"})
+        suite.append(
+            {
+                "name": f"mlp sampling {args.batch} sequences vs 1 (vectorised over the batch)",
+                "value": ratio,
+                "target": f"<= {args.batch / 4:g}x",
+                "pass": ratio <= args.batch / 4,
+                "detail": f"{batch_s * 1e3:.1f} ms vs {one_s * 1e3:.1f} ms",
+            }
+        )
         if not args.tiny:
             run_s = _default_run_seconds()
-            suite.append({"name": "default `is-study run policy=mlp` (200 steps, T=64, exact J every 20 steps)",
-                          "value": run_s, "target": "<= 60 s", "pass": run_s <= 60, "detail": "wall, torch import included"})
+            suite.append(
+                {
+                    "name": "default `is-study run policy=mlp` (200 steps, T=64, exact J every 20 steps)",
+                    "value": run_s,
+                    "target": "<= 60 s",
+                    "pass": run_s <= 60,
+                    "detail": "wall, torch import included",
+                }
+            )
         Path(args.out).write_text(json.dumps(suite, indent=1))
 
 

@@ -31,16 +31,28 @@ def build(presets: int, bands: int, batch: int, seq_len: int, vocab: int, n_batc
 
     from runner.hydra_app.app import compose
     from runner.probe.settings import default_preset_names
-    from runner.probe.world import build as build_world, validate
+    from runner.probe.world import build as build_world
+    from runner.probe.world import validate
     from runner.registry import faithful_presets, own_presets
     from runner.studies import plain_config
 
-    names = (default_preset_names() + [n for n in own_presets() + faithful_presets()
-                                       if n not in default_preset_names()])[:presets]
+    names = (
+        default_preset_names() + [n for n in own_presets() + faithful_presets() if n not in default_preset_names()]
+    )[:presets]
     group = 8 if batch % 8 == 0 else 2
-    cfg = compose(["study=probe", "mismatch=outliers", "mismatch.outlier_rate=0.002",
-                   f"rollout.vocab_size={vocab}", f"rollout.seq_len={seq_len}", f"rollout.batch_size={batch // group}",
-                   f"rollout.group_size={group}", "task.targets=[0,1,2,3]", "log.quiet=true"])
+    cfg = compose(
+        [
+            "study=probe",
+            "mismatch=outliers",
+            "mismatch.outlier_rate=0.002",
+            f"rollout.vocab_size={vocab}",
+            f"rollout.seq_len={seq_len}",
+            f"rollout.batch_size={batch // group}",
+            f"rollout.group_size={group}",
+            "task.targets=[0,1,2,3]",
+            "log.quiet=true",
+        ]
+    )
     OmegaConf.set_struct(cfg, False)
     cfg.probe.presets = names
     cfg.probe.bands = BANDS[:bands]
@@ -76,8 +88,10 @@ def main() -> int:
     T = world.policy.seq_len
 
     def fast():
-        return [fast_estimates(groups, len(arms), b, world.policy, world.params, spec.reduction, T, metrics=False).grad
-                for b in batches]
+        return [
+            fast_estimates(groups, len(arms), b, world.policy, world.params, spec.reduction, T, metrics=False).grad
+            for b in batches
+        ]
 
     def slow():
         return [reference_estimates(arms, b, world.policy, world.params, spec, T) for b in batches]
@@ -98,10 +112,14 @@ def main() -> int:
 
     slow_s, fast_s, ratio = _median_ratio(slow, fast, rounds, min_run)
     n = len(batches)
-    print(f"probe gradient paths: {size['presets']} presets × {size['bands']} bands = {len(arms)} arms, "
-          f"B={world.batch_size}, T={T}, V={world.policy.vocab_size}, {n} batches, {args.threads} thread(s)")
-    print(f"  agreement: max |fast − slow| = {worst:.2e} (tolerance 1e-5); {nonfinite} non-finite estimates, "
-          f"flagged alike by both")
+    print(
+        f"probe gradient paths: {size['presets']} presets × {size['bands']} bands = {len(arms)} arms, "
+        f"B={world.batch_size}, T={T}, V={world.policy.vocab_size}, {n} batches, {args.threads} thread(s)"
+    )
+    print(
+        f"  agreement: max |fast − slow| = {worst:.2e} (tolerance 1e-5); {nonfinite} non-finite estimates, "
+        f"flagged alike by both"
+    )
     print(f"  slow (policy_loss + backward per arm): {slow_s / n * 1e3:8.2f} ms per batch")
     print(f"  fast (one batched weighting)         : {fast_s / n * 1e3:8.2f} ms per batch")
     print(f"  ratio slow/fast: {ratio:.1f}x (median of {rounds} round(s); target >= {TARGET:g}x)")
@@ -109,12 +127,22 @@ def main() -> int:
         import json
         from pathlib import Path
 
-        Path(args.out).write_text(json.dumps([{
-            "name": f"probe vectorised vs per-preset backward ({len(arms)} arms, B={world.batch_size}, T={T}, "
-                    f"V={world.policy.vocab_size})",
-            "value": ratio, "target": f">= {TARGET:g}x", "pass": ratio >= TARGET,
-            "detail": f"slow {slow_s / n * 1e3:.1f} ms vs fast {fast_s / n * 1e3:.2f} "
-                      f"ms per batch; max |fast − slow| {worst:.1e}"}], indent=1))
+        Path(args.out).write_text(
+            json.dumps(
+                [
+                    {
+                        "name": f"probe vectorised vs per-preset backward ({len(arms)} arms, B={world.batch_size}, T={T}, "
+                        f"V={world.policy.vocab_size})",
+                        "value": ratio,
+                        "target": f">= {TARGET:g}x",
+                        "pass": ratio >= TARGET,
+                        "detail": f"slow {slow_s / n * 1e3:.1f} ms vs fast {fast_s / n * 1e3:.2f} "
+                        f"ms per batch; max |fast − slow| {worst:.1e}",
+                    }
+                ],
+                indent=1,
+            )
+        )
     if not args.tiny and ratio < TARGET:
         print(f"FAIL: {ratio:.1f}x < {TARGET:g}x", file=sys.stderr)
         return 1

@@ -80,10 +80,16 @@ def bench_kv_cache(tiny: bool) -> list[dict]:
         a.append(ta), b.append(tb), ratios.append(ta / tb)
     ratio = statistics.median(ratios)
     target, passed = ("info", None) if tiny else (">= 5x", ratio >= 5)  # the target is for T = 256
-    return [_row(f"KV-cache sampling speedup over prefix recomputation (T={T}, N={N}, prompt {prompts.shape[1]}, bf16)",
-                 ratio, target, passed,
-                 f"recompute {statistics.median(a):.2f} s, cached {statistics.median(b):.3f} s "
-                 f"({statistics.median(b) / T * 1e3:.2f} ms/token)")]
+    return [
+        _row(
+            f"KV-cache sampling speedup over prefix recomputation (T={T}, N={N}, prompt {prompts.shape[1]}, bf16)",
+            ratio,
+            target,
+            passed,
+            f"recompute {statistics.median(a):.2f} s, cached {statistics.median(b):.3f} s "
+            f"({statistics.median(b) / T * 1e3:.2f} ms/token)",
+        )
+    ]
 
 
 # --------------------------------------------------------------------------------- memory against T
@@ -130,21 +136,28 @@ def bench_memory(tiny: bool) -> list[dict]:
     growth = t2 / t1
     ratio = p2 / p1
     return [
-        _row(f"KV cache bytes, T={t2} over T={t1} (N={N})", c2 / c1, f"= {(t2 + 17) / (t1 + 17):.2f}x (prompt + T)",
-             abs(c2 / c1 - (t2 + 17) / (t1 + 17)) < 1e-9, f"{c1 / 2**20:.1f} MiB → {c2 / 2**20:.1f} MiB"),
+        _row(
+            f"KV cache bytes, T={t2} over T={t1} (N={N})",
+            c2 / c1,
+            f"= {(t2 + 17) / (t1 + 17):.2f}x (prompt + T)",
+            abs(c2 / c1 - (t2 + 17) / (t1 + 17)) < 1e-9,
+            f"{c1 / 2**20:.1f} MiB → {c2 / 2**20:.1f} MiB",
+        ),
         # Judged at full size only: at the tiny size the T=32 peak is under 1 MiB, within the allocator's
         # page-granular noise (two runs on one machine read +0.8 → +8.9 MiB, 11.9×, and +2.8 → +8.9 MiB, 3.2×).
-        _row(f"sampling peak memory, T={t2} over T={t1} (N={N}, bf16, fresh processes)", ratio,
-             "info" if tiny else f"<= {1.5 * growth:.0f}x (linear; quadratic would be {growth ** 2:.0f}x)",
-             None if tiny else ratio <= 1.5 * growth, f"peak +{p1 / 2**20:.1f} MiB → +{p2 / 2**20:.1f} MiB"),
+        _row(
+            f"sampling peak memory, T={t2} over T={t1} (N={N}, bf16, fresh processes)",
+            ratio,
+            "info" if tiny else f"<= {1.5 * growth:.0f}x (linear; quadratic would be {growth**2:.0f}x)",
+            None if tiny else ratio <= 1.5 * growth,
+            f"peak +{p1 / 2**20:.1f} MiB → +{p2 / 2**20:.1f} MiB",
+        ),
     ]
 
 
 # ------------------------------------------------------------------------------------ SFT wall time
 def bench_sft(tiny: bool) -> list[dict]:
     import torch
-
-    from runner.worlds.transformer import sft
 
     with tempfile.TemporaryDirectory() as cache:
         steps = 5 if tiny else None
@@ -155,12 +168,16 @@ def bench_sft(tiny: bool) -> list[dict]:
         world.init_params(torch.Generator())
         seconds = time.perf_counter() - start
         record = world.warm_start
-    detail = (f"{record['sft_steps']} steps: train {record['sft_seconds']:.1f} s (CPU {record['sft_cpu_seconds']:.1f} s); accuracy {record['accuracy']:.3f} "
-              f"± {record['accuracy_se']:.3f}, p>0.9 {record['confident_fraction']:.3f}, forks "
-              f"{record['fork_fraction']:.3f}, mean entropy {record['mean_entropy']:.3f} nats")
+    detail = (
+        f"{record['sft_steps']} steps: train {record['sft_seconds']:.1f} s (CPU {record['sft_cpu_seconds']:.1f} s); accuracy {record['accuracy']:.3f} "
+        f"± {record['accuracy_se']:.3f}, p>0.9 {record['confident_fraction']:.3f}, forks "
+        f"{record['fork_fraction']:.3f}, mean entropy {record['mean_entropy']:.3f} nats"
+    )
     if tiny:
         return [_row("SFT warm start, tiny (wall, s)", seconds, "info", None, detail)]
-    return [_row("SFT warm start at the defaults (wall incl. measurement, s)", seconds, "<= 180 s", seconds <= 180, detail)]
+    return [
+        _row("SFT warm start at the defaults (wall incl. measurement, s)", seconds, "<= 180 s", seconds <= 180, detail)
+    ]
 
 
 def _default_policy() -> dict:
@@ -201,8 +218,13 @@ def bench_train_pass(tiny: bool) -> list[dict]:
         _row(f"teacher-forced forward+backward, fp32 ({size}, ms)", t_fb * 1e3, "info", None),
         _row(f"teacher-forced forward, fp32, no grad ({size}, ms)", t_old * 1e3, "info", None),
         _row(f"KV-cache sampling, bf16 ({N} × {world.seq_len} tokens, ms)", t_roll * 1e3, "info", None),
-        _row("RL step estimate: sampling + old log-probs + one batch of fwd+bwd (200 steps, s)", 200 * step,
-             "info", None, "excludes the engine's and trainer's own overheads, the optimizer and the MC objective"),
+        _row(
+            "RL step estimate: sampling + old log-probs + one batch of fwd+bwd (200 steps, s)",
+            200 * step,
+            "info",
+            None,
+            "excludes the engine's and trainer's own overheads, the optimizer and the MC objective",
+        ),
     ]
 
 
@@ -222,7 +244,9 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     load = os.getloadavg()[0]
     rows = []
-    print(f"policy=transformer bench (threads {args.threads}, load average at start {load:.2f} on {os.cpu_count()} CPUs)")
+    print(
+        f"policy=transformer bench (threads {args.threads}, load average at start {load:.2f} on {os.cpu_count()} CPUs)"
+    )
     for name, bench in BENCHES.items():
         if name == "sft" and args.skip_sft:
             continue

@@ -53,14 +53,18 @@ def main() -> None:
         tok = mismatch.token_mismatch(world, params, prompts, precision, torch.Generator().manual_seed(args.seed + 1))
         summary, bins = mismatch.summarize(tok), mismatch.by_probability(tok)
         out["precisions"][name] = {"summary": summary, "by_probability": bins}
-        print(f"\n{name}: kl_k3 {summary['kl_k3']:.3g} ± {summary['kl_k3_se']:.2g}   max|Δp| {summary['max_abs_prob_diff']:.3g}"
-              f"   mean|Δp| {summary['mean_abs_prob_diff']:.3g}   tokens {summary['tokens']}")
+        print(
+            f"\n{name}: kl_k3 {summary['kl_k3']:.3g} ± {summary['kl_k3_se']:.2g}   max|Δp| {summary['max_abs_prob_diff']:.3g}"
+            f"   mean|Δp| {summary['mean_abs_prob_diff']:.3g}   tokens {summary['tokens']}"
+        )
         print(f"  {'p_old bin':>14} {'share':>7} {'kl_k3':>10} {'mean|Δp|':>10} {'max|Δp|':>10} {'mean|Δlogp|':>12}")
         for row in bins:
             if "kl_k3" not in row:
                 continue
-            print(f"  [{row['p_low']:.2f}, {row['p_high']:.2f}) {row['share']:7.3f} {row['kl_k3']:10.3g} "
-                  f"{row['mean_abs_dp']:10.3g} {row['max_abs_dp']:10.3g} {row['mean_abs_dlogp']:12.3g}")
+            print(
+                f"  [{row['p_low']:.2f}, {row['p_high']:.2f}) {row['share']:7.3f} {row['kl_k3']:10.3g} "
+                f"{row['mean_abs_dp']:10.3g} {row['max_abs_dp']:10.3g} {row['mean_abs_dlogp']:12.3g}"
+            )
     k3 = {k: v["summary"]["kl_k3"] for k, v in out["precisions"].items()}
     print(f"\nkl_k3 ratio bf16/fp16: {k3['bf16'] / k3['fp16']:.1f}   fp8/bf16: {k3['fp8'] / k3['bf16']:.1f}")
     if args.json:

@@ -35,7 +35,7 @@ def _setup(overrides):
 def mismatch_at_init(s, n: int = 256) -> dict[str, tuple[float, float]]:
     import torch
 
-    from runner.worlds.engine import Engine, Mismatch
+    from runner.worlds.engine import Engine
 
     g = torch.Generator().manual_seed(2 * s.seed)
     params = s.world.init_params(g)
@@ -43,8 +43,18 @@ def mismatch_at_init(s, n: int = 256) -> dict[str, tuple[float, float]]:
     for precision in ("bf16", "fp16", "fp8"):
         gen = torch.Generator().manual_seed(12345)
         prompts = s.world.sample_prompts(n, gen)
-        ro = Engine(s.world, replace(s.mismatch, precision=precision, staleness=0, logit_noise=0.0, outlier_rate=0.0,
-                                        temperature=1.0, top_p=1.0)).sample(params, prompts, gen)
+        ro = Engine(
+            s.world,
+            replace(
+                s.mismatch,
+                precision=precision,
+                staleness=0,
+                logit_noise=0.0,
+                outlier_rate=0.0,
+                temperature=1.0,
+                top_p=1.0,
+            ),
+        ).sample(params, prompts, gen)
         old = s.world.token_stats(params, ro.prompts, ro.tokens, entropy=False).logp
         inside = ro.mask > 0
         lr = (old - ro.roll)[inside].double()
@@ -76,8 +86,10 @@ def main() -> int:
     trainer, _ = run_steps(replace(s, train=replace(s.train, steps=1)), 0)
     stats = s.world.token_stats(trainer.params, *_prompts_and_tokens(s, trainer))
     print(f"world {s.world.name} task {s.task.name}: T={s.world.seq_len} V={s.world.vocab_size}")
-    print(f"init: J = {trainer.initial_objective:.4f}; mean entropy {float(stats.entropy.mean()):.4f} nats "
-          f"(uniform {torch.log(torch.tensor(float(s.world.vocab_size))):.4f})")
+    print(
+        f"init: J = {trainer.initial_objective:.4f}; mean entropy {float(stats.entropy.mean()):.4f} nats "
+        f"(uniform {torch.log(torch.tensor(float(s.world.vocab_size))):.4f})"
+    )
     for precision, (k3, dp) in mismatch_at_init(s).items():
         print(f"init mismatch {precision}: kl_k3 {k3:.3g} per token, max |Δp| {dp:.3g}")
 
@@ -86,20 +98,28 @@ def main() -> int:
     norms = sorted(float(u.grad_norm) for r in records for u in r.updates if float(u.grad_norm) > 0)
     if len(norms) >= 10:
         q = statistics.quantiles(norms, n=10, method="inclusive")
-        print(f"warm-up grad norms (clip off, {len(norms)} non-zero of "
-              f"{sum(len(r.updates) for r in records)} updates): p10 {q[0]:.3g}  p50 {q[4]:.3g}  p90 {q[8]:.3g}  "
-              f"max {norms[-1]:.3g}")
-    for lr in ([float(x) for x in args.lrs.split(",")] if args.lrs else [s.train.lr]):
+        print(
+            f"warm-up grad norms (clip off, {len(norms)} non-zero of "
+            f"{sum(len(r.updates) for r in records)} updates): p10 {q[0]:.3g}  p50 {q[4]:.3g}  p90 {q[8]:.3g}  "
+            f"max {norms[-1]:.3g}"
+        )
+    for lr in [float(x) for x in args.lrs.split(",")] if args.lrs else [s.train.lr]:
         run = replace(s, train=replace(s.train, lr=lr, steps=args.steps), metrics=True)
         trainer, records = run_steps(run, args.steps)
         from runner.core.losses import loss_metrics
 
-        kls = [loss_metrics(*torch.stack(u.loss_counts).tolist())["policy_kl_k3"]
-               for r in records for u in r.updates if u.update == 1]
+        kls = [
+            loss_metrics(*torch.stack(u.loss_counts).tolist())["policy_kl_k3"]
+            for r in records
+            for u in r.updates
+            if u.update == 1
+        ]
         clipped = statistics.mean(float(u.clipped) for r in records for u in r.updates)
-        print(f"lr {lr:g}: per-update policy KL (k3, after one update) median {statistics.median(kls):.3g} "
-              f"mean {statistics.mean(kls):.3g}; clip bound {clipped:.0%} of updates; "
-              f"J after {args.steps} steps {trainer.objective():.4f}")
+        print(
+            f"lr {lr:g}: per-update policy KL (k3, after one update) median {statistics.median(kls):.3g} "
+            f"mean {statistics.mean(kls):.3g}; clip bound {clipped:.0%} of updates; "
+            f"J after {args.steps} steps {trainer.objective():.4f}"
+        )
     return 0
 
 

@@ -86,8 +86,10 @@ def score(groups: list[str]) -> bool:
         value = 100.0 * len(killed) / denominator if denominator else float("nan")
         target = GROUPS_AND_PARTS[group][2]
         partial = f" (partial: {len(checked)} of {len(names)} run)" if len(checked) < len(names) else ""
-        print(f"{group:<18} {len(names):>7} {len(checked):>7} {len(killed):>6} {len(equiv):>5} {len(survived):>8} "
-              f"{value:>6.1f}% ≥{target}%{partial}")
+        print(
+            f"{group:<18} {len(names):>7} {len(checked):>7} {len(killed):>6} {len(equiv):>5} {len(survived):>8} "
+            f"{value:>6.1f}% ≥{target}%{partial}"
+        )
         for name in survived:
             print(f"    survived: {name}")
         for name in other:
@@ -115,8 +117,9 @@ def run(groups: list[str], max_children: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=["run", "score"])
-    parser.add_argument("groups", nargs="*",
-                        help=f"default: all of {', '.join(GROUPS)}; parts of worlds: {', '.join(PARTS)}")
+    parser.add_argument(
+        "groups", nargs="*", help=f"default: all of {', '.join(GROUPS)}; parts of worlds: {', '.join(PARTS)}"
+    )
     parser.add_argument("--max-children", type=int, default=2, help="mutants tested at once (default 2)")
     args = parser.parse_args()
     unknown = [g for g in args.groups if g not in GROUPS_AND_PARTS]

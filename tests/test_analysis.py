@@ -41,8 +41,9 @@ def run_dir(tmp_path_factory):
 def sweep_dir(tmp_path_factory):
     """correction × staleness × seed = 8 jobs, with `is-study sweep` (sweep.csv by its aggregator)."""
     d = tmp_path_factory.mktemp("sweep") / "s"
-    code, _, err = _cli("sweep", f"correction=tis,{BUG}", "mismatch.staleness=0,2", "seed=0,1", *TINY, *FAULTS,
-                        f"hydra.sweep.dir={d}")
+    code, _, err = _cli(
+        "sweep", f"correction=tis,{BUG}", "mismatch.staleness=0,2", "seed=0,1", *TINY, *FAULTS, f"hydra.sweep.dir={d}"
+    )
     assert code == 0, err
     assert (d / "sweep.csv").is_file()
     return d
@@ -55,10 +56,21 @@ def probe_dir(tmp_path_factory):
     if "probe" not in STUDIES:
         pytest.skip("the probe study is not in this checkout")
     d = tmp_path_factory.mktemp("probe") / "p"
-    code, _, err = _cli("run", "study=probe", "probe.repeats=16", "probe.n_boot=100", "probe.pretrain_steps=0",
-                        f"probe.presets=[tis,seq-tis,{BUG}]", "probe.bands=[[0.5,1.5],[0.5,4],[0.5,40]]",
-                        "rollout.batch_size=2", "rollout.group_size=4", "rollout.seq_len=8", "mismatch.staleness=2",
-                        "log.quiet=true", f"hydra.run.dir={d}")
+    code, _, err = _cli(
+        "run",
+        "study=probe",
+        "probe.repeats=16",
+        "probe.n_boot=100",
+        "probe.pretrain_steps=0",
+        f"probe.presets=[tis,seq-tis,{BUG}]",
+        "probe.bands=[[0.5,1.5],[0.5,4],[0.5,40]]",
+        "rollout.batch_size=2",
+        "rollout.group_size=4",
+        "rollout.seq_len=8",
+        "mismatch.staleness=2",
+        "log.quiet=true",
+        f"hydra.run.dir={d}",
+    )
     assert code == 0, err
     return d
 
@@ -144,14 +156,18 @@ def test_load_errors_are_one_line(tmp_path):
 
 
 def test_no_torch_in_analysis_and_no_pandas_in_the_cli():
-    code = ("import sys, analysis, analysis.load, analysis.style, analysis.figures\n"
-            "import analysis.reports.dataset, analysis.reports.case_card\n"
-            "assert 'torch' not in sys.modules, 'analysis imported torch'\n"
-            "import runner.cli\n")
+    code = (
+        "import sys, analysis, analysis.load, analysis.style, analysis.figures\n"
+        "import analysis.reports.dataset, analysis.reports.case_card\n"
+        "assert 'torch' not in sys.modules, 'analysis imported torch'\n"
+        "import runner.cli\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
-    code = ("import sys, runner.cli\n"
-            "bad = [m for m in ('pandas', 'matplotlib', 'torch') if m in sys.modules]\n"
-            "assert not bad, bad\n")
+    code = (
+        "import sys, runner.cli\n"
+        "bad = [m for m in ('pandas', 'matplotlib', 'torch') if m in sys.modules]\n"
+        "assert not bad, bad\n"
+    )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
@@ -264,8 +280,11 @@ def test_colours_are_fixed_per_preset(run_dir, sweep_dir):
     from analysis.figures import training
 
     colour = {}
-    for fig in (training.training_figure(load_dataset(sweep_dir)), training.stability_figure(load_dataset(sweep_dir)),
-                training.masking_figure(load_dataset(run_dir))):
+    for fig in (
+        training.training_figure(load_dataset(sweep_dir)),
+        training.stability_figure(load_dataset(sweep_dir)),
+        training.masking_figure(load_dataset(run_dir)),
+    ):
         for ax in fig.axes:
             for ln in _series(ax):
                 colour.setdefault(ln.get_label(), set()).add(ln.get_color())
@@ -439,7 +458,10 @@ def test_report_probe(probe_dir):
 def test_report_case_card():
     code, out, err = _cli("report", "openrlhf-seq-mask-tis", f"correction={BUG}", "--out", "-")
     assert code == 0, err
-    assert "**Verdict: BROKEN.** Invariant 1 (finite loss and gradient) fails in accepted-extreme, rejected-extreme; invariant 2" in out
+    assert (
+        "**Verdict: BROKEN.** Invariant 1 (finite loss and gradient) fails in accepted-extreme, rejected-extreme; invariant 2"
+        in out
+    )
     assert "## Expected vs actual" in out and "match the file's expected results" in out
     assert re.search(r"\| rejected-extreme +\| loss +\| nan +\| nan +\| ✓", out)  # expected vs actual
     assert "| -2.402585092994046 " in out  # the inputs, at full precision
@@ -475,8 +497,9 @@ def test_report_case_file_covers_its_expect_list(tmp_path, monkeypatch):
     assert "invariant 2 n/a (no filter and no veto: nothing is rejected)" in text
     # A file without an expect: list and no correction= asks for one.
     bare = tmp_path / "bare.yaml"
-    bare.write_text("cases:\n  - {log_probs: [[0.0]], old_log_probs: [[0.0]], rollout_log_probs: [[0.0]], "
-                    "advantages: [[1.0]]}\n")
+    bare.write_text(
+        "cases:\n  - {log_probs: [[0.0]], old_log_probs: [[0.0]], rollout_log_probs: [[0.0]], advantages: [[1.0]]}\n"
+    )
     code, _, err = _cli("report", str(bare))
     assert code == 2 and "correction=" in err and len(err.strip().splitlines()) == 1
     # A preset without an expect entry is OK on its invariants only, and says so.

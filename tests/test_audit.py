@@ -19,8 +19,20 @@ from runner.audit.case_files import load_case_file
 
 SEED_PRESET = "openrlhf-bc71bb1/seq-mask-tis"
 PLANTED = "tests.helpers.external_loss_planted_bug:PlantedLoss"
-KEYS = {"preset", "invariant", "status", "faithful", "counterexample", "violation", "reason", "note", "loss",
-        "found_by", "profile", "seconds"}
+KEYS = {
+    "preset",
+    "invariant",
+    "status",
+    "faithful",
+    "counterexample",
+    "violation",
+    "reason",
+    "note",
+    "loss",
+    "found_by",
+    "profile",
+    "seconds",
+}
 CHECKS = [1, 2, 3, 4, 5, 6, 7, "all-masked"]
 
 
@@ -95,8 +107,9 @@ def test_hypothesis_alone_finds_and_shrinks_the_seed_bug(tmp_path):
     """Without the hand-written cases, the property-based search finds and shrinks it too."""
     from runner.audit.command import run_audit
 
-    cells = run_audit([f"correction={SEED_PRESET}"], out_dir=tmp_path, budget="fast", invariants=[1, 2], hand=False,
-                      all_masked=False)
+    cells = run_audit(
+        [f"correction={SEED_PRESET}"], out_dir=tmp_path, budget="fast", invariants=[1, 2], hand=False, all_masked=False
+    )
     assert [c.status for c in cells] == ["fail", "fail"]
     for c in cells:
         assert "hypothesis" in c.found_by
@@ -112,8 +125,8 @@ def test_bc71bb1_icepop_fails_invariant_1(cli, tmp_path):
 
 
 def test_openrlhf_011_seq_mask_fails_1_on_an_accepted_extreme_sequence(cli, tmp_path):
-    from runner.hydra_app import app as hydra_app
     from runner.core.corrections import Correction, apply_correction
+    from runner.hydra_app import app as hydra_app
 
     preset = "openrlhf-0.11/seq-mask"
     code, cells, _ = _audit(cli, tmp_path, f"correction={preset}")
@@ -164,7 +177,8 @@ def test_an_own_preset_that_fails_exits_1_and_its_case_file_checks(cli, tmp_path
     code, _, err = cli("case", path)  # the file names its preset and overrides: invariant 5 fails again
     assert code == 1 and err.strip().splitlines()[-1] == (
         "FAIL invariant 5 (on-policy inputs give coefficient 1 and the loss of `none`) on tis loss=ppo: "
-        f"{inv[5]['violation']}")
+        f"{inv[5]['violation']}"
+    )
     assert load_case_file(path).audit["overrides"] == ["correction=tis", "loss=ppo", "correction.low=2"]
 
 
@@ -187,27 +201,35 @@ def test_a_preset_counterexample_replays_its_finding_and_exits_1(cli, tmp_path):
     code, cells, _ = _audit(cli, tmp_path, f"correction={SEED_PRESET}")
     failed = [c for c in cells if c["status"] == "fail"]
     assert sorted((c["invariant"] for c in failed), key=str) == [1, 2, 4, "all-masked"]
-    labels = {1: "invariant 1 (finite inputs give a finite loss and gradient)",
-              2: "invariant 2 (a rejected unit contributes exactly zero gradient)",
-              4: "invariant 4 (values at mask = 0 (even NaN/±inf) change neither loss nor gradient)",
-              "all-masked": "the all-masked check (a batch with no generated token gives a finite loss and gradient "
-                            "(or an allowed refusal))"}
+    labels = {
+        1: "invariant 1 (finite inputs give a finite loss and gradient)",
+        2: "invariant 2 (a rejected unit contributes exactly zero gradient)",
+        4: "invariant 4 (values at mask = 0 (even NaN/±inf) change neither loss nor gradient)",
+        "all-masked": "the all-masked check (a batch with no generated token gives a finite loss and gradient "
+        "(or an allowed refusal))",
+    }
     for cell in failed:
         path = cell["counterexample"]
         audit = load_case_file(path).audit
-        assert audit == {"check": cell["invariant"], "violation": cell["violation"],
-                         "overrides": [f"correction={SEED_PRESET}", "loss=ppo"],
-                         **({"case": "garbage-padding"} if cell["invariant"] == 4 else {})}, audit
+        assert audit == {
+            "check": cell["invariant"],
+            "violation": cell["violation"],
+            "overrides": [f"correction={SEED_PRESET}", "loss=ppo"],
+            **({"case": "garbage-padding"} if cell["invariant"] == 4 else {}),
+        }, audit
         code, _, err = cli("case", path)
         assert code == 1, err
-        assert err.strip().splitlines()[-1] == \
-            f"FAIL {labels[cell['invariant']]} on {SEED_PRESET} loss=ppo: {cell['violation']}"
+        assert (
+            err.strip().splitlines()[-1]
+            == f"FAIL {labels[cell['invariant']]} on {SEED_PRESET} loss=ppo: {cell['violation']}"
+        )
 
     inv2 = _by_invariant(cells)[2]["counterexample"]
     # the command line still wins: another preset is checked the same way, key by key otherwise
     code, _, err = cli("case", inv2, "correction=seq-mask-tis")
-    assert code == 0 and err.strip().splitlines()[-1].startswith(f"pass {labels[2]} on seq-mask-tis loss=ppo: "
-                                                                 "holds on this file (the audit found: ")
+    assert code == 0 and err.strip().splitlines()[-1].startswith(
+        f"pass {labels[2]} on seq-mask-tis loss=ppo: holds on this file (the audit found: "
+    )
     code, _, err = cli("case", inv2, "loss=reinforce")
     assert code == 1 and f"FAIL {labels[2]} on {SEED_PRESET} loss=reinforce: " in err
     code, _, err = cli("case", inv2, "correction=none")
@@ -226,21 +248,26 @@ def test_a_case_file_without_an_audit_block_runs_as_before(cli, tmp_path):
     assert not math.isfinite(_case_loss(cli, str(old), f"correction={SEED_PRESET}"))
 
 
-@pytest.mark.parametrize("block, needle", [
-    ("audit: [1]", "`audit:` must be a mapping with a `check:`"),
-    ("audit: {violation: x}", "`audit:` must be a mapping with a `check:`"),
-    ("audit: {check: 1, colour: red}", "unknown key(s) in `audit:`: 'colour'"),
-    ("audit: {check: 1, overrides: correction=tis}", "`audit.overrides` must be a list"),
-    ("audit: {check: 1, case: nope}", "`audit.case` names 'nope'"),
-    ("audit: {check: 9}", "`audit.check` must be an invariant 1-7"),
-    ("audit: {check: true}", "`audit.check` must be an invariant 1-7"),
-    ("audit: {check: reference}", "needs `reference:`"),
-    ("audit: {check: raises, dtype: float16}", "`audit.dtype` must be float32 or float64"),
-])
+@pytest.mark.parametrize(
+    "block, needle",
+    [
+        ("audit: [1]", "`audit:` must be a mapping with a `check:`"),
+        ("audit: {violation: x}", "`audit:` must be a mapping with a `check:`"),
+        ("audit: {check: 1, colour: red}", "unknown key(s) in `audit:`: 'colour'"),
+        ("audit: {check: 1, overrides: correction=tis}", "`audit.overrides` must be a list"),
+        ("audit: {check: 1, case: nope}", "`audit.case` names 'nope'"),
+        ("audit: {check: 9}", "`audit.check` must be an invariant 1-7"),
+        ("audit: {check: true}", "`audit.check` must be an invariant 1-7"),
+        ("audit: {check: reference}", "needs `reference:`"),
+        ("audit: {check: raises, dtype: float16}", "`audit.dtype` must be float32 or float64"),
+    ],
+)
 def test_a_bad_audit_block_is_one_line_and_exit_2(cli, tmp_path, block, needle):
     path = tmp_path / "bad.yaml"
-    path.write_text("cases:\n- {log_probs: [[0.0]], old_log_probs: [[0.0]], rollout_log_probs: [[0.0]], "
-                    "advantages: [[1.0]]}\n" + block + "\n")
+    path.write_text(
+        "cases:\n- {log_probs: [[0.0]], old_log_probs: [[0.0]], rollout_log_probs: [[0.0]], "
+        "advantages: [[1.0]]}\n" + block + "\n"
+    )
     code, out, err = cli("case", str(path))
     assert code == 2, (out, err)
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
@@ -250,15 +277,22 @@ def test_a_bad_audit_block_is_one_line_and_exit_2(cli, tmp_path, block, needle):
 def test_a_reference_counterexample_replays_against_its_preset(cli, tmp_path):
     from runner.audit.command import run_audit
 
-    cells = run_audit([f"correction={SEED_PRESET}", "loss=ppo"], out_dir=tmp_path, invariants=[1], all_masked=False,
-                      reference="correction=seq-mask-tis")
+    cells = run_audit(
+        [f"correction={SEED_PRESET}", "loss=ppo"],
+        out_dir=tmp_path,
+        invariants=[1],
+        all_masked=False,
+        reference="correction=seq-mask-tis",
+    )
     ref = next(c for c in cells if c.invariant == "reference")
     assert ref.status == "fail"
     assert load_case_file(ref.counterexample).audit["reference"] == "seq-mask-tis"
     code, _, err = cli("case", ref.counterexample)
     assert code == 1
-    assert err.strip() == (f"FAIL the reference check (the results of correction=seq-mask-tis on ordinary inputs) on "
-                           f"{SEED_PRESET} loss=ppo: token[0][0] gets weight 10; correction=seq-mask-tis gives 5")
+    assert err.strip() == (
+        f"FAIL the reference check (the results of correction=seq-mask-tis on ordinary inputs) on "
+        f"{SEED_PRESET} loss=ppo: token[0][0] gets weight 10; correction=seq-mask-tis gives 5"
+    )
     code, _, err = cli("case", ref.counterexample, "correction=seq-mask-tis")  # the reference itself agrees
     assert code == 0 and err.startswith("pass the reference check")
 
@@ -275,25 +309,34 @@ def test_planted_bug_fails_and_a_correct_external_loss_passes(cli, tmp_path):
     B, T = _shape(inv[1]["counterexample"])
     assert B == 1 and T <= 2
 
-    for target, kwargs in (("tests.helpers.external_loss_planted_bug:CorrectLoss", None),
-                           ("tests.helpers.external_loss_planted_bug:correct_policy_loss", '{"high": 3.0}')):
+    for target, kwargs in (
+        ("tests.helpers.external_loss_planted_bug:CorrectLoss", None),
+        ("tests.helpers.external_loss_planted_bug:correct_policy_loss", '{"high": 3.0}'),
+    ):
         args = ["--target", target] + (["--target-kwargs", kwargs] if kwargs else [])
         code, cells, err = _audit(cli, tmp_path / "correct", *args)
         _check_schema(cells)
         assert code == 0, (target, err)
-        assert {c["invariant"]: c["status"] for c in cells} == {1: "pass", 2: "pass", 3: "n/a", 4: "pass",
-                                                                 5: "pass", 6: "pass", 7: "pass",
-                                                                 "all-masked": "pass"}
+        assert {c["invariant"]: c["status"] for c in cells} == {
+            1: "pass",
+            2: "pass",
+            3: "n/a",
+            4: "pass",
+            5: "pass",
+            6: "pass",
+            7: "pass",
+            "all-masked": "pass",
+        }
 
 
 def test_invariants_5_6_7_have_teeth(tmp_path):
     """External losses with one planted defect each: a wrong scale, a batch-order dependence and a
     gradient that does not match the loss."""
+    from runner.audit.command import Group, audit_groups
     from runner.audit.generators import BUDGETS
     from runner.audit.subjects import ExternalSubject
     from runner.core.corrections import Correction
     from runner.core.losses import LossSpec, policy_loss
-    from runner.audit.command import Group, audit_groups
 
     corr = Correction(name="seq-mask-tis", weight="token", weight_op="clamp", filter="geometric", low=0.5, high=5.0)
 
@@ -311,11 +354,21 @@ def test_invariants_5_6_7_have_teeth(tmp_path):
 
     expected = {doubled: 5, first_row_advantage: 6, detached_half: 7}
     for fn, n in expected.items():
-        (cell,) = audit_groups([Group(fn.__name__, False, [ExternalSubject(fn.__name__, fn)])], BUDGETS["default"],
-                               tmp_path, invariants=[n], all_masked=False)
+        (cell,) = audit_groups(
+            [Group(fn.__name__, False, [ExternalSubject(fn.__name__, fn)])],
+            BUDGETS["default"],
+            tmp_path,
+            invariants=[n],
+            all_masked=False,
+        )
         assert cell.status == "fail", (fn.__name__, n)
-    (cell,) = audit_groups([Group("good", False, [ExternalSubject("good", good)])], BUDGETS["default"], tmp_path,
-                           invariants=[7], all_masked=False)
+    (cell,) = audit_groups(
+        [Group("good", False, [ExternalSubject("good", good)])],
+        BUDGETS["default"],
+        tmp_path,
+        invariants=[7],
+        all_masked=False,
+    )
     assert cell.status == "pass"
 
 
@@ -348,8 +401,8 @@ def detached_half(lp, old, adv, **kw):
 def test_counterexamples_of_5_6_7_replay_on_their_target(cli, tmp_path, fn, n):
     """The on-policy case, the permuted rows (in float64) and the finite differences (in float64)
     are checked again by `is-study case FILE`, as the audit checked them."""
-    from runner.audit.invariants import INVARIANTS
     from runner.audit.command import run_audit
+    from runner.audit.invariants import INVARIANTS
 
     module = tmp_path / "planted_5_6_7.py"
     module.write_text(PLANTED_5_6_7)
@@ -357,24 +410,29 @@ def test_counterexamples_of_5_6_7_replay_on_their_target(cli, tmp_path, fn, n):
     assert cell.status == "fail"
     code, _, err = cli("case", cell.counterexample)
     assert code == 1, err
-    assert err.strip().splitlines()[-1] == f"FAIL invariant {n} ({INVARIANTS[n].text}) on planted_5_6_7:{fn}: " \
-                                           f"{cell.detail}"
+    assert (
+        err.strip().splitlines()[-1] == f"FAIL invariant {n} ({INVARIANTS[n].text}) on planted_5_6_7:{fn}: "
+        f"{cell.detail}"
+    )
     code, _, err = cli("case", cell.counterexample, "--target", f"{module}:good")
     assert code == 0 and f"pass invariant {n} " in err
 
 
-@pytest.mark.parametrize("args, needle", [
-    (("--target", "nocolon"), "module:attr"),
-    (("--target", "no_such_module_xyz:Loss"), "cannot import"),
-    (("--target", "tests.helpers.external_loss_planted_bug:Missing"), "no attribute"),
-    (("--target", "tests.helpers.external_loss_planted_bug:NOT_CALLABLE"), "not callable"),
-    (("--target", PLANTED, "--target-kwargs", "{bad json"), "not valid JSON"),
-    (("--target", PLANTED, "--target-kwargs", "[1, 2]"), "JSON object"),
-    (("--target", PLANTED, "--target-kwargs", '{"nope": 1}'), "failed"),
-    (("--target-kwargs", "{}"), "needs --target"),
-    (("--target", PLANTED, "correction=tis"), "do not apply"),
-    (("correction=no-such-preset",), "unknown correction"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("--target", "nocolon"), "module:attr"),
+        (("--target", "no_such_module_xyz:Loss"), "cannot import"),
+        (("--target", "tests.helpers.external_loss_planted_bug:Missing"), "no attribute"),
+        (("--target", "tests.helpers.external_loss_planted_bug:NOT_CALLABLE"), "not callable"),
+        (("--target", PLANTED, "--target-kwargs", "{bad json"), "not valid JSON"),
+        (("--target", PLANTED, "--target-kwargs", "[1, 2]"), "JSON object"),
+        (("--target", PLANTED, "--target-kwargs", '{"nope": 1}'), "failed"),
+        (("--target-kwargs", "{}"), "needs --target"),
+        (("--target", PLANTED, "correction=tis"), "do not apply"),
+        (("correction=no-such-preset",), "unknown correction"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, needle):
     code, out, err = cli("audit", "--out", str(tmp_path), *args)
     assert code == 2, (out, err)
@@ -386,8 +444,15 @@ def test_help_documents_the_external_convention(cli):
     code, out, _ = cli("audit", "--help")
     flat = " ".join(out.split())
     assert code == 0
-    for needle in ("module:attr", "rollout_log_probs", "action_mask", "first item", "--thorough", "--json",
-                   "e.g. is-study audit"):
+    for needle in (
+        "module:attr",
+        "rollout_log_probs",
+        "action_mask",
+        "first item",
+        "--thorough",
+        "--json",
+        "e.g. is-study audit",
+    ):
         assert needle in flat, needle
 
 
@@ -409,6 +474,7 @@ def test_the_audit_is_deterministic_and_removes_stale_counterexamples(tmp_path):
     first = run_audit([f"correction={SEED_PRESET}"], **args)
     texts = {c.counterexample: Path(c.counterexample).read_text() for c in first if c.counterexample}
     second = run_audit([f"correction={SEED_PRESET}"], **args)
+
     def timeless(cells):
         return [{k: v for k, v in c.to_json().items() if k != "seconds"} for c in cells]
 
@@ -432,6 +498,7 @@ def test_gspo_finite_inputs_give_a_finite_gradient(tmp_path):
     clipped branch's backward gave 0·inf = NaN; the log-ratio is now clamped to ±20 like PPO's."""
     from runner.audit.command import run_audit
 
-    (cell,) = run_audit(["correction=none", "loss=gspo"], out_dir=tmp_path, budget="fast", invariants=[1],
-                        all_masked=False)
+    (cell,) = run_audit(
+        ["correction=none", "loss=gspo"], out_dir=tmp_path, budget="fast", invariants=[1], all_masked=False
+    )
     assert cell.status == "pass", cell.detail

@@ -49,8 +49,9 @@ TIME_LIMIT_S = 60  # a sanity bound for a shared CI box; the measured times are 
 def _index_url() -> str:
     url = os.environ.get("PIP_INDEX_URL")
     if not url:
-        got = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"],
-                             capture_output=True, text=True)
+        got = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True, text=True
+        )
         url = got.stdout.strip() if got.returncode == 0 and got.stdout.strip() else "https://pypi.org/simple"
     return url.rstrip("/") + "/"
 
@@ -59,8 +60,12 @@ def _index_url() -> str:
 def site(tmp_path_factory) -> Path:
     wheels = tmp_path_factory.mktemp("wheels")
     try:
-        got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels),
-                              *released.PACKAGES], capture_output=True, text=True, timeout=600)
+        got = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels), *released.PACKAGES],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         failure = got.stderr[-2000:] if got.returncode != 0 else None
     except subprocess.TimeoutExpired:
         failure = "pip download did not finish in 600 s"
@@ -71,8 +76,10 @@ def site(tmp_path_factory) -> Path:
         except urllib.error.HTTPError:
             pass  # it answered: the failure is not one of reaching it
         except OSError as exc:
-            pytest.skip(f"the package index {index} cannot be reached ({exc}); the audit of released code "
-                        f"needs `pip download --no-deps {' '.join(released.PACKAGES)}`")
+            pytest.skip(
+                f"the package index {index} cannot be reached ({exc}); the audit of released code "
+                f"needs `pip download --no-deps {' '.join(released.PACKAGES)}`"
+            )
         pytest.fail(f"pip download failed although {index} answers:\n{failure}")
     return released.unpack(wheels)
 
@@ -91,17 +98,23 @@ def _audit_once(target, site: Path, tmp_factory, *extra: str) -> tuple[int, list
 def _audit(target, site: Path, out: Path, *extra: str) -> tuple[int, list[dict], float, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "COLUMNS": "200"}
     start = time.perf_counter()
-    got = subprocess.run([sys.executable, str(ONLY_OWN), "audit", "--json", "--out", str(out), *target.argv(site),
-                          *extra],
-                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    got = subprocess.run(
+        [sys.executable, str(ONLY_OWN), "audit", "--json", "--out", str(out), *target.argv(site), *extra],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     seconds = time.perf_counter() - start
     assert got.returncode in (0, 1), got.stderr
     return got.returncode, json.loads(got.stdout), seconds, got.stderr
 
 
 def _line(cell: dict) -> str:
-    return f"{cell['invariant'] if isinstance(cell['invariant'], str) else _label(cell['invariant'])}: " \
-           f"{cell['violation']}"
+    return (
+        f"{cell['invariant'] if isinstance(cell['invariant'], str) else _label(cell['invariant'])}: {cell['violation']}"
+    )
 
 
 def _label(n: int) -> str:
@@ -166,8 +179,14 @@ def test_verl_zero_division_is_reported_once_with_its_line(site, tmp_path_factor
 
 def _case(path: str) -> tuple[int, str, str]:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    got = subprocess.run([sys.executable, str(ONLY_OWN), "case", path, "--json"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+    got = subprocess.run(
+        [sys.executable, str(ONLY_OWN), "case", path, "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     return got.returncode, got.stdout, got.stderr
 
 
@@ -183,8 +202,10 @@ def test_openrlhf_0112_minus_inf_is_an_accepted_overflow(site, tmp_path_factory)
     assert max(lr) > 88.8 and -0.7 < sum(lr) / len(lr) < 1.61  # ρ_t = inf, ρ_geo ∈ [0.5, 5]
     code, out, err = _case(cell["counterexample"])  # the file names its target and check: it fails again
     assert code == 1 and json.loads(out)[0]["loss"] == "-inf", err
-    assert "FAIL invariant 1 (finite inputs give a finite loss and gradient) on " \
-           f"{cell['preset']}: {cell['violation']}" in err
+    assert (
+        "FAIL invariant 1 (finite inputs give a finite loss and gradient) on "
+        f"{cell['preset']}: {cell['violation']}" in err
+    )
 
 
 def test_the_audit_here_sees_only_is_study_and_its_dependencies(tmp_path):
@@ -197,14 +218,23 @@ def test_the_audit_here_sees_only_is_study_and_its_dependencies(tmp_path):
     hidden = only_own.hidden_modules()
     assert "pytest" in hidden and not {"torch", "typer", "pydantic", "omegaconf", "hydra", "yaml"} & hidden
     loss = tmp_path / "loss_importing_pytest.py"
-    loss.write_text("import pytest\n\ndef loss(log_probs, old_log_probs, advantages, action_mask=None, "
-                    "rollout_log_probs=None):\n    return (log_probs * advantages).mean()\n")
+    loss.write_text(
+        "import pytest\n\ndef loss(log_probs, old_log_probs, advantages, action_mask=None, "
+        "rollout_log_probs=None):\n    return (log_probs * advantages).mean()\n"
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    got = subprocess.run([sys.executable, str(ONLY_OWN), "audit", "--target", f"{loss}:loss", "--out",
-                          str(tmp_path / "cases")], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    got = subprocess.run(
+        [sys.executable, str(ONLY_OWN), "audit", "--target", f"{loss}:loss", "--out", str(tmp_path / "cases")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert got.returncode == 2, got.stderr
-    assert got.stderr.strip().endswith("(ModuleNotFoundError: No module named 'pytest'); stub what the loss "
-                                       "does not need with --stub pytest"), got.stderr
+    assert got.stderr.strip().endswith(
+        "(ModuleNotFoundError: No module named 'pytest'); stub what the loss does not need with --stub pytest"
+    ), got.stderr
 
 
 def test_the_audit_docs_show_the_commands_this_test_runs():
@@ -214,20 +244,33 @@ def test_the_audit_docs_show_the_commands_this_test_runs():
     assert f"pip download --no-deps {' '.join(released.PACKAGES)} -d wheels" in doc
 
 
-@pytest.mark.skipif(not os.environ.get("IS_STUDY_OPENRLHF_BC71BB1"),
-                    reason="IS_STUDY_OPENRLHF_BC71BB1 is not set: bc71bb19 is audited through its adapter only "
-                           "(point the variable at a checkout of OpenRLHF at that commit to audit its loss.py)")
+@pytest.mark.skipif(
+    not os.environ.get("IS_STUDY_OPENRLHF_BC71BB1"),
+    reason="IS_STUDY_OPENRLHF_BC71BB1 is not set: bc71bb19 is audited through its adapter only "
+    "(point the variable at a checkout of OpenRLHF at that commit to audit its loss.py)",
+)
 def test_openrlhf_bc71bb1_itself_matches_its_adapter(tmp_path):
     checkout = Path(os.environ["IS_STUDY_OPENRLHF_BC71BB1"])
     adapter = next(t for t in released.TARGETS if t.name == "openrlhf-bc71bb1-seq-mask-tis")
-    real = released.Target("bc71bb19", "", ("--target", f"{checkout}/openrlhf/models/loss.py:PolicyLoss",
-                                            "--stub", "deepspeed", *adapter.args[2:]), adapter.known, adapter.other)
+    real = released.Target(
+        "bc71bb19",
+        "",
+        ("--target", f"{checkout}/openrlhf/models/loss.py:PolicyLoss", "--stub", "deepspeed", *adapter.args[2:]),
+        adapter.known,
+        adapter.other,
+    )
     _, mine, _, _ = _audit(adapter, Path("."), tmp_path / "adapter")
     _, theirs, _, err = _audit(real, Path("."), tmp_path / "real")
 
     def bodies(cells):
-        return {c["invariant"]: (c["violation"], Path(c["counterexample"]).read_text().split("\ncases:", 1)[1]
-                                 .split("\ntarget:", 1)[0]) for c in cells if c["status"] == "fail"}
+        return {
+            c["invariant"]: (
+                c["violation"],
+                Path(c["counterexample"]).read_text().split("\ncases:", 1)[1].split("\ntarget:", 1)[0],
+            )
+            for c in cells
+            if c["status"] == "fail"
+        }
 
     assert bodies(mine) == bodies(theirs), err
     print(shlex.join(real.argv(".")))

@@ -54,7 +54,8 @@ def heavy_package(tmp_path):
     (root / "heavypkg" / "__init__.py").write_text("import not_installed_trainer_stack\n")
     (models / "__init__.py").write_text("from .actor import Actor\n")
     (models / "actor.py").write_text("import peft_that_is_missing\n")
-    (models / "helpers.py").write_text(textwrap.dedent("""
+    (models / "helpers.py").write_text(
+        textwrap.dedent("""
         import fake_deepspeed_xyz
         import fake_deepspeed_xyz.comm as dist
         from fake_deepspeed_xyz.zero import Init
@@ -65,8 +66,10 @@ def heavy_package(tmp_path):
         @fake_deepspeed_xyz.jit       # ... and used as a decorator, which hands the function back
         def masked_mean(x, mask):
             return (x * mask).sum() / mask.sum().clamp(min=1)
-    """))
-    (models / "loss.py").write_text(textwrap.dedent("""
+    """)
+    )
+    (models / "loss.py").write_text(
+        textwrap.dedent("""
         import torch
         from .helpers import masked_mean
         from heavypkg.models.helpers import Wrapped
@@ -83,7 +86,8 @@ def heavy_package(tmp_path):
                 ratio = (log_probs - old_log_probs).clamp(-20, 20).exp()
                 loss = -torch.min(ratio * advantages, ratio.clamp(0.8, 1.2) * advantages)
                 return masked_mean(eager(loss), action_mask), None
-    """))
+    """)
+    )
     return models / "loss.py"
 
 
@@ -108,12 +112,19 @@ def test_a_file_target_loads_without_its_package_init_and_with_stubs(heavy_packa
 
 
 def test_a_file_target_is_audited_by_its_package_name(cli, tmp_path, heavy_package):
-    code, cells, err = _audit(cli, tmp_path, "--target", f"{heavy_package}:PolicyLoss",
-                              "--stub", "fake_deepspeed_xyz")
+    code, cells, err = _audit(cli, tmp_path, "--target", f"{heavy_package}:PolicyLoss", "--stub", "fake_deepspeed_xyz")
     assert code == 0, err
     assert {c["preset"] for c in cells} == {"heavypkg.models.loss:PolicyLoss"}
-    assert {c["invariant"]: c["status"] for c in cells} == {1: "pass", 2: "pass", 3: "n/a", 4: "pass", 5: "pass",
-                                                            6: "pass", 7: "pass", "all-masked": "pass"}
+    assert {c["invariant"]: c["status"] for c in cells} == {
+        1: "pass",
+        2: "pass",
+        3: "n/a",
+        4: "pass",
+        5: "pass",
+        6: "pass",
+        7: "pass",
+        "all-masked": "pass",
+    }
 
 
 # --------------------------------------------------------------------------------- conventions
@@ -136,14 +147,17 @@ def test_conventions_bind_names_positions_and_the_loss_key():
     assert Caller.build("plain", loss_key="policy_loss").pick_loss({"policy_loss": 5}) == 5
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(convention="nope"), "--convention"),
-    (dict(convention="openrlhf", arg_map="bogus=x"), "unknown role"),
-    (dict(convention="openrlhf", arg_map="lp"), "ROLE=PARAM"),
-    (dict(convention="openrlhf", arg_map="adv=5"), "without gaps"),
-    (dict(convention="openrlhf", arg_map="mask=x,roll=x"), "same parameter"),
-    (dict(convention="openrlhf", call_kwargs={"action_mask": 1}), "passes itself"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(convention="nope"), "--convention"),
+        (dict(convention="openrlhf", arg_map="bogus=x"), "unknown role"),
+        (dict(convention="openrlhf", arg_map="lp"), "ROLE=PARAM"),
+        (dict(convention="openrlhf", arg_map="adv=5"), "without gaps"),
+        (dict(convention="openrlhf", arg_map="mask=x,roll=x"), "same parameter"),
+        (dict(convention="openrlhf", call_kwargs={"action_mask": 1}), "passes itself"),
+    ],
+)
 def test_bad_conventions_are_user_errors(kwargs, needle):
     from runner.audit.conventions import Caller
 
@@ -154,9 +168,16 @@ def test_bad_conventions_are_user_errors(kwargs, needle):
 def test_verl_convention_with_a_config_object_and_a_weights_function(cli, tmp_path):
     """A two-stage target: weights from one function, loss from another that takes them precomputed
     and a config object built with _target_; invariant 3 now runs on external code."""
-    common = ["--convention", "verl", "--target", f"{TARGETS}:verl_style",
-              "--call-kwargs", '{"loss_agg_mode": "token-mean", "config": {"_target_": "types.SimpleNamespace", '
-                               '"clip_ratio": 0.2}}', "--band", ",2"]
+    common = [
+        "--convention",
+        "verl",
+        "--target",
+        f"{TARGETS}:verl_style",
+        "--call-kwargs",
+        '{"loss_agg_mode": "token-mean", "config": {"_target_": "types.SimpleNamespace", "clip_ratio": 0.2}}',
+        "--band",
+        ",2",
+    ]
     code, cells, err = _audit(cli, tmp_path / "good", *common, "--weights-fn", f"{TARGETS}:clamped_weights")
     assert code == 0, err
     assert _one(cells, 3)["status"] == "pass" and _one(cells, 2)["status"] == "pass"
@@ -170,16 +191,18 @@ def test_verl_convention_with_a_config_object_and_a_weights_function(cli, tmp_pa
 
 
 def test_a_weights_function_alone_is_audited_under_our_losses(cli, tmp_path):
-    code, cells, err = _audit(cli, tmp_path, "--convention", "verl", "--weights-fn", f"{TARGETS}:clamped_weights",
-                              "--band", ",2")
+    code, cells, err = _audit(
+        cli, tmp_path, "--convention", "verl", "--weights-fn", f"{TARGETS}:clamped_weights", "--band", ",2"
+    )
     assert code == 0, err
     assert _one(cells, 3)["status"] == "pass"
     assert {c["loss"] for c in cells if c["status"] == "fail"} == set()
 
 
 def test_plain_convention_with_a_dict_loss(cli, tmp_path):
-    code, cells, err = _audit(cli, tmp_path, "--convention", "plain", "--target", f"{TARGETS}:dict_loss",
-                              "--loss-key", "policy_loss")
+    code, cells, err = _audit(
+        cli, tmp_path, "--convention", "plain", "--target", f"{TARGETS}:dict_loss", "--loss-key", "policy_loss"
+    )
     assert code == 0, err
     assert _one(cells, 5)["status"] == "pass"
 
@@ -204,8 +227,7 @@ def test_an_exception_is_one_finding_with_its_line_and_allowed_refusals_are_not(
     code, out, err = cli("case", raised[0]["counterexample"], "--json")
     assert code == 1, err
     assert [r["raised"] for r in json.loads(out)] == [raised[0]["violation"]]
-    assert f"FAIL raises (an exception the audit found) on {TARGETS}:icepop_with_ess: {raised[0]['violation']}\n" \
-        in err
+    assert f"FAIL raises (an exception the audit found) on {TARGETS}:icepop_with_ess: {raised[0]['violation']}\n" in err
 
     code, cells, _ = _audit(cli, tmp_path / "strict", "--target", f"{TARGETS}:icepop_with_ess")
     assert _one(cells, "all-masked")["status"] == "raise"
@@ -240,11 +262,11 @@ def test_a_crash_inside_torch_is_reported_at_the_target_line():
 
 # --------------------------------------------------------------------------------- all-masked batch
 def test_the_all_masked_batch_is_its_own_check():
+    import tests.helpers.audit_targets as targets
     from runner.audit.all_masked import check
     from runner.audit.crashes import CrashLog
     from runner.audit.generators import PROFILES
     from runner.audit.subjects import ExternalSubject
-    import tests.helpers.audit_targets as targets
 
     reduction = check(ExternalSubject("nan", targets.nan_when_empty), PROFILES["adversarial"], CrashLog())
     assert reduction.status == "pass" and "with on-policy inputs too" in reduction.note
@@ -255,9 +277,9 @@ def test_the_all_masked_batch_is_its_own_check():
 
 
 def test_all_masked_batches_never_reach_the_invariants():
+    import tests.helpers.audit_targets as targets
     from runner.audit.invariants import INVARIANTS, violation
     from runner.audit.subjects import Batch, ExternalSubject
-    import tests.helpers.audit_targets as targets
 
     empty = Batch.of([[0.0, -1.0]], [[0.0, -1.0]], [[-1000.0, -1.0]], [[1.0, 1.0]], [[0, 0]])
     subject = ExternalSubject("nan", targets.nan_when_empty)
@@ -271,8 +293,9 @@ def test_shrinking_keeps_the_failure_kind(tmp_path):
     −inf found first must still be −inf after shrinking (it was shrunk into NaN once)."""
     from runner.audit.command import run_audit
 
-    (cell,) = run_audit(["correction=openrlhf-bc71bb1/seq-mask-tis", "loss=ppo"], out_dir=tmp_path,
-                        invariants=[1], all_masked=False)
+    (cell,) = run_audit(
+        ["correction=openrlhf-bc71bb1/seq-mask-tis", "loss=ppo"], out_dir=tmp_path, invariants=[1], all_masked=False
+    )
     assert cell.detail == "loss -inf on finite inputs"
     assert cell.found_by == "the hand-written case 'accepted-extreme'"
     assert f"found by {cell.found_by}" in Path(cell.counterexample).read_text()
@@ -295,13 +318,19 @@ def test_shrinking_keeps_the_failure_kind(tmp_path):
 
 
 def test_a_target_that_answers_differently_twice_is_still_reported(tmp_path):
+    import tests.helpers.audit_targets as targets
+    from runner.audit.command import Group, audit_groups
     from runner.audit.generators import BUDGETS
     from runner.audit.subjects import ExternalSubject
-    from runner.audit.command import Group, audit_groups
-    import tests.helpers.audit_targets as targets
 
-    (cell,) = audit_groups([Group("flaky", False, [ExternalSubject("flaky", targets.flaky)])], BUDGETS["fast"],
-                           tmp_path, invariants=[1], hand=False, all_masked=False)
+    (cell,) = audit_groups(
+        [Group("flaky", False, [ExternalSubject("flaky", targets.flaky)])],
+        BUDGETS["fast"],
+        tmp_path,
+        invariants=[1],
+        hand=False,
+        all_masked=False,
+    )
     assert cell.status == "fail" and cell.detail == "loss nan on finite inputs"
     assert Path(cell.counterexample).is_file() and "answers differently twice" in cell.found_by
 
@@ -310,11 +339,11 @@ def test_invariant_2_tells_ppo_clipped_tokens_from_rejected_ones(tmp_path):
     """Unclamped PPO at lp − old = 100: the clip binds, so the gradient is 0 in float64 and 0·inf =
     NaN in float32. That token was clipped by PPO, not rejected: invariant 1 reports the NaN,
     invariant 2 must not call it a rejected unit."""
-    from runner.audit.generators import BUDGETS
-    from runner.audit.subjects import Batch, ExternalSubject
-    from runner.audit.invariants import check_finite, check_rejection
-    from runner.audit.command import Group, audit_groups
     import tests.helpers.audit_targets as targets
+    from runner.audit.command import Group, audit_groups
+    from runner.audit.generators import BUDGETS
+    from runner.audit.invariants import check_finite, check_rejection
+    from runner.audit.subjects import Batch, ExternalSubject
 
     subject = ExternalSubject("unclamped", targets.unclamped_ppo)
     clipped = Batch.of([[100.0 - 1.0, -1.0]], [[-1.0, -1.0]], [[-1.0, -1.0]], [[1.0, 1.0]])
@@ -322,24 +351,29 @@ def test_invariant_2_tells_ppo_clipped_tokens_from_rejected_ones(tmp_path):
     assert math.isnan(float(subject(clipped).grad[0, 0]))
     assert check_rejection(subject, clipped) is None
     assert check_finite(subject, clipped).kind == "grad:nan"
-    cells = audit_groups([Group("unclamped", False, [subject])], BUDGETS["fast"], tmp_path, invariants=[1, 2],
-                         all_masked=False)
+    cells = audit_groups(
+        [Group("unclamped", False, [subject])], BUDGETS["fast"], tmp_path, invariants=[1, 2], all_masked=False
+    )
     assert [c.status for c in cells] == ["fail", "pass"]
 
 
 def test_invariant_2_flags_a_finite_nonzero_gradient_on_a_rejected_row():
     """Issue 20: checking only for non-finite gradients at rejected units must not survive."""
-    from runner.hydra_app import app as hydra_app
     from runner.audit.invariants import check_rejection
     from runner.audit.subjects import Batch, PresetSubject
     from runner.core.corrections import Correction
     from runner.core.losses import LossSpec
+    from runner.hydra_app import app as hydra_app
 
     corr = Correction.from_config(hydra_app.to_container(hydra_app.compose(["correction=geo-mask"]).correction))
     subject = PresetSubject(corr, LossSpec())
     # row 0 kept (ρ_geo = 1), row 1 rejected (ρ_geo = e^3 > 5)
-    batch = Batch.of([[-1.0, -1.0], [-1.0, -1.0]], [[-1.0, -1.0], [-1.0, -1.0]], [[-1.0, -1.0], [-4.0, -4.0]],
-                     [[1.0, 1.0], [1.0, 1.0]])
+    batch = Batch.of(
+        [[-1.0, -1.0], [-1.0, -1.0]],
+        [[-1.0, -1.0], [-1.0, -1.0]],
+        [[-1.0, -1.0], [-4.0, -4.0]],
+        [[1.0, 1.0], [1.0, 1.0]],
+    )
     out = subject(batch)
     assert out.keep.tolist() == [[True, True], [False, False]]
     assert check_rejection(subject, batch) is None
@@ -357,11 +391,11 @@ def test_invariant_2_flags_a_finite_nonzero_gradient_on_a_rejected_row():
 
 def test_invariant_3_flags_a_coefficient_outside_its_band():
     """Issue 20: invariant 3 had no test showing it can fail."""
-    from runner.hydra_app import app as hydra_app
     from runner.audit.invariants import check_bounds
     from runner.audit.subjects import Batch, PresetSubject
     from runner.core.corrections import Correction
     from runner.core.losses import LossSpec
+    from runner.hydra_app import app as hydra_app
 
     corr = Correction.from_config(hydra_app.to_container(hydra_app.compose(["correction=tis"]).correction))
     batch = Batch.of([[-1.0, -1.0]], [[-1.0, -1.0]], [[-4.0, -1.0]], [[1.0, 1.0]])  # ρ = e^3 → clamp to 5
@@ -381,15 +415,25 @@ def test_invariant_3_flags_a_coefficient_outside_its_band():
 def test_the_reference_finds_the_missing_clamp_on_ordinary_inputs(tmp_path):
     from runner.audit.command import run_audit
 
-    cells = run_audit(["correction=openrlhf-bc71bb1/seq-mask-tis", "loss=ppo"], out_dir=tmp_path, invariants=[1],
-                      all_masked=False, reference="correction=seq-mask-tis")
+    cells = run_audit(
+        ["correction=openrlhf-bc71bb1/seq-mask-tis", "loss=ppo"],
+        out_dir=tmp_path,
+        invariants=[1],
+        all_masked=False,
+        reference="correction=seq-mask-tis",
+    )
     ref = next(c for c in cells if c.invariant == "reference")
     assert ref.status == "fail" and ref.profile == "ordinary"
     assert ref.detail == "vs correction=seq-mask-tis: token[0][0] gets weight 10; correction=seq-mask-tis gives 5"
     (case,) = load_case_file(ref.counterexample).cases
     assert max(abs(a - b) for a, b in zip(case.old_log_probs[0], case.rollout_log_probs[0])) < 3
-    same = run_audit(["correction=seq-mask-tis", "loss=ppo"], out_dir=tmp_path / "same", invariants=[1],
-                     all_masked=False, reference="correction=seq-mask-tis")
+    same = run_audit(
+        ["correction=seq-mask-tis", "loss=ppo"],
+        out_dir=tmp_path / "same",
+        invariants=[1],
+        all_masked=False,
+        reference="correction=seq-mask-tis",
+    )
     assert [c.status for c in same] == ["pass", "pass"]
 
 
@@ -411,8 +455,7 @@ def test_the_realistic_profile_generates_only_realistic_batches():
 @pytest.mark.slow
 def test_each_finding_names_its_profile(cli, tmp_path):
     for profile in ("adversarial", "realistic"):
-        code, cells, _ = _audit(cli, tmp_path / profile, "--profile", profile,
-                                "correction=openrlhf-0.11/seq-mask")
+        code, cells, _ = _audit(cli, tmp_path / profile, "--profile", profile, "correction=openrlhf-0.11/seq-mask")
         assert code == 0
         inv = {c["invariant"]: c for c in cells}
         assert inv[1]["status"] == "fail" and inv[1]["profile"] == profile
@@ -426,55 +469,76 @@ def test_case_files_carry_a_hash_of_the_kwargs_and_replay_their_target(cli, tmp_
     out = tmp_path / "out"
     files = []
     for kwargs in ('{"high": 5.0}', '{"high": 3.0}', '{"high": 5.0}'):
-        code, cells, _ = _audit(cli, out, "--target", "tests.helpers.external_loss_planted_bug:PlantedLoss",
-                                "--target-kwargs", kwargs)
+        code, cells, _ = _audit(
+            cli, out, "--target", "tests.helpers.external_loss_planted_bug:PlantedLoss", "--target-kwargs", kwargs
+        )
         assert code == 1
         files.append(Path(_one(cells, 1)["counterexample"]).name)
     assert files[0] == files[2] != files[1]
-    assert files[0].startswith("tests.helpers.external_loss_planted_bug--PlantedLoss.") and files[0].endswith(".inv1.yaml")
+    assert files[0].startswith("tests.helpers.external_loss_planted_bug--PlantedLoss.") and files[0].endswith(
+        ".inv1.yaml"
+    )
 
     path = out / files[1]
-    assert load_case_file(path).target == {"target": "tests.helpers.external_loss_planted_bug:PlantedLoss",
-                                           "target_kwargs": '{"high": 3.0}'}
+    assert load_case_file(path).target == {
+        "target": "tests.helpers.external_loss_planted_bug:PlantedLoss",
+        "target_kwargs": '{"high": 3.0}',
+    }
     code, stdout, err = cli("case", str(path), "--json")
     assert code == 1 and "replaying the target recorded in" in err  # invariant 1 still fails there
     (result,) = json.loads(stdout)
     assert result["finite"] is False and result["loss"] in ("nan", "-inf", "inf")
     # explicit --target wins, and so does correction=: the same check, on what the command line names
-    code, stdout, err = cli("case", str(path), "--json", "--target", "tests.helpers.external_loss_planted_bug:CorrectLoss")
+    code, stdout, err = cli(
+        "case", str(path), "--json", "--target", "tests.helpers.external_loss_planted_bug:CorrectLoss"
+    )
     assert code == 0 and json.loads(stdout)[0]["finite"] is True
-    assert "pass invariant 1 (finite inputs give a finite loss and gradient) on " \
-           "tests.helpers.external_loss_planted_bug:CorrectLoss: holds on this file" in err
+    assert (
+        "pass invariant 1 (finite inputs give a finite loss and gradient) on "
+        "tests.helpers.external_loss_planted_bug:CorrectLoss: holds on this file" in err
+    )
     code, stdout, _ = cli("case", str(path), "--json", "correction=seq-mask-tis")
     assert code == 0 and json.loads(stdout)[0]["finite"] is True
 
 
 def test_a_weights_function_counterexample_replays_under_the_loss_it_failed(cli, tmp_path):
     """A --weights-fn without --target is audited under our losses: the file records its loss too."""
-    code, cells, _ = _audit(cli, tmp_path, "--convention", "verl", "--weights-fn", f"{TARGETS}:clamped_weights",
-                            "--band", ",1.5")
+    code, cells, _ = _audit(
+        cli, tmp_path, "--convention", "verl", "--weights-fn", f"{TARGETS}:clamped_weights", "--band", ",1.5"
+    )
     assert code == 1
     cell = _one(cells, 3)
     assert cell["status"] == "fail" and cell["loss"] == "ppo"
     case_file = load_case_file(cell["counterexample"])
     assert case_file.target == {"convention": "verl", "weights_fn": f"{TARGETS}:clamped_weights", "band": ",1.5"}
-    assert case_file.audit == {"check": 3, "violation": "kept coefficient[0][0] 2 outside [—, 1.5]",
-                               "overrides": ["loss=ppo"]}
+    assert case_file.audit == {
+        "check": 3,
+        "violation": "kept coefficient[0][0] 2 outside [—, 1.5]",
+        "overrides": ["loss=ppo"],
+    }
     code, _, err = cli("case", cell["counterexample"])
     assert code == 1
-    assert err.strip().splitlines()[-1] == ("FAIL invariant 3 (truncated coefficients stay inside their declared "
-                                            f"bounds) on {TARGETS}:clamped_weights loss=ppo: kept coefficient[0][0] 2 "
-                                            "outside [—, 1.5]")
+    assert err.strip().splitlines()[-1] == (
+        "FAIL invariant 3 (truncated coefficients stay inside their declared "
+        f"bounds) on {TARGETS}:clamped_weights loss=ppo: kept coefficient[0][0] 2 "
+        "outside [—, 1.5]"
+    )
     # the check follows the recorded target: with the band the weights really keep, it passes
     wider = tmp_path / "wider.yaml"
     wider.write_text(Path(cell["counterexample"]).read_text().replace("band: ',1.5'", "band: ',2'"))
     code, _, err = cli("case", str(wider))
-    assert code == 0 and f"pass invariant 3 (truncated coefficients stay inside their declared bounds) on " \
-                         f"{TARGETS}:clamped_weights loss=ppo: holds on this file" in err
+    assert (
+        code == 0
+        and f"pass invariant 3 (truncated coefficients stay inside their declared bounds) on "
+        f"{TARGETS}:clamped_weights loss=ppo: holds on this file"
+        in err
+    )
 
 
 def test_the_table_prints_each_finding_on_one_line(cli, tmp_path):
-    code, out, _ = cli("audit", "--out", str(tmp_path), "--target", "tests.helpers.external_loss_planted_bug:PlantedLoss")
+    code, out, _ = cli(
+        "audit", "--out", str(tmp_path), "--target", "tests.helpers.external_loss_planted_bug:PlantedLoss"
+    )
     assert code == 1
     lines = [ln for ln in out.splitlines() if ln.startswith("  tests.helpers.external_loss_planted_bug:PlantedLoss · ")]
     assert [ln.split(" · ")[1].split(":")[0] for ln in lines] == ["1 finite", "2 reject→0", "4 padding", "all-masked"]
@@ -482,28 +546,51 @@ def test_the_table_prints_each_finding_on_one_line(cli, tmp_path):
 
 
 # --------------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("args, needle", [
-    (("--target", "no/such/file.py:Loss"), "no such file"),
-    (("--target", "tests.no_such_module_xyz:Loss"), "cannot import"),
-    (("--target", "tests/helpers/audit_targets.py:nope"), "no attribute"),
-    (("--target", "tests.helpers.audit_targets:verl_style", "--convention", "nope"), "--convention"),
-    (("--target", "tests.helpers.audit_targets:verl_style", "--convention", "verl"), "benign batch"),
-    (("--target", "tests.helpers.audit_targets:dict_loss", "--convention", "plain"), "--loss-key"),
-    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--weights-fn", "tests.helpers.audit_targets:clamped_weights"),
-     "--arg-map weights=NAME"),
-    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--band", "1,2"), "give --weights-fn"),
-    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--band", "x"), "LOW,HIGH"),
-    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--call-kwargs", "[1]"), "JSON object"),
-    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--call-kwargs", '{"c": {"_target_": "no.such.Thing"}}'),
-     "building c from no.such.Thing failed"),
-    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--stub", "not a module"), "not a module name"),
-    (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--stub", "torch.distributed"), "the audit itself needs torch"),
-    (("--stub", "ray"), "needs --target"),
-    (("--weights-fn", "tests.helpers.audit_targets:clamped_weights", "correction=tis"), "correction= does not apply"),
-    (("--profile", "gentle", "correction=tis"), "--profile"),
-    (("--reference", "seq-mask-tis", "correction=tis"), "correction=PRESET"),
-    (("--reference", "correction=no-such", "correction=tis"), "unknown correction preset"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (("--target", "no/such/file.py:Loss"), "no such file"),
+        (("--target", "tests.no_such_module_xyz:Loss"), "cannot import"),
+        (("--target", "tests/helpers/audit_targets.py:nope"), "no attribute"),
+        (("--target", "tests.helpers.audit_targets:verl_style", "--convention", "nope"), "--convention"),
+        (("--target", "tests.helpers.audit_targets:verl_style", "--convention", "verl"), "benign batch"),
+        (("--target", "tests.helpers.audit_targets:dict_loss", "--convention", "plain"), "--loss-key"),
+        (
+            (
+                "--target",
+                "tests.helpers.audit_targets:unclamped_ppo",
+                "--weights-fn",
+                "tests.helpers.audit_targets:clamped_weights",
+            ),
+            "--arg-map weights=NAME",
+        ),
+        (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--band", "1,2"), "give --weights-fn"),
+        (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--band", "x"), "LOW,HIGH"),
+        (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--call-kwargs", "[1]"), "JSON object"),
+        (
+            (
+                "--target",
+                "tests.helpers.audit_targets:unclamped_ppo",
+                "--call-kwargs",
+                '{"c": {"_target_": "no.such.Thing"}}',
+            ),
+            "building c from no.such.Thing failed",
+        ),
+        (("--target", "tests.helpers.audit_targets:unclamped_ppo", "--stub", "not a module"), "not a module name"),
+        (
+            ("--target", "tests.helpers.audit_targets:unclamped_ppo", "--stub", "torch.distributed"),
+            "the audit itself needs torch",
+        ),
+        (("--stub", "ray"), "needs --target"),
+        (
+            ("--weights-fn", "tests.helpers.audit_targets:clamped_weights", "correction=tis"),
+            "correction= does not apply",
+        ),
+        (("--profile", "gentle", "correction=tis"), "--profile"),
+        (("--reference", "seq-mask-tis", "correction=tis"), "correction=PRESET"),
+        (("--reference", "correction=no-such", "correction=tis"), "unknown correction preset"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, needle):
     code, out, err = cli("audit", "--out", str(tmp_path), *args)
     assert code == 2, (out, err)
@@ -514,14 +601,21 @@ def test_bad_input_is_one_line_and_exit_2(cli, tmp_path, args, needle):
 def test_an_unwritable_out_dir_is_one_line_and_exit_2(cli, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    code, _, err = cli("audit", "--out", str(blocker / "sub"), "--target", "tests.helpers.external_loss_planted_bug:PlantedLoss")
+    code, _, err = cli(
+        "audit", "--out", str(blocker / "sub"), "--target", "tests.helpers.external_loss_planted_bug:PlantedLoss"
+    )
     assert code == 2 and len(err.strip().splitlines()) == 1, err
 
 
 def test_case_with_check_on_a_target_is_a_user_error(cli, tmp_path):
     code, cells, _ = _audit(cli, tmp_path, "--target", "tests.helpers.external_loss_planted_bug:PlantedLoss")
-    code, _, err = cli("case", _one(cells, 1)["counterexample"], "--check", "--target",
-                       "tests.helpers.external_loss_planted_bug:PlantedLoss")
+    code, _, err = cli(
+        "case",
+        _one(cells, 1)["counterexample"],
+        "--check",
+        "--target",
+        "tests.helpers.external_loss_planted_bug:PlantedLoss",
+    )
     assert code == 2 and "does not apply to a target" in err
 
 
@@ -534,13 +628,15 @@ def test_a_package_init_that_fails_points_at_the_file_form(cli, tmp_path, monkey
     monkeypatch.chdir(tmp_path)
     code, _, err = cli("audit", "--out", str(tmp_path / "out"), "--target", "initfails.loss:loss")
     assert code == 2
-    assert err.strip().endswith("stub what the loss does not need with --stub peft_is_not_installed_here, "
-                                "or give its file (.../initfails/loss.py:loss) to skip its packages' __init__")
+    assert err.strip().endswith(
+        "stub what the loss does not need with --stub peft_is_not_installed_here, "
+        "or give its file (.../initfails/loss.py:loss) to skip its packages' __init__"
+    )
 
 
 def test_the_shrink_budget_stops_at_the_best_so_far():
-    from runner.audit.subjects import Batch
     from runner.audit.command import BudgetedShrink
+    from runner.audit.subjects import Batch
 
     batches = [Batch.of([[float(-i)]], [[0.0]], [[0.0]], [[1.0]]) for i in range(6)]
     budget = BudgetedShrink(lambda b: float(b.lp[0, 0]) != -1, calls=3)

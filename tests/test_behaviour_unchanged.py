@@ -40,50 +40,136 @@ FILES = ("metrics.csv", "tokens.csv", "probe.csv")
 REL_TOL = 1e-3  # another platform's rounding, carried through six steps: measured ≤ 8.2e-5
 ABS_TOL = 1e-9
 
-TRAIN_TINY = ["train.steps=6", "rollout.batch_size=2", "rollout.group_size=4", "log.timing=false",
-              "log.tokens_every=3"]
-PROBE_TINY = ["probe.repeats=8", "probe.n_boot=100", "probe.pretrain_steps=2", "rollout.batch_size=2",
-              "rollout.group_size=4"]
+TRAIN_TINY = ["train.steps=6", "rollout.batch_size=2", "rollout.group_size=4", "log.timing=false", "log.tokens_every=3"]
+PROBE_TINY = [
+    "probe.repeats=8",
+    "probe.n_boot=100",
+    "probe.pretrain_steps=2",
+    "rollout.batch_size=2",
+    "rollout.group_size=4",
+]
 
 # A short SFT warm start, cached per test (the cache directory is set per run below).
 TRANSFORMER_TINY = ["policy.sft.steps=10", "policy.sft.eval_samples=32"]
 
 CASES = {
-    "tis-tames-mismatch-0": ["experiment=bigram/tis-tames-mismatch", "mismatch.logit_noise=0.0", "correction=none", "seed=0",
-                             *TRAIN_TINY],
-    "tis-tames-mismatch-1": ["experiment=bigram/tis-tames-mismatch", "mismatch.logit_noise=1.0", "correction=tis", "seed=1",
-                             *TRAIN_TINY],
+    "tis-tames-mismatch-0": [
+        "experiment=bigram/tis-tames-mismatch",
+        "mismatch.logit_noise=0.0",
+        "correction=none",
+        "seed=0",
+        *TRAIN_TINY,
+    ],
+    "tis-tames-mismatch-1": [
+        "experiment=bigram/tis-tames-mismatch",
+        "mismatch.logit_noise=1.0",
+        "correction=tis",
+        "seed=1",
+        *TRAIN_TINY,
+    ],
     "bias-variance-by-level": ["experiment=bigram/bias-variance-by-level", "rollout.seq_len=8", *PROBE_TINY],
-    "mismatch-low-prob-tokens": ["experiment=bigram/mismatch-low-prob-tokens", "mismatch.precision=fp16", "seed=2",
-                                 *TRAIN_TINY],
-    "precision-vs-algorithm": ["experiment=bigram/precision-vs-algorithm", "mismatch.precision=bf16", "correction=geo-mask",
-                               "seed=1", *TRAIN_TINY],
-    "staleness-breaks-tis": ["experiment=bigram/staleness-breaks-tis", "correction=seq-mis", "mismatch.staleness=4", "seed=2",
-                             *TRAIN_TINY],
-    "seed-bug-end-to-end": ["experiment=bigram/seed-bug-end-to-end", "correction=openrlhf-bc71bb1/seq-mask-tis",
-                            "train.on_nonfinite=apply", "seed=0", "mismatch.outlier_rate=0.2", *TRAIN_TINY],
-    "staleness-ladder": ["experiment=bigram/staleness-ladder", "correction=seq-tis", "mismatch.staleness=2", "seed=1",
-                         *TRAIN_TINY],
-    "threshold-tradeoff": ["experiment=bigram/threshold-tradeoff", "correction=icepop", "band=tight",
-                           "mismatch.staleness=2", "seed=2", *TRAIN_TINY],
+    "mismatch-low-prob-tokens": [
+        "experiment=bigram/mismatch-low-prob-tokens",
+        "mismatch.precision=fp16",
+        "seed=2",
+        *TRAIN_TINY,
+    ],
+    "precision-vs-algorithm": [
+        "experiment=bigram/precision-vs-algorithm",
+        "mismatch.precision=bf16",
+        "correction=geo-mask",
+        "seed=1",
+        *TRAIN_TINY,
+    ],
+    "staleness-breaks-tis": [
+        "experiment=bigram/staleness-breaks-tis",
+        "correction=seq-mis",
+        "mismatch.staleness=4",
+        "seed=2",
+        *TRAIN_TINY,
+    ],
+    "seed-bug-end-to-end": [
+        "experiment=bigram/seed-bug-end-to-end",
+        "correction=openrlhf-bc71bb1/seq-mask-tis",
+        "train.on_nonfinite=apply",
+        "seed=0",
+        "mismatch.outlier_rate=0.2",
+        *TRAIN_TINY,
+    ],
+    "staleness-ladder": [
+        "experiment=bigram/staleness-ladder",
+        "correction=seq-tis",
+        "mismatch.staleness=2",
+        "seed=1",
+        *TRAIN_TINY,
+    ],
+    "threshold-tradeoff": [
+        "experiment=bigram/threshold-tradeoff",
+        "correction=icepop",
+        "band=tight",
+        "mismatch.staleness=2",
+        "seed=2",
+        *TRAIN_TINY,
+    ],
     "default-probe": ["study=probe", *PROBE_TINY],
-    "mlp-tis-tames-mismatch": ["experiment=mlp/tis-tames-mismatch", "mismatch.precision=bf16", "correction=tis",
-                               "seed=1", *TRAIN_TINY],
-    "mlp-seed-bug-end-to-end": ["experiment=mlp/seed-bug-end-to-end", "correction=openrlhf-bc71bb1/seq-mask-tis",
-                                "train.on_nonfinite=apply", "seed=0", *TRAIN_TINY],
+    "mlp-tis-tames-mismatch": [
+        "experiment=mlp/tis-tames-mismatch",
+        "mismatch.precision=bf16",
+        "correction=tis",
+        "seed=1",
+        *TRAIN_TINY,
+    ],
+    "mlp-seed-bug-end-to-end": [
+        "experiment=mlp/seed-bug-end-to-end",
+        "correction=openrlhf-bc71bb1/seq-mask-tis",
+        "train.on_nonfinite=apply",
+        "seed=0",
+        *TRAIN_TINY,
+    ],
     "mlp-bias-variance-by-level": ["experiment=mlp/bias-variance-by-level", "rollout.seq_len=8", *PROBE_TINY],
-    "transformer-tis-tames-mismatch": ["experiment=transformer/tis-tames-mismatch", "mismatch.precision=fp8",
-                                       "correction=tis", "seed=0", *TRANSFORMER_TINY, *TRAIN_TINY],
-    "transformer-staleness-breaks-tis": ["experiment=transformer/staleness-breaks-tis", "correction=icepop",
-                                         "mismatch.staleness=2", "seed=1", *TRANSFORMER_TINY, *TRAIN_TINY],
-    "transformer-bias-variance-by-level": ["experiment=transformer/bias-variance-by-level", "rollout.seq_len=8",
-                                           "probe.reference_rollouts=64", *TRANSFORMER_TINY,
-                                           *PROBE_TINY],
-    "engine-fp8-eos-topp": ["mismatch.precision=fp8", "rollout.eos_token=5", "mismatch.top_p=0.9",
-                            "policy.init_std=1.0", "correction=icepop", "loss=gspo", *TRAIN_TINY],
-    "engine-noise-threshold": ["mismatch.logit_noise=0.3", "task=target-threshold", "task.min_count=3",
-                               "mismatch.temperature=0.8", "correction=seq-mask-tis", "loss=reinforce",
-                               "train.updates_per_step=3", "rollout.prompt_len=3", *TRAIN_TINY],
+    "transformer-tis-tames-mismatch": [
+        "experiment=transformer/tis-tames-mismatch",
+        "mismatch.precision=fp8",
+        "correction=tis",
+        "seed=0",
+        *TRANSFORMER_TINY,
+        *TRAIN_TINY,
+    ],
+    "transformer-staleness-breaks-tis": [
+        "experiment=transformer/staleness-breaks-tis",
+        "correction=icepop",
+        "mismatch.staleness=2",
+        "seed=1",
+        *TRANSFORMER_TINY,
+        *TRAIN_TINY,
+    ],
+    "transformer-bias-variance-by-level": [
+        "experiment=transformer/bias-variance-by-level",
+        "rollout.seq_len=8",
+        "probe.reference_rollouts=64",
+        *TRANSFORMER_TINY,
+        *PROBE_TINY,
+    ],
+    "engine-fp8-eos-topp": [
+        "mismatch.precision=fp8",
+        "rollout.eos_token=5",
+        "mismatch.top_p=0.9",
+        "policy.init_std=1.0",
+        "correction=icepop",
+        "loss=gspo",
+        *TRAIN_TINY,
+    ],
+    "engine-noise-threshold": [
+        "mismatch.logit_noise=0.3",
+        "task=target-threshold",
+        "task.min_count=3",
+        "mismatch.temperature=0.8",
+        "correction=seq-mask-tis",
+        "loss=reinforce",
+        "train.updates_per_step=3",
+        "rollout.prompt_len=3",
+        *TRAIN_TINY,
+    ],
 }
 
 
@@ -133,8 +219,10 @@ def test_tiny_run_is_byte_identical(name, tmp_path):
     written_on = version_file.read_text().strip()
     torch_version = _platform().split()[0]
     if not WRITE and written_on.split()[0] != torch_version:
-        pytest.skip(f"golden files were written under torch {written_on.split()[0]}, "
-                    f"this is {torch_version}: floating-point results differ between builds")
+        pytest.skip(
+            f"golden files were written under torch {written_on.split()[0]}, "
+            f"this is {torch_version}: floating-point results differ between builds"
+        )
     run_dir = tmp_path / name
     cache = [f"policy.sft.cache_dir={tmp_path / 'sft'}"] if any("transformer" in a for a in CASES[name]) else []
     code, _, err = run_cli("run", *CASES[name], *cache, f"hydra.run.dir={run_dir}", "--quiet")
@@ -171,9 +259,16 @@ def test_tiny_sweep_and_its_verdict_are_unchanged(tmp_path):
     if not WRITE and written_on.split()[0] != _platform().split()[0]:
         pytest.skip("golden files were written under another torch build")
     sweep_dir = tmp_path / "sweep"
-    code, _, err = run_cli("sweep", "experiment=bigram/tis-tames-mismatch", "mismatch.logit_noise=0.0,1.0",
-                           "mismatch.precision=fp32,bf16", "correction=none,tis", "seed=0", *TRAIN_TINY,
-                           f"hydra.sweep.dir={sweep_dir}")
+    code, _, err = run_cli(
+        "sweep",
+        "experiment=bigram/tis-tames-mismatch",
+        "mismatch.logit_noise=0.0,1.0",
+        "mismatch.precision=fp32,bf16",
+        "correction=none,tis",
+        "seed=0",
+        *TRAIN_TINY,
+        f"hydra.sweep.dir={sweep_dir}",
+    )
     assert code == 0, err
     code, verdict, err = run_cli("claims", str(sweep_dir), "--claim", "tis-tames-mismatch")
     assert code in (0, 1), err

@@ -18,8 +18,13 @@ pytestmark = pytest.mark.slow  # the benchmark suite itself, at tiny size
 
 def test_bench_suite_runs_at_tiny_size(tmp_path):
     out = tmp_path / "bench.json"
-    res = subprocess.run([sys.executable, "scripts/bench.py", "--tiny", "--only", "correction,long,cli,train",
-                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "scripts/bench.py", "--tiny", "--only", "correction,long,cli,train", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     rows = json.loads(out.read_text())
     names = [r["name"] for r in rows]
@@ -35,8 +40,9 @@ def test_bench_suite_runs_at_tiny_size(tmp_path):
     # the figures agree with the numbers they are drawn from: peak / inputs, where the inputs are
     # five float32 [8, 4096] tensors (0.625 MiB), and the time at T = 4096 over the time at T = 1024
     for row in (r for r in rows if "peak memory" in r["name"]):
-        peak, inputs, processes = re.search(r"median peak \+([\d.]+) MiB .* for ([\d.]+) MiB of inputs, (\d) processes",
-                                            row["detail"]).groups()
+        peak, inputs, processes = re.search(
+            r"median peak \+([\d.]+) MiB .* for ([\d.]+) MiB of inputs, (\d) processes", row["detail"]
+        ).groups()
         assert (inputs, processes) == ("0.6", "3"), row
         assert abs(row["value"] - float(peak) / 0.625) <= 0.05 / 0.625 + 1e-9, row  # peak is shown to 0.1 MiB
     (scaling,) = [r for r in rows if r["name"].startswith("time scaling T=1024→4096")]
@@ -48,7 +54,9 @@ def test_bench_suite_runs_at_tiny_size(tmp_path):
 
 
 def test_bench_rejects_an_unknown_benchmark():
-    res = subprocess.run([sys.executable, "scripts/bench.py", "--only", "nope"], cwd=REPO, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "scripts/bench.py", "--only", "nope"], cwd=REPO, capture_output=True, text=True
+    )
     assert res.returncode == 2
     assert "unknown benchmark(s) nope" in res.stderr
 
@@ -57,11 +65,20 @@ def test_bench_metrics_runs_at_tiny_size(tmp_path):
     """scripts/bench_metrics.py (the figures behind keeping the NumPy totals and the fused PPO) runs and
     reports every side: three train-step ratios and two per-call ratios, each a positive number."""
     out = tmp_path / "bench_metrics.json"
-    res = subprocess.run([sys.executable, "scripts/bench_metrics.py", "--tiny", "--out", str(out)], cwd=REPO,
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "scripts/bench_metrics.py", "--tiny", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     rows = json.loads(out.read_text())
     assert [r["name"].split(" (")[0] for r in rows] == [
-        "train step, torch metrics vs today", "train step, readable PPO vs today", "train step, metrics off vs today",
-        "per call, metrics torch vs numpy", "per call, PPO readable vs fused"]
+        "train step, torch metrics vs today",
+        "train step, readable PPO vs today",
+        "train step, metrics off vs today",
+        "per call, metrics torch vs numpy",
+        "per call, PPO readable vs fused",
+    ]
     assert all(math.isfinite(r["value"]) and r["value"] > 0 and r["target"] == "info" for r in rows), rows

@@ -13,8 +13,8 @@ from runner.tasks import make_task
 from runner.training.advantages import grpo_advantages
 from runner.worlds.bigram.world import BigramWorld
 from runner.worlds.engine import Engine, Mismatch, ParamHistory
-from runner.worlds.protocol import exact_gradient
 from runner.worlds.precision import Precision
+from runner.worlds.protocol import exact_gradient
 
 COUNT = {"name": "target-count", "targets": [0, 1, 2, 3]}
 THRESHOLD = {"name": "target-threshold", "targets": [0, 1, 2, 3], "min_count": 6}
@@ -111,8 +111,12 @@ def test_score_gradient_matches_autograd():
     # fp32 θ (the trainer's), float64 weights (the probe's): the softmax runs in the weights' dtype
     from_fp32 = world.score_sums({"theta": theta.float()}, ro.prompts, ro.tokens, weights)
     assert from_fp32.dtype == torch.float64
-    torch.testing.assert_close(from_fp32, world.score_sums({"theta": theta.float().double()}, ro.prompts, ro.tokens,
-                                                           weights), atol=1e-13, rtol=0)
+    torch.testing.assert_close(
+        from_fp32,
+        world.score_sums({"theta": theta.float().double()}, ro.prompts, ro.tokens, weights),
+        atol=1e-13,
+        rtol=0,
+    )
 
 
 def test_the_fp32_table_is_theta_itself_and_entropy_is_optional():
@@ -138,9 +142,20 @@ def test_synchronous_fp32_engine_reports_old_exactly_and_stale_one_does_not():
     theta1 = theta0 + 0.3 * torch.randn(theta0.shape, generator=g)
     prompts = world.sample_prompts(64, g)
 
-    sync = Engine(world, Mismatch.from_config({"staleness": 0, "precision": "fp32", "logit_noise": 0.0,
-                                                "temperature": 1.0, "top_p": 1.0, "outlier_rate": 0.0,
-                                                "outlier_shift": -1000.0}))
+    sync = Engine(
+        world,
+        Mismatch.from_config(
+            {
+                "staleness": 0,
+                "precision": "fp32",
+                "logit_noise": 0.0,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "outlier_rate": 0.0,
+                "outlier_shift": -1000.0,
+            }
+        ),
+    )
     assert sync.mismatch.exact
     history = ParamHistory(0)
     history.push({"theta": theta1})
@@ -172,8 +187,10 @@ def test_precision_mismatch_is_plausible_and_ordered():
     params = world.init_params(g)
     ro = Engine(world, Mismatch()).sample(params, world.sample_prompts(256, g), g)
     old = _lp(params["theta"], ro)
-    err = {p: float((Engine(world, Mismatch(precision=p)).score(params, ro.prompts, ro.tokens) - old).abs().max())
-           for p in ("fp32", "bf16", "fp16", "fp8")}
+    err = {
+        p: float((Engine(world, Mismatch(precision=p)).score(params, ro.prompts, ro.tokens) - old).abs().max())
+        for p in ("fp32", "bf16", "fp16", "fp8")
+    }
     assert err["fp32"] == 0.0
     assert 1e-4 < err["bf16"] < 0.1, err
     assert 0 < err["fp16"] < err["bf16"] < err["fp8"], err
@@ -238,24 +255,34 @@ def test_grpo_advantages():
     assert torch.equal(normed[4:], torch.zeros(4))  # a uniform group: no signal, not 0/0
 
 
-@pytest.mark.parametrize("cfg,match", [
-    ({"staleness": -1}, "staleness"),
-    ({"precision": "fp4"}, "precision"),
-    ({"top_p": 0.0}, "top_p"),
-    ({"top_p": 1.5}, "top_p"),
-    ({"temperature": 0.0}, "temperature"),
-    ({"logit_noise": -0.1}, "logit_noise"),
-    ({"outlier_rate": 2.0}, "outlier_rate"),
-    ({"outlier_rate": -0.1}, "outlier_rate"),
-    ({"outlier_shift": float("nan")}, "outlier_shift"),
-    ({"router_replay": "yes"}, "router_replay"),
-    ({"logprobs": "fp16"}, "logprobs"),
-    ({"staleness": 1.5}, "staleness"),
-    ({"stalenes": 1}, "unknown key"),
-])
+@pytest.mark.parametrize(
+    "cfg,match",
+    [
+        ({"staleness": -1}, "staleness"),
+        ({"precision": "fp4"}, "precision"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"temperature": 0.0}, "temperature"),
+        ({"logit_noise": -0.1}, "logit_noise"),
+        ({"outlier_rate": 2.0}, "outlier_rate"),
+        ({"outlier_rate": -0.1}, "outlier_rate"),
+        ({"outlier_shift": float("nan")}, "outlier_shift"),
+        ({"router_replay": "yes"}, "router_replay"),
+        ({"logprobs": "fp16"}, "logprobs"),
+        ({"staleness": 1.5}, "staleness"),
+        ({"stalenes": 1}, "unknown key"),
+    ],
+)
 def test_mismatch_config_errors(cfg, match):
-    base = {"staleness": 0, "precision": "fp32", "logit_noise": 0.0, "temperature": 1.0, "top_p": 1.0,
-            "outlier_rate": 0.0, "outlier_shift": -1000.0}
+    base = {
+        "staleness": 0,
+        "precision": "fp32",
+        "logit_noise": 0.0,
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "outlier_rate": 0.0,
+        "outlier_shift": -1000.0,
+    }
     with pytest.raises(UserError, match=match) as err:
         Mismatch.from_config({**base, **cfg})
     # the message names its section: mismatch.KEY for a bad value, mismatch for an unknown key
@@ -266,32 +293,67 @@ def test_mismatch_config_edges_are_accepted_and_read_field_by_field():
     """Each field from its own key, at the edges of its range: staleness 0, σ 0, top_p 1, outlier_rate 0
     and 1, an infinite outlier shift, a small temperature; logprobs and router_replay default to
     compute and false when absent. Just past each open edge is rejected (top_p 0, temperature 0)."""
-    cfg = {"staleness": 3, "precision": "fp16", "logit_noise": 0.25, "temperature": 0.01, "top_p": 1.0,
-           "outlier_rate": 1.0, "outlier_shift": -math.inf}
+    cfg = {
+        "staleness": 3,
+        "precision": "fp16",
+        "logit_noise": 0.25,
+        "temperature": 0.01,
+        "top_p": 1.0,
+        "outlier_rate": 1.0,
+        "outlier_shift": -math.inf,
+    }
     m = Mismatch.from_config(cfg)
-    assert m == Mismatch(staleness=3, precision="fp16", logit_noise=0.25, temperature=0.01, top_p=1.0,
-                         outlier_rate=1.0, outlier_shift=-math.inf, router_replay=False, logprobs="compute")
-    edges = {**cfg, "staleness": 0, "logit_noise": 0.0, "top_p": 0.001, "outlier_rate": 0.0, "outlier_shift": 5.0,
-             "router_replay": True, "logprobs": "fp32"}
-    assert Mismatch.from_config(edges) == Mismatch(staleness=0, precision="fp16", logit_noise=0.0, temperature=0.01,
-                                                   top_p=0.001, outlier_rate=0.0, outlier_shift=5.0,
-                                                   router_replay=True, logprobs="fp32")
+    assert m == Mismatch(
+        staleness=3,
+        precision="fp16",
+        logit_noise=0.25,
+        temperature=0.01,
+        top_p=1.0,
+        outlier_rate=1.0,
+        outlier_shift=-math.inf,
+        router_replay=False,
+        logprobs="compute",
+    )
+    edges = {
+        **cfg,
+        "staleness": 0,
+        "logit_noise": 0.0,
+        "top_p": 0.001,
+        "outlier_rate": 0.0,
+        "outlier_shift": 5.0,
+        "router_replay": True,
+        "logprobs": "fp32",
+    }
+    assert Mismatch.from_config(edges) == Mismatch(
+        staleness=0,
+        precision="fp16",
+        logit_noise=0.0,
+        temperature=0.01,
+        top_p=0.001,
+        outlier_rate=0.0,
+        outlier_shift=5.0,
+        router_replay=True,
+        logprobs="fp32",
+    )
     assert Mismatch.from_config(edges).compute_precision == Precision("fp16", router_fp32=True)
     for key, value in (("top_p", 0.0), ("temperature", 0.0), ("outlier_shift", math.nan), ("logprobs", "fp16")):
         with pytest.raises(UserError, match=key):
             Mismatch.from_config({**cfg, key: value})
 
 
-@pytest.mark.parametrize("rollout,task,match", [
-    ({"seq_len": 0}, COUNT, "seq_len"),
-    ({"vocab_size": 1}, COUNT, "vocab_size"),
-    ({"eos_token": 16}, COUNT, "eos_token"),
-    ({"prompt_len": 0}, COUNT, "prompt_len"),
-    ({}, {"name": "target-count", "targets": [16]}, "targets"),
-    ({}, {"name": "target-count", "targets": []}, "targets"),
-    ({}, {"name": "nope"}, "task.name"),
-    ({}, {**THRESHOLD, "min_count": 17}, "min_count"),
-])
+@pytest.mark.parametrize(
+    "rollout,task,match",
+    [
+        ({"seq_len": 0}, COUNT, "seq_len"),
+        ({"vocab_size": 1}, COUNT, "vocab_size"),
+        ({"eos_token": 16}, COUNT, "eos_token"),
+        ({"prompt_len": 0}, COUNT, "prompt_len"),
+        ({}, {"name": "target-count", "targets": [16]}, "targets"),
+        ({}, {"name": "target-count", "targets": []}, "targets"),
+        ({}, {"name": "nope"}, "task.name"),
+        ({}, {**THRESHOLD, "min_count": 17}, "min_count"),
+    ],
+)
 def test_world_config_errors(rollout, task, match):
     rollout = {"vocab_size": 16, "seq_len": 16, "prompt_len": 1, "eos_token": None, **rollout}
     with pytest.raises(UserError, match=match):
@@ -301,13 +363,16 @@ def test_world_config_errors(rollout, task, match):
 GOOD_ROLLOUT = {"vocab_size": 16, "seq_len": 16, "prompt_len": 1, "eos_token": None}
 
 
-@pytest.mark.parametrize("change,message", [
-    ({"vocab_size": 1}, "rollout.vocab_size must be >= 2, got 1"),
-    ({"seq_len": 0}, "rollout.seq_len must be >= 1, got 0"),
-    ({"prompt_len": 0}, "rollout.prompt_len must be >= 1, got 0"),
-    ({"eos_token": -1}, "rollout.eos_token must be >= 0, got -1"),
-    ({"eos_token": 16}, "rollout.eos_token must be a token id in [0, 15] or null, got 16"),
-])
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"vocab_size": 1}, "rollout.vocab_size must be >= 2, got 1"),
+        ({"seq_len": 0}, "rollout.seq_len must be >= 1, got 0"),
+        ({"prompt_len": 0}, "rollout.prompt_len must be >= 1, got 0"),
+        ({"eos_token": -1}, "rollout.eos_token must be >= 0, got -1"),
+        ({"eos_token": 16}, "rollout.eos_token must be a token id in [0, 15] or null, got 16"),
+    ],
+)
 def test_the_world_checks_its_own_rollout_keys_with_their_section_and_bound(change, message):
     """The world's own checks, reached with a task built from a valid rollout (make_task checks some of
     the same keys first, which hid these): the whole message, section and bound included."""
@@ -323,8 +388,9 @@ def test_the_world_reads_its_policy_section_and_accepts_the_smallest_shape():
     assert BigramWorld.from_config(None, GOOD_ROLLOUT, task).init_std == 0.0  # no policy section: uniform θ₀
     with pytest.raises(UserError) as err:
         BigramWorld.from_config({"init_sd": 1.0}, GOOD_ROLLOUT, task)
-    assert str(err.value) == ("policy: unknown key(s) init_sd (did you mean policy.init_std?); "
-                              "valid: description, init_std, name")
+    assert str(err.value) == (
+        "policy: unknown key(s) init_sd (did you mean policy.init_std?); valid: description, init_std, name"
+    )
     smallest = {"vocab_size": 2, "seq_len": 1, "prompt_len": 1, "eos_token": 0}
     world = BigramWorld.from_config({}, smallest, make_task({"name": "target-count", "targets": [1]}, smallest))
     assert (world.vocab_size, world.seq_len, world.prompt_len, world.eos_token) == (2, 1, 1, 0)
@@ -404,8 +470,9 @@ def test_the_count_law_is_a_probability_law_in_float64(eos):
     """With min_count=0 every response earns the reward, so J is the count law's total mass: 1 to
     float64 rounding, EOS or not (a start law of 1/6 held in fp32 would sum to 1 + 3e-8)."""
     rollout = {"vocab_size": 6, "seq_len": 5, "prompt_len": 2, "eos_token": eos}
-    world = BigramWorld.from_config({"init_std": 1.0}, rollout, make_task({**THRESHOLD, "targets": [0, 1],
-                                                                          "min_count": 0}, rollout))
+    world = BigramWorld.from_config(
+        {"init_std": 1.0}, rollout, make_task({**THRESHOLD, "targets": [0, 1], "min_count": 0}, rollout)
+    )
     theta = torch.randn(world.num_states, 6, generator=torch.Generator().manual_seed(4))
     assert abs(float(world.exact.objective({"theta": theta})) - 1.0) < 1e-15
 
@@ -414,8 +481,15 @@ def test_the_count_law_is_a_probability_law_in_float64(eos):
 def test_target_count_objective_matches_the_forward_recursion(eos, prompt_len):
     """The matrix-power objective equals Σ_t q_t[targets] / T of the plain forward recursion
     (q_t = d_t @ softmax(θ), d_{t+1} = q_t without EOS, BOS never re-entered), to float64 rounding."""
-    rollout = {"vocab_size": 8, "seq_len": 6, "batch_size": 2, "group_size": 2, "prompt_len": prompt_len,
-               "eos_token": eos, "adv_std_norm": False}
+    rollout = {
+        "vocab_size": 8,
+        "seq_len": 6,
+        "batch_size": 2,
+        "group_size": 2,
+        "prompt_len": prompt_len,
+        "eos_token": eos,
+        "adv_std_norm": False,
+    }
     task = make_task({"name": "target-count", "targets": [0, 1, 5]}, rollout)
     world = BigramWorld.from_config({"name": "bigram", "init_std": 1.0}, rollout, task)
     theta = torch.randn(world.num_states, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(1))

@@ -52,8 +52,9 @@ def test_the_non_finite_path_has_the_same_bound():
     for log_ratio, expected in ((15.0, E15), (25.0, 0.0)):
         lp = torch.tensor([[log_ratio, 0.0]], requires_grad=True)
         old = torch.tensor([[0.0, math.nan]])
-        out = policy_loss(LossSpec(), Correction(padding="multiply"), lp, old, old, -torch.ones(1, 2),
-                          torch.tensor([[1.0, 0.0]]))
+        out = policy_loss(
+            LossSpec(), Correction(padding="multiply"), lp, old, old, -torch.ones(1, 2), torch.tensor([[1.0, 0.0]])
+        )
         out.loss.backward()
         assert math.isnan(out.loss.item())
         assert lp.grad[0, 0].item() == pytest.approx(expected, rel=1e-6)
@@ -85,12 +86,20 @@ def test_asymmetric_clip_in_gspo_and_on_the_non_finite_path():
     adv = torch.tensor([[1.0], [-1.0]])
     zero = torch.zeros(2, 1)
     lp = torch.tensor([[0.4], [-0.3]])
-    gspo = policy_loss(LossSpec(name="gspo", eps_low=0.1, eps_high=0.3), Correction(), lp, zero, zero, adv,
-                       torch.ones(2, 1))
+    gspo = policy_loss(
+        LossSpec(name="gspo", eps_low=0.1, eps_high=0.3), Correction(), lp, zero, zero, adv, torch.ones(2, 1)
+    )
     assert gspo.loss.item() == pytest.approx(-0.2, abs=1e-6)
     assert gspo.metrics["ppo_clip_fraction"] == 1.0
     old = torch.tensor([[0.0, math.nan], [0.0, math.nan]])
-    nan_padded = policy_loss(ASYMMETRIC, Correction(padding="multiply"), torch.tensor([[0.4, 0.0], [-0.3, 0.0]]),
-                             old, old, torch.tensor([[1.0, 1.0], [-1.0, -1.0]]), torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
+    nan_padded = policy_loss(
+        ASYMMETRIC,
+        Correction(padding="multiply"),
+        torch.tensor([[0.4, 0.0], [-0.3, 0.0]]),
+        old,
+        old,
+        torch.tensor([[1.0, 1.0], [-1.0, -1.0]]),
+        torch.tensor([[1.0, 0.0], [1.0, 0.0]]),
+    )
     assert nan_padded.per_token[:, 0].tolist() == pytest.approx([-1.3, 0.9], abs=1e-6)
     assert nan_padded.metrics["ppo_clip_fraction"] == 1.0

@@ -22,20 +22,21 @@ import pytest
 from analysis.claims import bias_variance_by_level as level
 from analysis.claims import mismatch_low_prob_tokens as lowprob
 from analysis.claims import precision_vs_algorithm as precision
+from analysis.claims import registry, stats, verdicts
 from analysis.claims import seed_bug_end_to_end as seedbug
 from analysis.claims import staleness_breaks_tis as staleness
-from analysis.claims import stats, verdicts
 from analysis.claims import tis_tames_mismatch as tis
-from analysis.claims import registry
 from analysis.claims.registry import CLAIMS
 from analysis.claims.stats import FAILS, HOLDS, UNSURE, UNTESTABLE
 from runner.errors import UserError
 from tests.helpers.repo import REPO
 
 EXPERIMENTS = list(CLAIMS)
-LINE = re.compile(r"^(?:(?P<world>[a-z]+)/)?(?P<name>[a-z0-9-]+): (?P<verdict>holds|does not hold|inconclusive|"
-                  r"untestable here) — "
-                  r"(?P<text>.*\d.*)$")
+LINE = re.compile(
+    r"^(?:(?P<world>[a-z]+)/)?(?P<name>[a-z0-9-]+): (?P<verdict>holds|does not hold|inconclusive|"
+    r"untestable here) — "
+    r"(?P<text>.*\d.*)$"
+)
 WORLDS = list(registry.WORLDS)
 
 
@@ -120,8 +121,8 @@ def test_exact_tests_on_collapse_counts():
     assert stats.collapse_effect(4, 4, 0, 4) == HOLDS and stats.collapse_effect(0, 4, 4, 4) == FAILS
     assert stats.collapse_effect(3, 4, 0, 4) == UNSURE  # p = 0.071
     # Clopper–Pearson: k = 0 gives [0, 1 − (α/2)^(1/n)], k = n gives [(α/2)^(1/n), 1]
-    assert stats.clopper_pearson(0, 2) == (0.0, pytest.approx(1 - 0.025 ** 0.5, rel=1e-9))
-    assert stats.clopper_pearson(4, 4) == (pytest.approx(0.025 ** 0.25, rel=1e-9), 1.0)
+    assert stats.clopper_pearson(0, 2) == (0.0, pytest.approx(1 - 0.025**0.5, rel=1e-9))
+    assert stats.clopper_pearson(4, 4) == (pytest.approx(0.025**0.25, rel=1e-9), 1.0)
     lo, hi = stats.clopper_pearson(3, 4)  # the tables: [0.1941, 0.9937]
     assert (lo, hi) == (pytest.approx(0.19412, abs=1e-5), pytest.approx(0.99369, abs=1e-5))
     assert stats.count_text(0, 2) == "0/2 collapsed [0%, 84%]"
@@ -133,7 +134,7 @@ def test_logrank_and_survival_by_hand():
     t = 3: 1 + 3, E_a = 1/4, V = 0.1875; t = 4, 5: arm a has none at risk. O_a = 3, E_a = 1.15, V = 0.6775:
     χ² = 1.85²/0.6775 = 5.0517, p = P(χ²₁ > 5.0517) = 0.02460."""
     chi2, p = stats.logrank([1, 2, 3], [1, 1, 1], [4, 5, 6], [1, 1, 0])
-    assert chi2 == pytest.approx(1.85 ** 2 / 0.6775, rel=1e-12) and p == pytest.approx(0.024602, abs=1e-6)
+    assert chi2 == pytest.approx(1.85**2 / 0.6775, rel=1e-12) and p == pytest.approx(0.024602, abs=1e-6)
     chi2, p = stats.logrank([10, 10], [0, 0], [10, 10], [0, 0])  # no collapse anywhere: nothing to compare
     assert math.isnan(chi2) and math.isnan(p)
     assert stats.chi2_1_sf(3.841459) == pytest.approx(0.05, abs=1e-7)
@@ -156,7 +157,10 @@ def test_logrank_and_intervals_by_hand_where_both_arms_collapse():
     assert stats.logrank(["10", "30"], ["1", "1"], ["20", "40"], ["1", "0"])[0] == pytest.approx(8 / 13, rel=1e-12)
     # b collapses at 5, a at 10 with only itself at risk (r = 1: no variance term, not a division by 0):
     # E = 1/2 + 1, V = 1/4, χ² = (1 − 3/2)² / (1/4) = 1
-    assert stats.logrank([10], [1], [5], [1]) == (pytest.approx(1.0, rel=1e-12), pytest.approx(math.erfc(math.sqrt(0.5))))
+    assert stats.logrank([10], [1], [5], [1]) == (
+        pytest.approx(1.0, rel=1e-12),
+        pytest.approx(math.erfc(math.sqrt(0.5))),
+    )
     # times as text sort as numbers: 99 before 100 (as strings, "100" < "99")
     assert stats.kaplan_meier(["100", "99"], ["1", "1"]) == ([0.0, 99.0, 100.0], [1.0, 0.5, 0.0])
     # p = 0.05 exactly is not significant either way (3/3 against 0/3: 1/C(6, 3)); one run against 20: p = 1/21
@@ -164,9 +168,15 @@ def test_logrank_and_intervals_by_hand_where_both_arms_collapse():
     assert stats.collapse_effect(1, 1, 0, 20) == HOLDS and stats.collapse_effect(0, 20, 1, 1) == FAILS
     # two seeds have an interval: 1.5 ± t_{0.975, 1} · 0.5 = 1.5 ± 6.3531; at 90%, ± t_{0.95, 1} · 0.5 = ± 3.1569
     m, lo, hi, n = stats.t_interval([1.0, 2.0])
-    assert (m, n) == (1.5, 2) and (lo, hi) == (pytest.approx(1.5 - 6.35310, abs=1e-5), pytest.approx(1.5 + 6.35310, abs=1e-5))
-    assert stats.interval([1.0, 2.0], "t", level=0.90) == (pytest.approx(1.5 - 3.15688, abs=1e-5),
-                                                          pytest.approx(1.5 + 3.15688, abs=1e-5), 2)
+    assert (m, n) == (1.5, 2) and (lo, hi) == (
+        pytest.approx(1.5 - 6.35310, abs=1e-5),
+        pytest.approx(1.5 + 6.35310, abs=1e-5),
+    )
+    assert stats.interval([1.0, 2.0], "t", level=0.90) == (
+        pytest.approx(1.5 - 3.15688, abs=1e-5),
+        pytest.approx(1.5 + 3.15688, abs=1e-5),
+        2,
+    )
 
 
 def test_run_summaries():
@@ -232,8 +242,15 @@ def test_run_summaries_take_missing_values_as_nan_and_warn_about_nothing():
 def test_numbers_in_statements():
     assert [stats.sig(v) for v in (None, math.inf, -math.inf, math.nan, 0.0)] == ["nan", "∞", "−∞", "nan", "0"]
     # plain from 1e-3 up to (not including) 1e4, else an exponent without its leading zero
-    assert [stats.sig(v) for v in (1e-3, 9.9e-4, 123.456, -0.5, 1e4, 12345.0, 2.5e-7)] == \
-        ["0.001", "9.90e-4", "123", "-0.5", "1.00e4", "1.23e4", "2.50e-7"]
+    assert [stats.sig(v) for v in (1e-3, 9.9e-4, 123.456, -0.5, 1e4, 12345.0, 2.5e-7)] == [
+        "0.001",
+        "9.90e-4",
+        "123",
+        "-0.5",
+        "1.00e4",
+        "1.23e4",
+        "2.50e-7",
+    ]
     assert [stats.sig(v, 2) for v in (9.9e-4, 12345.0, 0.04567)] == ["9.9e-4", "1.2e4", "0.046"]
     assert stats.plus_minus(1.234, 0.0567) == "1.23 ± 0.057" and stats.plus_minus(1.0, math.nan) == "1"
     assert stats.as_float("2.5") == 2.5
@@ -251,10 +268,21 @@ def _tis_runs(j_ref, j_ppo, j_tis, fell_ref=0, fell_ppo=0, fell_tis=0, seeds=4, 
     for prec, corr, j, n_fell, jitter in arms:
         for s in range(seeds):
             fell = s < n_fell
-            rows.append({"setting": prec, "precision": prec, "noise": 0.0, "correction": corr, "seed": s,
-                         "collapsed": float(fell), "collapse_step": 40.0 + 10 * s if fell else math.nan,
-                         "collapse_kind": "drop" if fell else "", "peak": 0.95, "final": j + jitter * s,
-                         "steps": 99})
+            rows.append(
+                {
+                    "setting": prec,
+                    "precision": prec,
+                    "noise": 0.0,
+                    "correction": corr,
+                    "seed": s,
+                    "collapsed": float(fell),
+                    "collapse_step": 40.0 + 10 * s if fell else math.nan,
+                    "collapse_kind": "drop" if fell else "",
+                    "peak": 0.95,
+                    "final": j + jitter * s,
+                    "steps": 99,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -277,7 +305,9 @@ def test_tis_rule():
     # "does not hold" before the fp32 arm); the statement gives the control's numbers
     v = tis.tis_verdict(_tis_runs(0.99, 0.99, 0.99))
     assert v.verdict == UNTESTABLE and v.parts["bf16"]["control"] == UNTESTABLE
-    assert "control: gap J_fp32 − J_PPO -0.0045 ± 0.0019, 95% t CI" in v.statement and "→ untestable here" in v.statement
+    assert (
+        "control: gap J_fp32 − J_PPO -0.0045 ± 0.0019, 95% t CI" in v.statement and "→ untestable here" in v.statement
+    )
     assert "Fisher p = 1 [inconclusive]" in v.statement  # 0/4 against 0/4: nothing to compare
     # the control shown by collapses alone (4/4 against 0/4, Fisher p = 1/70), and TIS gains nothing: does not hold
     v = tis.tis_verdict(_tis_runs(0.9, 0.9, 0.9, fell_ppo=4))
@@ -305,21 +335,29 @@ def test_band_report_names_a_degenerate_arm():
     that rejects ≥ 97% is named degenerate, with the settings where it is."""
     from analysis.claims.frames import band_text
 
-    runs = pd.DataFrame([
-        {"correction": c, "precision": prec, "low": lo, "high": hi, "rejected": rej, "clamped": cl, "kl_k3": kl}
-        for c, lo, hi in (("geo-mask", 0.999, 1.001), ("tis", math.nan, 2.0), ("none", math.nan, math.nan))
-        for prec, kl in (("fp16", 1e-6), ("bf16", 3e-4))
-        for rej, cl in [((0.4 if prec == "fp16" else 0.99) if c == "geo-mask" else 0.0,
-                         0.01 if c == "tis" else 0.0)]])
+    runs = pd.DataFrame(
+        [
+            {"correction": c, "precision": prec, "low": lo, "high": hi, "rejected": rej, "clamped": cl, "kl_k3": kl}
+            for c, lo, hi in (("geo-mask", 0.999, 1.001), ("tis", math.nan, 2.0), ("none", math.nan, math.nan))
+            for prec, kl in (("fp16", 1e-6), ("bf16", 3e-4))
+            for rej, cl in [
+                ((0.4 if prec == "fp16" else 0.99) if c == "geo-mask" else 0.0, 0.01 if c == "tis" else 0.0)
+            ]
+        ]
+    )
     text, degenerate = band_text(runs, ["precision"])
     assert degenerate == ["geo-mask (bf16)"]
-    assert "geo-mask [0.999, 1.001] rejects 40%–99% of tokens at kl_k3 1.0e-6–3.0e-4/token: DEGENERATE where it rejects ≥ 97% (bf16)" in text
+    assert (
+        "geo-mask [0.999, 1.001] rejects 40%–99% of tokens at kl_k3 1.0e-6–3.0e-4/token: DEGENERATE where it rejects ≥ 97% (bf16)"
+        in text
+    )
     assert "tis [—, 2] rejects 0%, clamps 1% of tokens" in text and "none" not in text
 
 
 # ----------------------------------------------------------------------------------------- 2. bias–variance by level
-def _probe(token_bias, seq_var, mid_bias=None, mid_var=None, Ts=(2, 4, 8, 16, 32), ci=0.01, mid_dead=False,
-           reference="exact"):
+def _probe(
+    token_bias, seq_var, mid_bias=None, mid_var=None, Ts=(2, 4, 8, 16, 32), ci=0.01, mid_dead=False, reference="exact"
+):
     rows = []
     for i, T in enumerate(Ts):
         arms = {"token-is": (token_bias[i], 1.0), "seq-is": (0.01, seq_var[i])}
@@ -328,18 +366,33 @@ def _probe(token_bias, seq_var, mid_bias=None, mid_var=None, Ts=(2, 4, 8, 16, 32
         for preset, (bias, var) in arms.items():
             dead = mid_dead and preset == "seq-tis"
             # a mean estimate of the right direction that is (1 − bias) long: a bias of size alone
-            rows.append({"preset": preset, "seq_len": T, "bias_norm": bias, "bias_norm_lo": max(bias - ci, 0),
-                         "bias_norm_hi": bias + ci, "variance": var, "exact_grad_norm": 1.0, "cosine": 1.0,
-                         "norm_ratio": 1.0 - bias, "degenerate": int(dead),
-                         "mean_masked_fraction": 0.99 if dead else 0.0, "engine_kl": 0.01, "reference": reference,
-                         "reference_noise": 0.0 if reference == "exact" else 0.05, "reference_rollouts": 4096})
+            rows.append(
+                {
+                    "preset": preset,
+                    "seq_len": T,
+                    "bias_norm": bias,
+                    "bias_norm_lo": max(bias - ci, 0),
+                    "bias_norm_hi": bias + ci,
+                    "variance": var,
+                    "exact_grad_norm": 1.0,
+                    "cosine": 1.0,
+                    "norm_ratio": 1.0 - bias,
+                    "degenerate": int(dead),
+                    "mean_masked_fraction": 0.99 if dead else 0.0,
+                    "engine_kl": 0.01,
+                    "reference": reference,
+                    "reference_noise": 0.0 if reference == "exact" else 0.05,
+                    "reference_rollouts": 4096,
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def test_level_rule():
     exp_var = [math.exp(0.3 * T) for T in (2, 4, 8, 16, 32)]
-    good = _probe([0.05, 0.1, 0.2, 0.3, 0.4], exp_var, mid_bias=[0.02, 0.05, 0.1, 0.15, 0.2],
-                  mid_var=[1.2, 1.5, 2.0, 3.0, 5.0])
+    good = _probe(
+        [0.05, 0.1, 0.2, 0.3, 0.4], exp_var, mid_bias=[0.02, 0.05, 0.1, 0.15, 0.2], mid_var=[1.2, 1.5, 2.0, 3.0, 5.0]
+    )
     v = level.level_verdict(good)
     assert v.verdict == HOLDS and (v.parts["a"], v.parts["b"], v.parts["c"]) == (HOLDS, HOLDS, HOLDS)
     # token bias falls, variance ratio barely grows, the middle arm is more biased than token IS
@@ -347,7 +400,7 @@ def test_level_rule():
     v = level.level_verdict(bad)
     assert v.verdict == FAILS and (v.parts["a"], v.parts["b"], v.parts["c"]) == (FAILS, FAILS, FAILS)
     # a 10×+ rise that a power law fits better than an exponential: (b) inconclusive
-    power = _probe([0.05, 0.1, 0.2, 0.3, 0.4], [T ** 2 for T in (2, 4, 8, 16, 32)])
+    power = _probe([0.05, 0.1, 0.2, 0.3, 0.4], [T**2 for T in (2, 4, 8, 16, 32)])
     assert level.level_verdict(power).parts["b"] == UNSURE
     # overlapping CIs on the token bias: (a) inconclusive
     flat = _probe([0.1, 0.1, 0.1, 0.1, 0.11], exp_var, ci=0.05)
@@ -413,8 +466,14 @@ def test_lowprob_bins_are_fixed_edges_of_p_with_exact_means_and_shares():
     tokens per bin; a bin is judged from 30 tokens on."""
     p = [0.0005, 0.001, 0.002, 0.05, 0.1, 0.3, 0.7, 0.95, 0.995, 0.9995, 1.0]
     assert lowprob.bin_of(p).tolist() == [0, 1, 1, 2, 3, 3, 4, 5, 6, 7, 7]
-    tok = pd.DataFrame({"precision": "bf16", "step": 10, "p_train": p,
-                        "abs_dlogp": [0.01, 0.004, 0.002, 0.001, 0.0005, 0.0007, 0.002, 0.003, 0.004, 0.006, 0.008]})
+    tok = pd.DataFrame(
+        {
+            "precision": "bf16",
+            "step": 10,
+            "p_train": p,
+            "abs_dlogp": [0.01, 0.004, 0.002, 0.001, 0.0005, 0.0007, 0.002, 0.003, 0.004, 0.006, 0.008],
+        }
+    )
     b = lowprob.lowprob_bins(tok).set_index("bin")
     assert b.index.tolist() == [0, 1, 2, 3, 4, 5, 6, 7]
     assert b["mean"].tolist() == pytest.approx([0.01, 0.003, 0.001, 0.0006, 0.002, 0.003, 0.004, 0.007], abs=1e-15)
@@ -434,8 +493,11 @@ def _tokens(means, n=400, step=100, precision="bf16", seed=0):
     for b, m in means.items():
         lo, hi = lowprob.EDGES[b], lowprob.EDGES[b + 1]
         p = rng.uniform(max(lo, 1e-6), hi, n)
-        rows.append(pd.DataFrame({"precision": precision, "seed": 0, "step": step, "p_train": p,
-                                  "abs_dlogp": rng.exponential(m, n)}))
+        rows.append(
+            pd.DataFrame(
+                {"precision": precision, "seed": 0, "step": step, "p_train": p, "abs_dlogp": rng.exponential(m, n)}
+            )
+        )
     return pd.concat(rows, ignore_index=True)
 
 
@@ -468,8 +530,13 @@ def test_lowprob_rule():
     sparse = pd.concat([_tokens(falling), _tokens({7: 1.0}, n=20)])
     assert lowprob.lowprob_verdict(sparse).verdict == HOLDS
     # every precision must show it; fp32 (no mismatch) is left out
-    mixed = pd.concat([_tokens(falling), _tokens({0: 1e-3, 2: 3e-3, 4: 1e-2}, precision="fp16"),
-                       _tokens({0: 1e-3, 2: 3e-3, 4: 1e-2}, precision="fp32")])
+    mixed = pd.concat(
+        [
+            _tokens(falling),
+            _tokens({0: 1e-3, 2: 3e-3, 4: 1e-2}, precision="fp16"),
+            _tokens({0: 1e-3, 2: 3e-3, 4: 1e-2}, precision="fp32"),
+        ]
+    )
     assert lowprob.lowprob_verdict(mixed).verdict == FAILS
     assert lowprob.lowprob_verdict(pd.concat([_tokens(falling), _tokens(falling, precision="fp32")])).verdict == HOLDS
 
@@ -500,10 +567,28 @@ def _traj(gap16, gap_b16, spread16, spread_b16, floor, seeds=4, T=20):
             wiggle = 1 + 0.1 * ((s + t) % 3)
             for prec, gap, spread in (("fp32", 0.0, 0.0), ("fp16", gap16, spread16), ("bf16", gap_b16, spread_b16)):
                 for i, corr in enumerate(("none", "tis", "geo-mask")):
-                    rows.append({"precision": prec, "correction": corr, "seed": s, "stream": 0, "t": t, "step": t,
-                                 "objective": base + gap * wiggle + (spread * wiggle * i / 2 if corr != "none" else 0)})
-            rows.append({"precision": "fp32", "correction": "none", "seed": s, "stream": 1, "t": t, "step": t,
-                         "objective": base - floor * wiggle})
+                    rows.append(
+                        {
+                            "precision": prec,
+                            "correction": corr,
+                            "seed": s,
+                            "stream": 0,
+                            "t": t,
+                            "step": t,
+                            "objective": base + gap * wiggle + (spread * wiggle * i / 2 if corr != "none" else 0),
+                        }
+                    )
+            rows.append(
+                {
+                    "precision": "fp32",
+                    "correction": "none",
+                    "seed": s,
+                    "stream": 1,
+                    "t": t,
+                    "step": t,
+                    "objective": base - floor * wiggle,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -511,8 +596,11 @@ def test_chaos_floor_is_the_mean_distance_of_another_sampling_stream():
     """Golden: per seed, the mean over updates of |J_fp32 on stream 1 − J_fp32 on the seed's own stream| (plain
     PPO only; other corrections and precisions on stream 1 are not the floor)."""
     J = {(0, 0): [0.5, 0.6], (0, 1): [0.52, 0.57], (1, 0): [0.5, 0.6], (1, 1): [0.5, 0.64]}
-    rows = [{"precision": "fp32", "correction": "none", "seed": s, "stream": k, "t": t, "step": t, "objective": j}
-            for (s, k), js in J.items() for t, j in enumerate(js)]
+    rows = [
+        {"precision": "fp32", "correction": "none", "seed": s, "stream": k, "t": t, "step": t, "objective": j}
+        for (s, k), js in J.items()
+        for t, j in enumerate(js)
+    ]
     rows.append({"precision": "fp32", "correction": "tis", "seed": 0, "stream": 1, "t": 0, "step": 0, "objective": 9.0})
     floor = precision.chaos_floor(pd.DataFrame(rows))
     assert floor.to_dict() == pytest.approx({0: 0.025, 1: 0.02}, abs=1e-15)  # (0.02 + 0.03)/2, (0 + 0.04)/2
@@ -560,15 +648,29 @@ def test_precision_rule():
     # range floor 1.693 × 0.02 = 0.034, and 2× that is 0.068 < 0.2)
     v = precision.precision_verdict(_traj(0.001, 0.01, 0.02, 0.2, floor=0.002).assign(objective_se=0.02))
     assert v.parts["a"] == UNTESTABLE and v.parts["b"] == HOLDS and v.verdict == UNTESTABLE
-    assert v.parts["noise_floor"]["a"] == pytest.approx(0.02256) and "(a) at bf16 within 2× it: unresolved" in v.statement
+    assert (
+        v.parts["noise_floor"]["a"] == pytest.approx(0.02256) and "(a) at bf16 within 2× it: unresolved" in v.statement
+    )
 
 
 # ----------------------------------------------------------------------------------------- 5. staleness
 STALE_ARMS = ("seq-tis", "tis", "none", "icepop", "geo-mask", "geo-mask-shuffled", "m2po-clip", "m2po-free")
 
 
-def _stale(vcpo=True, precursors=True, m2po=True, clip_collapses=False, icepop=True, explode=20.0, control=3.0,
-           plain_collapses=False, plain_explode=1.5, seeds=4, ks=(2, 16), arms=STALE_ARMS):
+def _stale(
+    vcpo=True,
+    precursors=True,
+    m2po=True,
+    clip_collapses=False,
+    icepop=True,
+    explode=20.0,
+    control=3.0,
+    plain_collapses=False,
+    plain_explode=1.5,
+    seeds=4,
+    ks=(2, 16),
+    arms=STALE_ARMS,
+):
     """Runs of the staleness experiment, one row per arm × k × seed (4 seeds: the fewest at which 4/4 against 0/4
     is significant, Fisher p = 1/70; 2 updates a step, so k = 16 steps is 32–33 optimizer updates): which arms collapse (and how) is set by the flags; `explode` is geo-mask's max grad norm
     over its early median, `control` its shuffled control's, plain_explode plain PPO's (none); plain PPO
@@ -578,22 +680,40 @@ def _stale(vcpo=True, precursors=True, m2po=True, clip_collapses=False, icepop=T
     for arm in arms:
         for k in ks:
             for s in range(seeds):
-                fell = ((arm == "seq-tis" and k == 2 and vcpo) or (arm == "icepop" and k == kmax and icepop)
-                        or (arm == "m2po-free" and k == kmax and m2po)
-                        or (arm == "m2po-clip" and k == kmax and clip_collapses)
-                        or (arm == "none" and plain_collapses))
+                fell = (
+                    (arm == "seq-tis" and k == 2 and vcpo)
+                    or (arm == "icepop" and k == kmax and icepop)
+                    or (arm == "m2po-free" and k == kmax and m2po)
+                    or (arm == "m2po-clip" and k == kmax and clip_collapses)
+                    or (arm == "none" and plain_collapses)
+                )
                 step = 30.0 + 5 * s if fell else math.nan
-                rows.append({"arm": arm, "correction": arm.split("-shuffled")[0] if "m2po" not in arm else "none",
-                             "staleness": k, "staleness_updates": 2 * k, "seed": s,
-                             "collapsed": float(fell), "collapse_step": step, "collapse_kind": "drop" if fell else "",
-                             "initial": 0.1, "peak": 0.7 if arm == "m2po-free" else 0.8, "peak_step": 20.0,
-                             "final": 0.2 if fell else 0.8, "steps": 99, "ess_early": 0.9,
-                             "ess_before": (0.5 if precursors else 0.9) if fell else math.nan,
-                             "spike_before": float(precursors) if fell else math.nan,
-                             "explode": {"geo-mask": explode, "geo-mask-shuffled": control,
-                                         "none": plain_explode}.get(arm, 1.5),
-                             "clip_fraction": 0.1 if arm == "m2po-clip" else 0.0, "rejected": 0.9,
-                             "zero_grad": 0.0})
+                rows.append(
+                    {
+                        "arm": arm,
+                        "correction": arm.split("-shuffled")[0] if "m2po" not in arm else "none",
+                        "staleness": k,
+                        "staleness_updates": 2 * k,
+                        "seed": s,
+                        "collapsed": float(fell),
+                        "collapse_step": step,
+                        "collapse_kind": "drop" if fell else "",
+                        "initial": 0.1,
+                        "peak": 0.7 if arm == "m2po-free" else 0.8,
+                        "peak_step": 20.0,
+                        "final": 0.2 if fell else 0.8,
+                        "steps": 99,
+                        "ess_early": 0.9,
+                        "ess_before": (0.5 if precursors else 0.9) if fell else math.nan,
+                        "spike_before": float(precursors) if fell else math.nan,
+                        "explode": {"geo-mask": explode, "geo-mask-shuffled": control, "none": plain_explode}.get(
+                            arm, 1.5
+                        ),
+                        "clip_fraction": 0.1 if arm == "m2po-clip" else 0.0,
+                        "rejected": 0.9,
+                        "zero_grad": 0.0,
+                    }
+                )
     return pd.DataFrame(rows)
 
 
@@ -628,7 +748,9 @@ def test_staleness_rule_is_untestable_where_nothing_collapses():
     # 3×; the collapse parts are untested, so the claim as a whole is inconclusive, not "holds"
     assert calm.parts["areal"]["A2"] == HOLDS and calm.parts["A"] == UNSURE and calm.verdict == UNSURE
     # every part untestable (no geo-mask arms): the claim is untestable here
-    none_tested = staleness.staleness_verdict(_stale(vcpo=False, m2po=False, icepop=False, arms=STALE_ARMS[:4] + STALE_ARMS[6:]))
+    none_tested = staleness.staleness_verdict(
+        _stale(vcpo=False, m2po=False, icepop=False, arms=STALE_ARMS[:4] + STALE_ARMS[6:])
+    )
     assert none_tested.verdict == stats.UNTESTABLE
     # seq-tis does not collapse at k = 2 while plain PPO does: a real "does not hold"
     assert staleness.staleness_verdict(_stale(vcpo=False, plain_collapses=True)).parts["V"] == FAILS
@@ -685,8 +807,10 @@ def test_staleness_collapse_parts_read_counts_by_fisher_and_clopper_pearson():
     assert part.parts["V"] == UNSURE and "Fisher p = 0.071 that seq-tis" in part.statement
     assert staleness.staleness_verdict(_stale(vcpo=False, plain_collapses=True)).parts["vcpo"]["verdict"] == FAILS
     # A2's explosion counts by the same test: geo-mask beyond its control in 4/4 against the control's 0/4
-    assert "the control exploding in 0/4: Fisher p = 0.014 that geo-mask explodes (beyond its control)" in \
-        staleness.staleness_verdict(_stale()).statement
+    assert (
+        "the control exploding in 0/4: Fisher p = 0.014 that geo-mask explodes (beyond its control)"
+        in staleness.staleness_verdict(_stale()).statement
+    )
     assert stats.sign_test(5, 5) == 1 / 32 and stats.sign_test(4, 4) == 1 / 16 and stats.sign_test(0, 3) == 1.0
     assert stats.sign_test(2, 3) == pytest.approx(4 / 8)  # C(3,2) + C(3,3) = 4 of 8
 
@@ -711,9 +835,22 @@ def test_the_clipped_arm_sees_the_staleness(tmp_path):
 
     def first_update_clip(arm, k):
         run_dir = tmp_path / f"{arm}-{k}"
-        run_study(compose(["experiment=bigram/staleness-breaks-tis", f"arm=staleness/{arm}", f"mismatch.staleness={k}",
-                           "train.steps=12", "rollout.batch_size=4", "rollout.group_size=4", "log.timing=false",
-                           "log.tokens_every=0", "log.quiet=true"]), run_dir)
+        run_study(
+            compose(
+                [
+                    "experiment=bigram/staleness-breaks-tis",
+                    f"arm=staleness/{arm}",
+                    f"mismatch.staleness={k}",
+                    "train.steps=12",
+                    "rollout.batch_size=4",
+                    "rollout.group_size=4",
+                    "log.timing=false",
+                    "log.tokens_every=0",
+                    "log.quiet=true",
+                ]
+            ),
+            run_dir,
+        )
         rows = pd.read_csv(run_dir / "metrics.csv")
         return float(rows.loc[rows["update"] == 0, "ppo_clip_fraction"].mean())
 
@@ -730,9 +867,19 @@ def test_ess_and_grad_norm_leave_out_updates_with_an_exactly_zero_gradient(tmp_p
     from tests.helpers.cli import run_cli
 
     for i, arm in enumerate(("geo-mask", "geo-mask-shuffled")):
-        code, _, err = run_cli("run", "experiment=bigram/staleness-breaks-tis", f"arm=staleness/{arm}", "mismatch.staleness=16",
-                               "train.steps=14", "rollout.batch_size=4", "rollout.group_size=4", "log.timing=false",
-                               "log.tokens_every=0", f"hydra.run.dir={tmp_path / 'sweep' / f'{i:02d}'}", "--quiet")
+        code, _, err = run_cli(
+            "run",
+            "experiment=bigram/staleness-breaks-tis",
+            f"arm=staleness/{arm}",
+            "mismatch.staleness=16",
+            "train.steps=14",
+            "rollout.batch_size=4",
+            "rollout.group_size=4",
+            "log.timing=false",
+            "log.tokens_every=0",
+            f"hydra.run.dir={tmp_path / 'sweep' / f'{i:02d}'}",
+            "--quiet",
+        )
         assert code == 0, err
     runs = staleness.staleness_runs(load_dataset(tmp_path / "sweep"))
     assert list(runs["arm"]) == ["geo-mask", "geo-mask-shuffled"]
@@ -753,8 +900,9 @@ def test_zero_grad_stretches_and_notes():
     # x = 0 … 5, zero at 1, 2 and 5: spans [1, 3) and [5, 6) (the last point covers the median spacing 1)
     assert zero_grad.stretches([0, 1, 2, 3, 4, 5], [0, 1, 1, 0, 0, 1]) == [(1.0, 3.0), (5.0, 6.0)]
     assert zero_grad.stretches([0, 1], [0, 0]) == []
-    frame = pd.DataFrame({"job": [0, 0, 0, 1, 1, 1], "x": [0, 1, 2, 0, 1, 2],
-                          "grad_norm": [0.0, 0.0, 1.0, 0.0, 2.0, float("nan")]})
+    frame = pd.DataFrame(
+        {"job": [0, 0, 0, 1, 1, 1], "x": [0, 1, 2, 0, 1, 2], "grad_norm": [0.0, 0.0, 1.0, 0.0, 2.0, float("nan")]}
+    )
     assert zero_grad.frozen(frame).tolist() == [True, False, False]  # only x = 0 is zero in every run; NaN is not 0
     frame["correction"] = ["geo-mask"] * 3 + ["none"] * 3
     assert zero_grad.note(frame) == "gradient exactly 0 (θ not moving) in: geo-mask 67%, none 33% of updates"
@@ -767,15 +915,45 @@ def _bug(nan_apply=True, skips=True, fixed_faults=0, fixed_j=0.97, seeds=3):
     for s in range(seeds):
         for mode in ("apply", "skip"):
             bug = "openrlhf-bc71bb1/seq-mask-tis"
-            rows.append({"correction": bug, "mode": mode, "seed": s,
-                         "nan_params": float(nan_apply and mode == "apply"),
-                         "skipped": 10 if (skips and mode == "skip") else 0, "updates": 10,
-                         "nonfinite_events": 10.0, "collapsed": float(mode == "apply"), "final_objective": np.nan})
-            rows.append({"correction": "seq-mask-tis", "mode": mode, "seed": s, "nan_params": 0.0, "skipped": 0,
-                         "updates": 10, "nonfinite_events": float(fixed_faults if s == 0 else 0), "collapsed": 0.0,
-                         "final_objective": fixed_j + 0.002 * s})
-            rows.append({"correction": "none", "mode": mode, "seed": s, "nan_params": 0.0, "skipped": 0,
-                         "updates": 10, "nonfinite_events": 0.0, "collapsed": 0.0, "final_objective": 0.98 + 0.002 * s})
+            rows.append(
+                {
+                    "correction": bug,
+                    "mode": mode,
+                    "seed": s,
+                    "nan_params": float(nan_apply and mode == "apply"),
+                    "skipped": 10 if (skips and mode == "skip") else 0,
+                    "updates": 10,
+                    "nonfinite_events": 10.0,
+                    "collapsed": float(mode == "apply"),
+                    "final_objective": np.nan,
+                }
+            )
+            rows.append(
+                {
+                    "correction": "seq-mask-tis",
+                    "mode": mode,
+                    "seed": s,
+                    "nan_params": 0.0,
+                    "skipped": 0,
+                    "updates": 10,
+                    "nonfinite_events": float(fixed_faults if s == 0 else 0),
+                    "collapsed": 0.0,
+                    "final_objective": fixed_j + 0.002 * s,
+                }
+            )
+            rows.append(
+                {
+                    "correction": "none",
+                    "mode": mode,
+                    "seed": s,
+                    "nan_params": 0.0,
+                    "skipped": 0,
+                    "updates": 10,
+                    "nonfinite_events": 0.0,
+                    "collapsed": 0.0,
+                    "final_objective": 0.98 + 0.002 * s,
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -820,26 +998,46 @@ def test_experiment_headers(world):
 # Each experiment narrowed on the command line to a few seconds: few steps, small batches, and in the
 # transformer world a tiny model whose warm start trains in a second (into a tmp cache, shared by the module).
 TINY_RUN = ["rollout.batch_size=2", "rollout.group_size=4", "log.timing=false"]
-TINY_TRANSFORMER = ["policy.n_layer=1", "policy.d_model=16", "policy.n_head=2", "policy.sft.steps=150",
-                    "policy.sft.eval_samples=32", "policy.sft.warmup=5", "task.values=4", "rollout.seq_len=4",
-                    "train.objective_samples=32", "train.objective_every=2", "device=cpu"]
+TINY_TRANSFORMER = [
+    "policy.n_layer=1",
+    "policy.d_model=16",
+    "policy.n_head=2",
+    "policy.sft.steps=150",
+    "policy.sft.eval_samples=32",
+    "policy.sft.warmup=5",
+    "task.values=4",
+    "rollout.seq_len=4",
+    "train.objective_samples=32",
+    "train.objective_every=2",
+    "device=cpu",
+]
 TINY = {
-    "tis-tames-mismatch": ["mismatch.precision=fp32,bf16,fp8", "mismatch.logit_noise=0", "seed=range(0,2)",
-                           "train.steps=4"],
+    "tis-tames-mismatch": [
+        "mismatch.precision=fp32,bf16,fp8",
+        "mismatch.logit_noise=0",
+        "seed=range(0,2)",
+        "train.steps=4",
+    ],
     "bias-variance-by-level": ["probe.repeats=16", "probe.n_boot=100"],
     "mismatch-low-prob-tokens": ["seed=0", "log.tokens_every=2", "mismatch.precision=bf16,fp16", "train.steps=4"],
     "precision-vs-algorithm": ["correction=none,geo-mask", "seed=range(0,2)", "train.steps=4"],
-    "staleness-breaks-tis": ["arm=staleness/none,staleness/seq-tis,staleness/m2po-clip,staleness/m2po-free", "seed=0",
-                             "train.steps=4"],
+    "staleness-breaks-tis": [
+        "arm=staleness/none,staleness/seq-tis,staleness/m2po-clip,staleness/m2po-free",
+        "seed=0",
+        "train.steps=4",
+    ],
     "seed-bug-end-to-end": ["seed=range(0,2)", "train.steps=4"],
 }
 TINY_WORLD = {
     "bigram": {"bias-variance-by-level": ["rollout.seq_len=2,4,8", "probe.pretrain_steps=2"]},
     "mlp": {"bias-variance-by-level": ["rollout.seq_len=16,32"], "*": ["rollout.seq_len=16", "task.k=1"]},
-    "transformer": {"bias-variance-by-level": ["rollout.seq_len=3,4", "probe.reference_rollouts=64"],
-                    "tis-tames-mismatch": ["seed=0"], "precision-vs-algorithm": ["seed=0"],
-                    # 1% outliers may miss a tiny batch of 32 tokens: 20% puts the bug in it
-                    "seed-bug-end-to-end": ["seed=0", "mismatch.outlier_rate=0.2"]},
+    "transformer": {
+        "bias-variance-by-level": ["rollout.seq_len=3,4", "probe.reference_rollouts=64"],
+        "tis-tames-mismatch": ["seed=0"],
+        "precision-vs-algorithm": ["seed=0"],
+        # 1% outliers may miss a tiny batch of 32 tokens: 20% puts the bug in it
+        "seed-bug-end-to-end": ["seed=0", "mismatch.outlier_rate=0.2"],
+    },
 }
 
 
@@ -858,12 +1056,14 @@ def pin(verdict: str, *numbers: tuple[str, float]):
     """A check of a tiny run's verdict line: its verdict word, and each number that follows a label (a regex
     with one group) within 1% (the line prints 3 significant digits; same seed → the same run, so this is a
     regression check on the pipeline, world and rule together, not a statistical claim)."""
+
     def check(v: str, text: str) -> None:
         assert v == verdict, (v, text)
         for pattern, value in numbers:
             m = re.search(pattern, text)
             assert m, (pattern, text)
             assert float(m[1]) == pytest.approx(value, rel=0.01, abs=1e-12), (pattern, m[1], value)
+
     return check
 
 
@@ -875,38 +1075,73 @@ NUM = r"(-?[\d.]+(?:e[-+]?\d+)?)"
 # (bigram bf16: gap −5.4e-5, 95% t CI [−7.4e-4, 6.4e-4] with n = 2; mlp fp8 −0.0013 [−0.015, 0.012]; the
 # transformer's one seed has no interval), so there is no gap for TIS to recover.
 PINNED: dict = {
-    ("bigram", "tis-tames-mismatch"): pin("untestable here", (rf"bf16: fp32 PPO final J {NUM}", 0.2407),
-                                          (rf"bf16: .*?control: gap J_fp32 − J_PPO {NUM} ±", -5.43e-5)),
-    ("bigram", "bias-variance-by-level"): pin("does not hold", (rf"at T=8 \({NUM}×", 1.68), (rf"token-IS relative bias {NUM}", 0.33)),
+    ("bigram", "tis-tames-mismatch"): pin(
+        "untestable here",
+        (rf"bf16: fp32 PPO final J {NUM}", 0.2407),
+        (rf"bf16: .*?control: gap J_fp32 − J_PPO {NUM} ±", -5.43e-5),
+    ),
+    ("bigram", "bias-variance-by-level"): pin(
+        "does not hold", (rf"at T=8 \({NUM}×", 1.68), (rf"token-IS relative bias {NUM}", 0.33)
+    ),
     # claim 3 at 4 steps: the late window is step 2 alone, too few tokens for a bin on one side of p = 0.5
-    ("bigram", "mismatch-low-prob-tokens"): pin("untestable here", (rf"bf16: [^[]*?0\.01–0\.1: {NUM} \(55%\)", 0.0042),
-                                                (rf"fp16: [^[]*?0\.01–0\.1: {NUM} \(55%\)", 6.2e-4)),
+    ("bigram", "mismatch-low-prob-tokens"): pin(
+        "untestable here",
+        (rf"bf16: [^[]*?0\.01–0\.1: {NUM} \(55%\)", 0.0042),
+        (rf"fp16: [^[]*?0\.01–0\.1: {NUM} \(55%\)", 6.2e-4),
+    ),
     # claim 4: bf16's gap to fp32 (1.19e-5) is far inside the chaos floor (another sampling stream: 0.00267)
-    ("bigram", "precision-vs-algorithm"): pin("untestable here", (rf"fp16 0, bf16 {NUM}, against", 1.19e-5),
-                                              (rf"sampling stream\) of {NUM}", 0.00267)),
+    ("bigram", "precision-vs-algorithm"): pin(
+        "untestable here", (rf"fp16 0, bf16 {NUM}, against", 1.19e-5), (rf"sampling stream\) of {NUM}", 0.00267)
+    ),
     # nothing collapses in 4 steps: untestable (was "does not hold" before the positive-control rule)
-    ("bigram", "staleness-breaks-tis"): pin("untestable here", (rf"peak J {NUM}", 0.226), (rf"clip fraction {NUM}%", 2)),
+    ("bigram", "staleness-breaks-tis"): pin(
+        "untestable here", (rf"peak J {NUM}", 0.226), (rf"clip fraction {NUM}%", 2)
+    ),
     ("bigram", "seed-bug-end-to-end"): pin("holds", (rf"skip updates \({NUM}%", 31.2), (rf"paired Δ {NUM}", 7.84e-4)),
-    ("mlp", "tis-tames-mismatch"): pin("untestable here", (rf"bf16: fp32 PPO final J {NUM}", 0.4609),
-                                       (rf"fp8: .*?control: gap J_fp32 − J_PPO {NUM} ±", -0.00133)),
+    ("mlp", "tis-tames-mismatch"): pin(
+        "untestable here",
+        (rf"bf16: fp32 PPO final J {NUM}", 0.4609),
+        (rf"fp8: .*?control: gap J_fp32 − J_PPO {NUM} ±", -0.00133),
+    ),
     ("mlp", "bias-variance-by-level"): pin("inconclusive", (rf"→ {NUM} at T=32 \(nan×\)", 25.6)),
-    ("mlp", "mismatch-low-prob-tokens"): pin("untestable here", (rf"bf16: [^[]*?0\.01–0\.1: {NUM} \(100%\)", 4.3e-4),
-                                             (rf"fp16: [^[]*?0\.01–0\.1: {NUM} \(100%\)", 6.0e-5)),
+    ("mlp", "mismatch-low-prob-tokens"): pin(
+        "untestable here",
+        (rf"bf16: [^[]*?0\.01–0\.1: {NUM} \(100%\)", 4.3e-4),
+        (rf"fp16: [^[]*?0\.01–0\.1: {NUM} \(100%\)", 6.0e-5),
+    ),
     # J every 20 steps: in 4 steps only J₀, the same in every arm, so every gap and the floor are 0
-    ("mlp", "precision-vs-algorithm"): pin("untestable here", (rf"fp16 0, bf16 {NUM}, against", 0.0),
-                                           (rf"sampling stream\) of {NUM}", 0.0)),
-    ("mlp", "staleness-breaks-tis"): pin("untestable here", (rf"peak J {NUM}", 0.381), (rf"clipped 0/1 collapsed \[0%, 97%\] in 4 steps, clip fraction {NUM}%, final 0.403", 8)),
-    ("mlp", "seed-bug-end-to-end"): pin("inconclusive", (rf"skip updates \({NUM}%", 18.8), (rf"paired Δ {NUM}", -0.0518)),
+    ("mlp", "precision-vs-algorithm"): pin(
+        "untestable here", (rf"fp16 0, bf16 {NUM}, against", 0.0), (rf"sampling stream\) of {NUM}", 0.0)
+    ),
+    ("mlp", "staleness-breaks-tis"): pin(
+        "untestable here",
+        (rf"peak J {NUM}", 0.381),
+        (rf"clipped 0/1 collapsed \[0%, 97%\] in 4 steps, clip fraction {NUM}%, final 0.403", 8),
+    ),
+    ("mlp", "seed-bug-end-to-end"): pin(
+        "inconclusive", (rf"skip updates \({NUM}%", 18.8), (rf"paired Δ {NUM}", -0.0518)
+    ),
     # the transformer's J is Monte Carlo (32 rollouts: J in steps of 1/32)
-    ("transformer", "tis-tames-mismatch"): pin("untestable here", (rf"bf16: fp32 PPO final J {NUM}", 0.4688),
-                                               (rf"fp8: .*?control: gap J_fp32 − J_PPO {NUM} \(n = 1: no interval\)", 0.0)),
-    ("transformer", "bias-variance-by-level"): pin("does not hold", (rf"at T=4 \({NUM}×", 0.988), (rf"token-IS relative bias {NUM}", 0.883)),
-    ("transformer", "mismatch-low-prob-tokens"): pin("untestable here", (rf"bf16: [^[]*?0\.5–0\.9: {NUM} \(74%\)", 0.0021),
-                                                     (rf"fp16: [^[]*?0\.5–0\.9: {NUM} \(74%\)", 1.6e-4)),
-    ("transformer", "precision-vs-algorithm"): pin("untestable here", (rf"fp32 0, fp16 {NUM}", 0.0156),
-                                                   (rf"sampling stream\) of {NUM}", 0.0469)),
+    ("transformer", "tis-tames-mismatch"): pin(
+        "untestable here",
+        (rf"bf16: fp32 PPO final J {NUM}", 0.4688),
+        (rf"fp8: .*?control: gap J_fp32 − J_PPO {NUM} \(n = 1: no interval\)", 0.0),
+    ),
+    ("transformer", "bias-variance-by-level"): pin(
+        "does not hold", (rf"at T=4 \({NUM}×", 0.988), (rf"token-IS relative bias {NUM}", 0.883)
+    ),
+    ("transformer", "mismatch-low-prob-tokens"): pin(
+        "untestable here",
+        (rf"bf16: [^[]*?0\.5–0\.9: {NUM} \(74%\)", 0.0021),
+        (rf"fp16: [^[]*?0\.5–0\.9: {NUM} \(74%\)", 1.6e-4),
+    ),
+    ("transformer", "precision-vs-algorithm"): pin(
+        "untestable here", (rf"fp32 0, fp16 {NUM}", 0.0156), (rf"sampling stream\) of {NUM}", 0.0469)
+    ),
     ("transformer", "staleness-breaks-tis"): pin("untestable here", (rf"peak J {NUM}", 0.469)),
-    ("transformer", "seed-bug-end-to-end"): pin("holds", (rf"skip updates \({NUM}%", 81.2), (rf"paired Δ {NUM}", 0.0625)),
+    ("transformer", "seed-bug-end-to-end"): pin(
+        "holds", (rf"skip updates \({NUM}%", 81.2), (rf"paired Δ {NUM}", 0.0625)
+    ),
 }
 
 
@@ -920,8 +1155,12 @@ def sft_cache(tmp_path_factory):
 @pytest.mark.parametrize("name", EXPERIMENTS)
 def test_experiment_end_to_end(name, world, cli, tmp_path, sft_cache):
     sweep_dir = tmp_path / world / name
-    code, out, err = cli("sweep", f"experiment={registry.experiment(name, world)}",
-                         *tiny_overrides(name, world, sft_cache), f"hydra.sweep.dir={sweep_dir}")
+    code, out, err = cli(
+        "sweep",
+        f"experiment={registry.experiment(name, world)}",
+        *tiny_overrides(name, world, sft_cache),
+        f"hydra.sweep.dir={sweep_dir}",
+    )
     assert code == 0, err
     assert (sweep_dir / "sweep_summary.csv").is_file()
     figs = tmp_path / "figures"
@@ -940,28 +1179,43 @@ def test_experiment_end_to_end(name, world, cli, tmp_path, sft_cache):
 
         _, fig = tis.evaluate(load_dataset(sweep_dir), "default")
         settings = {a.get_title().split("\n")[0] for a in fig.axes}
-        assert len(fig.axes) == len(settings) and all(a.get_ylabel() != "runs not yet collapsed\n(Kaplan–Meier)"
-                                                      for a in fig.axes)
-        assert re.search(r"No run collapsed in \d+ seeds? \(any arm or engine\)\.", fig.get_suptitle().replace("\n", " "))
+        assert len(fig.axes) == len(settings) and all(
+            a.get_ylabel() != "runs not yet collapsed\n(Kaplan–Meier)" for a in fig.axes
+        )
+        assert re.search(
+            r"No run collapsed in \d+ seeds? \(any arm or engine\)\.", fig.get_suptitle().replace("\n", " ")
+        )
 
 
 def test_all_writes_verdicts(tmp_path, cli):
     """--all over a folder of experiment dirs: a missing experiment dir is an error with exit code 2 (as
     figures.sh relies on), named, before anything is written."""
-    code, _, err = cli("claims", str(tmp_path), "--all", "--worlds", "mlp", "--only", "seed-bug-end-to-end",
-                       "--out", str(tmp_path / "out"))
+    code, _, err = cli(
+        "claims",
+        str(tmp_path),
+        "--all",
+        "--worlds",
+        "mlp",
+        "--only",
+        "seed-bug-end-to-end",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert code == 2 and "mlp/seed-bug-end-to-end" in err and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["--claim", "no-such-claim"], "unknown claim 'no-such-claim'; valid: tis-tames-mismatch, "),
-    (["--all", "--only", "tis-tames-mismatch nope"], "unknown claim 'nope'"),
-    ([], "give either --claim NAME or --all"),
-    (["--all", "--claim", "tis-tames-mismatch"], "give either --claim NAME or --all"),
-    (["--all", "--style", "poster"], "unknown --style 'poster'; valid: default, paper"),
-    (["--all", "--worlds", "bigram lstm"], "unknown world 'lstm'; valid: bigram, mlp, transformer"),
-    (["--all", "--size", "huge"], "unknown --size 'huge'; valid: default, full"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--claim", "no-such-claim"], "unknown claim 'no-such-claim'; valid: tis-tames-mismatch, "),
+        (["--all", "--only", "tis-tames-mismatch nope"], "unknown claim 'nope'"),
+        ([], "give either --claim NAME or --all"),
+        (["--all", "--claim", "tis-tames-mismatch"], "give either --claim NAME or --all"),
+        (["--all", "--style", "poster"], "unknown --style 'poster'; valid: default, paper"),
+        (["--all", "--worlds", "bigram lstm"], "unknown world 'lstm'; valid: bigram, mlp, transformer"),
+        (["--all", "--size", "huge"], "unknown --size 'huge'; valid: default, full"),
+    ],
+)
 def test_bad_claims_input_is_one_line_with_exit_code_2(args, needle, cli, tmp_path):
     code, out, err = cli("claims", str(tmp_path), *args, "--out", str(tmp_path / "figs"))
     lines = err.strip().splitlines()
@@ -982,9 +1236,12 @@ def test_verdicts_table_is_claim_by_world(tmp_path):
     assert table[0] == "| claim | bigram (default size) | mlp (default size) | mlp (full size) |"
     assert len(table) == 1 + len(EXPERIMENTS)
     first = [c.strip() for c in table[1].strip("|").split("|")]
-    assert first == [CLAIMS[EXPERIMENTS[0]].TITLE, f"**holds**: k0 ([figure](bigram/{EXPERIMENTS[0]}.png))",
-                     f"**holds**: k0 ([figure](mlp/{EXPERIMENTS[0]}.png))",
-                     f"**does not hold**: k9 ([figure](full/mlp/{EXPERIMENTS[0]}.png))"]
+    assert first == [
+        CLAIMS[EXPERIMENTS[0]].TITLE,
+        f"**holds**: k0 ([figure](bigram/{EXPERIMENTS[0]}.png))",
+        f"**holds**: k0 ([figure](mlp/{EXPERIMENTS[0]}.png))",
+        f"**does not hold**: k9 ([figure](full/mlp/{EXPERIMENTS[0]}.png))",
+    ]
     assert table[3].count("not run") == 2  # claim 3: run in the bigram world only
     assert f"is-study sweep experiment=mlp/{EXPERIMENTS[1]}" in text and "**holds**. x = 1" in text
     # a re-run of one claim in one world replaces that cell only
@@ -1017,8 +1274,12 @@ def test_figures_script_rejects_bad_input(tmp_path):
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
     bad = subprocess.run(["bash", str(script), "--bogus"], capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown argument" in bad.stderr
-    env = {**os.environ, "FIGURES_ONLY": "no-such-claim", "FIGURES_WORK": str(tmp_path / "work"),
-           "FIGURES_OUT": str(tmp_path / "out")}
+    env = {
+        **os.environ,
+        "FIGURES_ONLY": "no-such-claim",
+        "FIGURES_WORK": str(tmp_path / "work"),
+        "FIGURES_OUT": str(tmp_path / "out"),
+    }
     missing = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
     assert missing.returncode == 2 and "no-such-claim" in missing.stderr
     env.update(FIGURES_ONLY="seed-bug-end-to-end", FIGURES_WORLDS="mlp lstm")

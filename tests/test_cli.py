@@ -55,12 +55,19 @@ def test_list_piped_prints_one_plain_line_per_item():
     what to type first; at 80 columns the tables wrapped to ~300 lines."""
     from runner import registry
 
-    got = subprocess.run([sys.executable, "-m", "runner", "list"], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "COLUMNS": "80"}, timeout=60)
+    got = subprocess.run(
+        [sys.executable, "-m", "runner", "list"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "80"},
+        timeout=60,
+    )
     assert got.returncode == 0, got.stderr
     lines = got.stdout.splitlines()
     expected = [f"correction={e.name}" for e in registry.presets()] + [
-        f"case {e.name}" if g == "cases" else f"{g}={e.name}" for g in registry.GROUPS[1:] for e in registry.entries(g)]
+        f"case {e.name}" if g == "cases" else f"{g}={e.name}" for g in registry.GROUPS[1:] for e in registry.entries(g)
+    ]
     assert [line.split("\t")[0] for line in lines] == expected
     tis = next(line for line in lines if line.startswith("correction=tis\t"))
     assert tis.split("\t")[1:3] == ["ours", "[0.5, 5]"] and tis.split("\t")[3].startswith("token TIS")
@@ -128,17 +135,31 @@ def test_bad_override_syntax(cli):
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize("content,needle", [
-    ("cases:\n  - log_probs: [[0.0, 1.0]]\n    old_log_probs: [[0.0]]\n    rollout_log_probs: [[0.0, 0.0]]\n"
-     "    advantages: [[1.0, 1.0]]\n", "old_log_probs has shape [1, 1] but log_probs has [1, 2]"),
-    ("cases: [ {log_probs: [[0.0]]", "not valid YAML"),
-    ("cases:\n  - log_probs: [[0.0]]\n    old_log_probs: [[0.0]]\n    rollout_log_probs: [[0.0]]\n"
-     "    advantages: [[1.0]]\n    action_mask: [[0.5]]\n", "values must be 0 or 1"),
-    ("cases:\n  - log_probs: [[0.0]]\n    old_log_probs: [[0.0]]\n    advantages: [[1.0]]\n", "missing rollout_log_probs"),
-    ("cases:\n  - log_probs: [[zero]]\n    old_log_probs: [[0.0]]\n    rollout_log_probs: [[0.0]]\n    advantages: [[1.0]]\n",
-     "expected a number"),
-    ("just a string", "expected a non-empty list of cases"),
-])
+@pytest.mark.parametrize(
+    "content,needle",
+    [
+        (
+            "cases:\n  - log_probs: [[0.0, 1.0]]\n    old_log_probs: [[0.0]]\n    rollout_log_probs: [[0.0, 0.0]]\n"
+            "    advantages: [[1.0, 1.0]]\n",
+            "old_log_probs has shape [1, 1] but log_probs has [1, 2]",
+        ),
+        ("cases: [ {log_probs: [[0.0]]", "not valid YAML"),
+        (
+            "cases:\n  - log_probs: [[0.0]]\n    old_log_probs: [[0.0]]\n    rollout_log_probs: [[0.0]]\n"
+            "    advantages: [[1.0]]\n    action_mask: [[0.5]]\n",
+            "values must be 0 or 1",
+        ),
+        (
+            "cases:\n  - log_probs: [[0.0]]\n    old_log_probs: [[0.0]]\n    advantages: [[1.0]]\n",
+            "missing rollout_log_probs",
+        ),
+        (
+            "cases:\n  - log_probs: [[zero]]\n    old_log_probs: [[0.0]]\n    rollout_log_probs: [[0.0]]\n    advantages: [[1.0]]\n",
+            "expected a number",
+        ),
+        ("just a string", "expected a non-empty list of cases"),
+    ],
+)
 def test_malformed_case_files(cli, tmp_path, content, needle):
     path = tmp_path / "bad.yaml"
     path.write_text(content)
@@ -155,9 +176,20 @@ def test_json_case_file_and_nonfinite_strings(cli, tmp_path):
     import json
 
     path = tmp_path / "c.json"
-    path.write_text(json.dumps([{"name": "x", "log_probs": [[0.0, "nan"]], "old_log_probs": [[0.0, 0.0]],
-                                 "rollout_log_probs": [[0.0, "-inf"]], "advantages": [[1.0, 1.0]],
-                                 "action_mask": [[1, 0]]}]))
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "name": "x",
+                    "log_probs": [[0.0, "nan"]],
+                    "old_log_probs": [[0.0, 0.0]],
+                    "rollout_log_probs": [[0.0, "-inf"]],
+                    "advantages": [[1.0, 1.0]],
+                    "action_mask": [[1, 0]],
+                }
+            ]
+        )
+    )
     code, out, err = cli("case", str(path), "correction=seq-mask-tis", "--json")
     assert code == 0, err
     row = json.loads(out)[0]
@@ -167,18 +199,25 @@ def test_json_case_file_and_nonfinite_strings(cli, tmp_path):
 
 @pytest.mark.slow
 def test_real_binary_exit_code_and_no_traceback():
-    res = subprocess.run([sys.executable, "-m", "runner", "case", str(spec_case_file("seed-issue")),
-                          "correction=bogus"], cwd=REPO, capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "runner", "case", str(spec_case_file("seed-issue")), "correction=bogus"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 2
     assert res.stderr.startswith("is-study: error: config: unknown correction 'bogus'")
     assert "Traceback" not in res.stderr
 
 
-@pytest.mark.parametrize("args,needle", [
-    (["run", "--bogus"], "No such option: --bogus"),
-    (["nosuchcmd"], "No such command 'nosuchcmd'"),
-    (["case"], "Missing argument 'file'"),
-])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["run", "--bogus"], "No such option: --bogus"),
+        (["nosuchcmd"], "No such command 'nosuchcmd'"),
+        (["case"], "Missing argument 'file'"),
+    ],
+)
 def test_usage_errors_are_one_line_with_exit_code_2(args, needle):
     """Click's usage errors (raised by click itself or by the copy newer Typer versions vendor)."""
     res = subprocess.run([sys.executable, "-m", "runner", *args], cwd=REPO, capture_output=True, text=True)
@@ -187,14 +226,17 @@ def test_usage_errors_are_one_line_with_exit_code_2(args, needle):
     assert len(lines) == 1 and lines[0].startswith("is-study: error:") and needle in lines[0], res.stderr
 
 
-@pytest.mark.parametrize("override,suggestion", [
-    ("train.step=10", "did you mean train.steps?"),
-    ("trian.steps=10", "did you mean train.steps?"),
-    ("mismatch.stalenes=2", "did you mean mismatch.staleness?"),
-    ("rollout.seqlen=8", "did you mean rollout.seq_len?"),
-    ("correction.hgh=2", "did you mean correction.high?"),
-    ("probe.repeat=3", "probe.* keys belong to study=probe"),
-])
+@pytest.mark.parametrize(
+    "override,suggestion",
+    [
+        ("train.step=10", "did you mean train.steps?"),
+        ("trian.steps=10", "did you mean train.steps?"),
+        ("mismatch.stalenes=2", "did you mean mismatch.staleness?"),
+        ("rollout.seqlen=8", "did you mean rollout.seq_len?"),
+        ("correction.hgh=2", "did you mean correction.high?"),
+        ("probe.repeat=3", "probe.* keys belong to study=probe"),
+    ],
+)
 def test_unknown_key_suggests_the_nearest(cli, tmp_path, override, suggestion):
     """`is-study run train.step=10`: one line naming the key and the nearest real one; nothing is made."""
     code, _, err = cli("run", override, f"hydra.run.dir={tmp_path / 'r'}")
@@ -221,11 +263,14 @@ VALID_EXPERIMENTS = ", ".join(registry.group_options("experiment"))
 def test_an_unknown_experiment_is_refused_with_the_nearest(cli, tmp_path, command):
     """`experiment=threshold-tradeof` ran the defaults and exited 0 (issue 31); now one line and exit 2,
     and no run or sweep dir is made."""
-    code, out, err = cli(command, "experiment=threshold-tradeof", f"hydra.run.dir={tmp_path / 'r'}",
-                         f"hydra.sweep.dir={tmp_path / 's'}")
+    code, out, err = cli(
+        command, "experiment=threshold-tradeof", f"hydra.run.dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 's'}"
+    )
     assert code == 2 and out == ""
-    assert err == ("is-study: error: config: unknown experiment 'threshold-tradeof'; did you mean bigram/threshold-tradeoff? "
-                   f"(valid: {VALID_EXPERIMENTS})\n")
+    assert err == (
+        "is-study: error: config: unknown experiment 'threshold-tradeof'; did you mean bigram/threshold-tradeoff? "
+        f"(valid: {VALID_EXPERIMENTS})\n"
+    )
     assert list(tmp_path.iterdir()) == []
 
 
@@ -237,26 +282,44 @@ def test_an_unknown_experiment_in_a_world_folder_is_named_as_typed(cli):
 @pytest.mark.parametrize("command", ["run", "show", "sweep"])
 def test_a_bare_option_name_says_which_override_was_meant(cli, tmp_path, command):
     """`is-study sweep threshold-tradeoff` (forgot experiment=) said "Error parsing override"."""
-    code, out, err = cli(command, "threshold-tradeoff", f"hydra.run.dir={tmp_path / 'r'}",
-                         f"hydra.sweep.dir={tmp_path / 's'}")
+    code, out, err = cli(
+        command, "threshold-tradeoff", f"hydra.run.dir={tmp_path / 'r'}", f"hydra.sweep.dir={tmp_path / 's'}"
+    )
     assert (code, out) == (2, "")
-    assert err == ("is-study: error: config: 'threshold-tradeoff' is not an override: write KEY=VALUE; "
-                   "did you mean experiment=bigram/threshold-tradeoff?\n")
+    assert err == (
+        "is-study: error: config: 'threshold-tradeoff' is not an override: write KEY=VALUE; "
+        "did you mean experiment=bigram/threshold-tradeoff?\n"
+    )
     assert list(tmp_path.iterdir()) == []
     code, _, err = cli("show", "xyzzy")
-    assert (code, err) == (2, "is-study: error: config: 'xyzzy' is not an override: write KEY=VALUE "
-                              "(e.g. correction=tis; see is-study list)\n")
+    assert (code, err) == (
+        2,
+        "is-study: error: config: 'xyzzy' is not an override: write KEY=VALUE "
+        "(e.g. correction=tis; see is-study list)\n",
+    )
 
 
-@pytest.mark.parametrize("override,message", [
-    ("correction.high=2,5", "correction.high=2,5: a comma-separated value sweeps: use `is-study sweep` with the same "
-                            "overrides (`--dry-run` lists its jobs); for a list write correction.high=[2,5], for a "
-                            "string correction.high='2,5'"),
-    ("correction=tis,icepop", "correction=tis,icepop: a comma-separated value sweeps: use `is-study sweep` with the "
-                              "same overrides (`--dry-run` lists its jobs)"),
-    ("seed=range(0,3)", "seed=range(0,3): a sweep over values: use `is-study sweep` with the same overrides "
-                        "(`--dry-run` lists its jobs)"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        (
+            "correction.high=2,5",
+            "correction.high=2,5: a comma-separated value sweeps: use `is-study sweep` with the same "
+            "overrides (`--dry-run` lists its jobs); for a list write correction.high=[2,5], for a "
+            "string correction.high='2,5'",
+        ),
+        (
+            "correction=tis,icepop",
+            "correction=tis,icepop: a comma-separated value sweeps: use `is-study sweep` with the "
+            "same overrides (`--dry-run` lists its jobs)",
+        ),
+        (
+            "seed=range(0,3)",
+            "seed=range(0,3): a sweep over values: use `is-study sweep` with the same overrides "
+            "(`--dry-run` lists its jobs)",
+        ),
+    ],
+)
 def test_a_sweep_value_given_to_run_points_to_sweep(cli, tmp_path, override, message):
     """Hydra said "Ambiguous value for argument" (and, below, "add --multirun")."""
     code, out, err = cli("run", override, f"hydra.run.dir={tmp_path / 'r'}")
@@ -270,9 +333,14 @@ def test_a_run_dir_that_cannot_be_made_says_so(cli, tmp_path):
     blocker.write_text("")
     code, out, err = cli("run", f"hydra.run.dir={blocker / 'run'}", "train.steps=1")
     assert (code, out) == (2, "")
-    assert err == (f"is-study: error: the run dir cannot be created or written: {blocker / 'run'} (Not a directory); "
-                   f"choose another hydra.run.dir\n")
+    assert err == (
+        f"is-study: error: the run dir cannot be created or written: {blocker / 'run'} (Not a directory); "
+        f"choose another hydra.run.dir\n"
+    )
     if Path("/proc/self").is_dir():
         code, _, err = cli("run", "hydra.run.dir=/proc/forbidden", "train.steps=1")
-        assert (code, err) == (2, "is-study: error: the run dir cannot be created or written: /proc/forbidden "
-                                  "(No such file or directory); choose another hydra.run.dir\n")
+        assert (code, err) == (
+            2,
+            "is-study: error: the run dir cannot be created or written: /proc/forbidden "
+            "(No such file or directory); choose another hydra.run.dir\n",
+        )

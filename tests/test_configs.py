@@ -9,8 +9,8 @@ import pytest
 
 from runner import registry
 from runner.core.corrections import Correction
-from runner.hydra_app import app as hydra_app
 from runner.core.losses import LossSpec
+from runner.hydra_app import app as hydra_app
 from runner.paths import conf_dir
 from tests.helpers.repo import REPO
 
@@ -19,11 +19,28 @@ CONF = REPO / "conf"
 SKIP_GROUPS = {"cases", "hydra"}
 
 SPEC_PRESETS = [
-    "none", "tis", "icepop", "seq-mask-tis", "seq-tis", "seq-mis", "geo-mask",
-    "openrlhf-bc71bb1/tis", "openrlhf-bc71bb1/icepop", "openrlhf-bc71bb1/seq-mask-tis",
-    "openrlhf-0.11/token-clip", "openrlhf-0.11/token-mask", "openrlhf-0.11/seq-mask",
-    "trl/token-truncate", "trl/token-mask", "trl/sequence-truncate", "trl/sequence-mask",
-    "verl/token-tis", "verl/seq-tis", "verl/icepop", "verl/geo-rs", "verl/seq-mis",
+    "none",
+    "tis",
+    "icepop",
+    "seq-mask-tis",
+    "seq-tis",
+    "seq-mis",
+    "geo-mask",
+    "openrlhf-bc71bb1/tis",
+    "openrlhf-bc71bb1/icepop",
+    "openrlhf-bc71bb1/seq-mask-tis",
+    "openrlhf-0.11/token-clip",
+    "openrlhf-0.11/token-mask",
+    "openrlhf-0.11/seq-mask",
+    "trl/token-truncate",
+    "trl/token-mask",
+    "trl/sequence-truncate",
+    "trl/sequence-mask",
+    "verl/token-tis",
+    "verl/seq-tis",
+    "verl/icepop",
+    "verl/geo-rs",
+    "verl/seq-mis",
 ]
 
 
@@ -58,8 +75,11 @@ def _spec_copy() -> Path | None:
 
 # a row whose first cell is `name`, its band [low, high] either right after the name (the spec's form) or
 # alone in the next cell (docs/corrections.md's table)
-PRESET_ROW = re.compile(r"^\|\s*`(?P<name>[^`]+)`\s*(?:\[(?P<band>[^\]]*)\])?\s*\|"
-                        r"(?:\s*\[(?P<band_cell>[^\]]*)\]\s*\|)?", flags=re.M)
+PRESET_ROW = re.compile(
+    r"^\|\s*`(?P<name>[^`]+)`\s*(?:\[(?P<band>[^\]]*)\])?\s*\|"
+    r"(?:\s*\[(?P<band_cell>[^\]]*)\]\s*\|)?",
+    flags=re.M,
+)
 
 
 def preset_table(markdown: str) -> dict[str, tuple[float | None, float | None] | None]:
@@ -108,8 +128,12 @@ Prose with `code` in it.
 
 | `later` | not a preset either |
 """
-    assert preset_table(sample) == {"none": None, "tis": (0.5, 5.0), "seq-tis": (None, 5.0),
-                                    "trl/token-mask": (None, 3.0)}
+    assert preset_table(sample) == {
+        "none": None,
+        "tis": (0.5, 5.0),
+        "seq-tis": (None, 5.0),
+        "trl/token-mask": (None, 3.0),
+    }
     with pytest.raises(ValueError, match="Presets"):
         preset_table("| `tis` [0.5, 5.0] | no section |")
 
@@ -152,7 +176,9 @@ def test_every_yaml_starts_with_its_command():
 @pytest.mark.slow
 def test_thresholds_are_always_low_high_veto():
     for name in SPEC_PRESETS:
-        cfg = hydra_app.compose([f"correction={name}", "correction.low=0.25", "correction.high=4", "correction.veto=0.001"])
+        cfg = hydra_app.compose(
+            [f"correction={name}", "correction.low=0.25", "correction.high=4", "correction.veto=0.001"]
+        )
         corr = Correction.from_config(hydra_app.to_container(cfg.correction))
         assert (corr.low, corr.high, corr.veto) == (0.25, 4, 0.001)
 

@@ -27,236 +27,392 @@ import pytest
 import torch
 import yaml
 
-from runner.hydra_app import app as hydra_app
-from runner.core.corrections import Correction, apply_correction
-from runner.core.losses import LossSpec, policy_loss
-from tests.helpers.naive_corrections import ppo_token_mean
 from runner import registry
 from runner.audit.case_files import load_case_file
-from runner.errors import UserError
 from runner.audit.case_study import compare, evaluate
+from runner.core.corrections import Correction, apply_correction
+from runner.core.losses import LossSpec, policy_loss
+from runner.errors import UserError
+from runner.hydra_app import app as hydra_app
+from tests.helpers.naive_corrections import ppo_token_mean
 from tests.helpers.repo import spec_case_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: see conftest.py
 
 GOLDEN = [
-    ('none', None, None, 'padded-mixed', -0.3612356, [[-0.2210342, -0.1809675, -0.2210342, 0.0], [0.1146223, 0.147178, 0.0, 0.0]]),
-    ('none', None, None, 'short-and-empty-rows', -0.0654475, [[0.0, -0.125, -0.0758163], [0.2853688, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('tis', 0.5, 5.0, 'padded-mixed', -1.2760532, [[-1.1051709, -0.134064, -0.2442806, 0.0], [0.0573112, 0.1501511, 0.0, 0.0]]),
-    ('tis', 0.5, 5.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('icepop', 0.5, 5.0, 'padded-mixed', -0.2281934, [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]]),
-    ('icepop', 0.5, 5.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('seq-mask-tis', 0.5, 5.0, 'padded-mixed', -1.2760532, [[-1.1051709, -0.134064, -0.2442806, 0.0], [0.0573112, 0.1501511, 0.0, 0.0]]),
-    ('seq-mask-tis', 0.5, 5.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('seq-tis', None, 5.0, 'padded-mixed', -3.0262731, [[-1.1051709, -0.9048374, -1.1051709, 0.0], [0.0389252, 0.049981, 0.0, 0.0]]),
-    ('seq-tis', None, 5.0, 'short-and-empty-rows', 0.1670718, [[0.0, -0.1452293, -0.088086], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('seq-mis', 0.5, 2.0, 'padded-mixed', 0.0, [[-0.0, -0.0, -0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
-    ('seq-mis', 0.5, 2.0, 'short-and-empty-rows', -0.4075904, [[0.0, -0.1452293, -0.088086], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('geo-mask', 0.999, 1.001, 'padded-mixed', 0.0, [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
-    ('geo-mask', 0.999, 1.001, 'short-and-empty-rows', 0.0, [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('openrlhf-bc71bb1/tis', 0.5, 5.0, 'padded-mixed', -1.2760532, [[-1.1051709, -0.134064, -0.2442806, 0.0], [0.0573112, 0.1501511, 0.0, 0.0]]),
-    ('openrlhf-bc71bb1/tis', 0.5, 5.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('openrlhf-bc71bb1/icepop', 0.5, 5.0, 'padded-mixed', -0.2281934, [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]]),
-    ('openrlhf-bc71bb1/icepop', 0.5, 5.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('openrlhf-bc71bb1/seq-mask-tis', 0.5, 5.0, 'padded-mixed', -1.6678502, [[-1.4778112, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]]),
-    ('openrlhf-bc71bb1/seq-mask-tis', 0.5, 5.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('openrlhf-0.11/token-clip', 0.5, 5.0, 'padded-mixed', -1.2760532, [[-1.1051709, -0.134064, -0.2442806, 0.0], [0.0573112, 0.1501511, 0.0, 0.0]]),
-    ('openrlhf-0.11/token-clip', 0.5, 5.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('openrlhf-0.11/token-mask', 0.5, 5.0, 'padded-mixed', -0.2281934, [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]]),
-    ('openrlhf-0.11/token-mask', 0.5, 5.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('openrlhf-0.11/seq-mask', 0.5, 5.0, 'padded-mixed', -1.6678502, [[-1.4778112, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]]),
-    ('openrlhf-0.11/seq-mask', 0.5, 5.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('trl/token-truncate', None, 3.0, 'padded-mixed', -0.8531415, [[-0.6631026, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]]),
-    ('trl/token-truncate', None, 3.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('trl/token-mask', None, 3.0, 'padded-mixed', -0.190039, [[-0.0, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]]),
-    ('trl/token-mask', None, 3.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('trl/sequence-truncate', None, 3.0, 'padded-mixed', -1.7802014, [[-0.6631026, -0.5429025, -0.6631026, 0.0], [0.0389252, 0.049981, 0.0, 0.0]]),
-    ('trl/sequence-truncate', None, 3.0, 'short-and-empty-rows', 0.1670718, [[0.0, -0.1452293, -0.088086], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('trl/sequence-mask', None, 3.0, 'padded-mixed', 0.0889062, [[-0.0, -0.0, -0.0, 0.0], [0.0389252, 0.049981, 0.0, 0.0]]),
-    ('trl/sequence-mask', None, 3.0, 'short-and-empty-rows', 0.1670718, [[0.0, -0.1452293, -0.088086], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('verl/token-tis', None, 2.0, 'padded-mixed', -0.6321073, [[-0.4420684, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]]),
-    ('verl/token-tis', None, 2.0, 'short-and-empty-rows', 0.1907194, [[0.0, -0.1687324, -0.0686015], [0.5707377, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('verl/seq-tis', None, 2.0, 'padded-mixed', -1.1571655, [[-0.4420684, -0.361935, -0.4420684, 0.0], [0.0389252, 0.049981, 0.0, 0.0]]),
-    ('verl/seq-tis', None, 2.0, 'short-and-empty-rows', 0.1631472, [[0.0, -0.1452293, -0.088086], [0.5707377, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('verl/icepop', 0.5, 5.0, 'padded-mixed', -0.2281934, [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]]),
-    ('verl/icepop', 0.5, 5.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('verl/geo-rs', 0.999, 1.001, 'padded-mixed', 0.0, [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
-    ('verl/geo-rs', 0.999, 1.001, 'short-and-empty-rows', 0.0, [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('verl/seq-mis', 0.5, 2.0, 'padded-mixed', 0.0, [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
-    ('verl/seq-mis', 0.5, 2.0, 'short-and-empty-rows', -0.5434539, [[0.0, -0.193639, -0.117448], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('geo-mask', 0.9, 1.8, 'padded-mixed', -1.0383931, [[-0.3683903, -0.3016125, -0.3683903, 0.0], [0.0, 0.0, 0.0, 0.0]]),
-    ('geo-mask', 0.9, 1.8, 'short-and-empty-rows', -0.4677551, [[0.0, -0.1666667, -0.1010884], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('verl/geo-rs', 0.9, 1.8, 'padded-mixed', 0.6545006, [[0.0, 0.0, 0.0, 0.0], [0.2865558, 0.3679449, 0.0, 0.0]]),
-    ('verl/geo-rs', 0.9, 1.8, 'short-and-empty-rows', -0.4677551, [[0.0, -0.1666667, -0.1010884], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('trl/token-mask', 0.5, 3.0, 'padded-mixed', -0.2281934, [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]]),
-    ('trl/token-mask', 0.5, 3.0, 'short-and-empty-rows', 0.194644, [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]]),
-    ('verl/seq-mis', 0.5, 3.0, 'padded-mixed', 0.2222655, [[0.0, 0.0, 0.0, 0.0], [0.0973131, 0.1249524, 0.0, 0.0]]),
-    ('verl/seq-mis', 0.5, 3.0, 'short-and-empty-rows', -0.5434539, [[0.0, -0.193639, -0.117448], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
+    (
+        "none",
+        None,
+        None,
+        "padded-mixed",
+        -0.3612356,
+        [[-0.2210342, -0.1809675, -0.2210342, 0.0], [0.1146223, 0.147178, 0.0, 0.0]],
+    ),
+    (
+        "none",
+        None,
+        None,
+        "short-and-empty-rows",
+        -0.0654475,
+        [[0.0, -0.125, -0.0758163], [0.2853688, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "tis",
+        0.5,
+        5.0,
+        "padded-mixed",
+        -1.2760532,
+        [[-1.1051709, -0.134064, -0.2442806, 0.0], [0.0573112, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "tis",
+        0.5,
+        5.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("icepop", 0.5, 5.0, "padded-mixed", -0.2281934, [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]]),
+    (
+        "icepop",
+        0.5,
+        5.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "seq-mask-tis",
+        0.5,
+        5.0,
+        "padded-mixed",
+        -1.2760532,
+        [[-1.1051709, -0.134064, -0.2442806, 0.0], [0.0573112, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "seq-mask-tis",
+        0.5,
+        5.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "seq-tis",
+        None,
+        5.0,
+        "padded-mixed",
+        -3.0262731,
+        [[-1.1051709, -0.9048374, -1.1051709, 0.0], [0.0389252, 0.049981, 0.0, 0.0]],
+    ),
+    (
+        "seq-tis",
+        None,
+        5.0,
+        "short-and-empty-rows",
+        0.1670718,
+        [[0.0, -0.1452293, -0.088086], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("seq-mis", 0.5, 2.0, "padded-mixed", 0.0, [[-0.0, -0.0, -0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+    (
+        "seq-mis",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        -0.4075904,
+        [[0.0, -0.1452293, -0.088086], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("geo-mask", 0.999, 1.001, "padded-mixed", 0.0, [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+    ("geo-mask", 0.999, 1.001, "short-and-empty-rows", 0.0, [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
+    (
+        "openrlhf-bc71bb1/tis",
+        0.5,
+        5.0,
+        "padded-mixed",
+        -1.2760532,
+        [[-1.1051709, -0.134064, -0.2442806, 0.0], [0.0573112, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "openrlhf-bc71bb1/tis",
+        0.5,
+        5.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "openrlhf-bc71bb1/icepop",
+        0.5,
+        5.0,
+        "padded-mixed",
+        -0.2281934,
+        [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "openrlhf-bc71bb1/icepop",
+        0.5,
+        5.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "openrlhf-bc71bb1/seq-mask-tis",
+        0.5,
+        5.0,
+        "padded-mixed",
+        -1.6678502,
+        [[-1.4778112, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "openrlhf-bc71bb1/seq-mask-tis",
+        0.5,
+        5.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "openrlhf-0.11/token-clip",
+        0.5,
+        5.0,
+        "padded-mixed",
+        -1.2760532,
+        [[-1.1051709, -0.134064, -0.2442806, 0.0], [0.0573112, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "openrlhf-0.11/token-clip",
+        0.5,
+        5.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "openrlhf-0.11/token-mask",
+        0.5,
+        5.0,
+        "padded-mixed",
+        -0.2281934,
+        [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "openrlhf-0.11/token-mask",
+        0.5,
+        5.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "openrlhf-0.11/seq-mask",
+        0.5,
+        5.0,
+        "padded-mixed",
+        -1.6678502,
+        [[-1.4778112, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "openrlhf-0.11/seq-mask",
+        0.5,
+        5.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "trl/token-truncate",
+        None,
+        3.0,
+        "padded-mixed",
+        -0.8531415,
+        [[-0.6631026, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "trl/token-truncate",
+        None,
+        3.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "trl/token-mask",
+        None,
+        3.0,
+        "padded-mixed",
+        -0.190039,
+        [[-0.0, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "trl/token-mask",
+        None,
+        3.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "trl/sequence-truncate",
+        None,
+        3.0,
+        "padded-mixed",
+        -1.7802014,
+        [[-0.6631026, -0.5429025, -0.6631026, 0.0], [0.0389252, 0.049981, 0.0, 0.0]],
+    ),
+    (
+        "trl/sequence-truncate",
+        None,
+        3.0,
+        "short-and-empty-rows",
+        0.1670718,
+        [[0.0, -0.1452293, -0.088086], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "trl/sequence-mask",
+        None,
+        3.0,
+        "padded-mixed",
+        0.0889062,
+        [[-0.0, -0.0, -0.0, 0.0], [0.0389252, 0.049981, 0.0, 0.0]],
+    ),
+    (
+        "trl/sequence-mask",
+        None,
+        3.0,
+        "short-and-empty-rows",
+        0.1670718,
+        [[0.0, -0.1452293, -0.088086], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "verl/token-tis",
+        None,
+        2.0,
+        "padded-mixed",
+        -0.6321073,
+        [[-0.4420684, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "verl/token-tis",
+        None,
+        2.0,
+        "short-and-empty-rows",
+        0.1907194,
+        [[0.0, -0.1687324, -0.0686015], [0.5707377, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "verl/seq-tis",
+        None,
+        2.0,
+        "padded-mixed",
+        -1.1571655,
+        [[-0.4420684, -0.361935, -0.4420684, 0.0], [0.0389252, 0.049981, 0.0, 0.0]],
+    ),
+    (
+        "verl/seq-tis",
+        None,
+        2.0,
+        "short-and-empty-rows",
+        0.1631472,
+        [[0.0, -0.1452293, -0.088086], [0.5707377, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "verl/icepop",
+        0.5,
+        5.0,
+        "padded-mixed",
+        -0.2281934,
+        [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "verl/icepop",
+        0.5,
+        5.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("verl/geo-rs", 0.999, 1.001, "padded-mixed", 0.0, [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+    ("verl/geo-rs", 0.999, 1.001, "short-and-empty-rows", 0.0, [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]),
+    ("verl/seq-mis", 0.5, 2.0, "padded-mixed", 0.0, [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+    (
+        "verl/seq-mis",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        -0.5434539,
+        [[0.0, -0.193639, -0.117448], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "geo-mask",
+        0.9,
+        1.8,
+        "padded-mixed",
+        -1.0383931,
+        [[-0.3683903, -0.3016125, -0.3683903, 0.0], [0.0, 0.0, 0.0, 0.0]],
+    ),
+    (
+        "geo-mask",
+        0.9,
+        1.8,
+        "short-and-empty-rows",
+        -0.4677551,
+        [[0.0, -0.1666667, -0.1010884], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("verl/geo-rs", 0.9, 1.8, "padded-mixed", 0.6545006, [[0.0, 0.0, 0.0, 0.0], [0.2865558, 0.3679449, 0.0, 0.0]]),
+    (
+        "verl/geo-rs",
+        0.9,
+        1.8,
+        "short-and-empty-rows",
+        -0.4677551,
+        [[0.0, -0.1666667, -0.1010884], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "trl/token-mask",
+        0.5,
+        3.0,
+        "padded-mixed",
+        -0.2281934,
+        [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "trl/token-mask",
+        0.5,
+        3.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("verl/seq-mis", 0.5, 3.0, "padded-mixed", 0.2222655, [[0.0, 0.0, 0.0, 0.0], [0.0973131, 0.1249524, 0.0, 0.0]]),
+    (
+        "verl/seq-mis",
+        0.5,
+        3.0,
+        "short-and-empty-rows",
+        -0.5434539,
+        [[0.0, -0.193639, -0.117448], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
 ]
 CASES = {
- "padded-mixed": {
-  "log_probs": [
-   [
-    -0.9,
-    -1.6,
-    -0.3,
-    7.0
-   ],
-   [
-    -2.2,
-    -0.05,
-    3.0,
-    -9.0
-   ]
-  ],
-  "old_log_probs": [
-   [
-    -1.0,
-    -1.5,
-    -0.4,
-    2.0
-   ],
-   [
-    -2.0,
-    -0.1,
-    -1.0,
-    4.0
-   ]
-  ],
-  "rollout_log_probs": [
-   [
-    -2.9,
-    -1.2,
-    -0.5,
-    -6.0
-   ],
-   [
-    -0.9,
-    -0.12,
-    5.0,
-    -3.0
-   ]
-  ],
-  "advantages": [
-   [
-    1.0,
-    1.0,
-    1.0,
-    1.0
-   ],
-   [
-    -0.7,
-    -0.7,
-    -0.7,
-    -0.7
-   ]
-  ],
-  "action_mask": [
-   [
-    1,
-    1,
-    1,
-    0
-   ],
-   [
-    1,
-    1,
-    0,
-    0
-   ]
-  ]
- },
- "short-and-empty-rows": {
-  "log_probs": [
-   [
-    -0.1,
-    -1.0,
-    -2.5
-   ],
-   [
-    -0.25,
-    5.0,
-    0.0
-   ],
-   [
-    2.0,
-    2.0,
-    2.0
-   ]
-  ],
-  "old_log_probs": [
-   [
-    -0.5,
-    -1.0,
-    -2.0
-   ],
-   [
-    -0.2,
-    -0.3,
-    -0.4
-   ],
-   [
-    -1.0,
-    -1.0,
-    -1.0
-   ]
-  ],
-  "rollout_log_probs": [
-   [
-    -0.45,
-    -1.3,
-    -1.9
-   ],
-   [
-    -0.9,
-    -0.3,
-    -0.4
-   ],
-   [
-    -1.0,
-    -1.0,
-    -1.0
-   ]
-  ],
-  "advantages": [
-   [
-    0.5,
-    0.5,
-    0.5
-   ],
-   [
-    -1.2,
-    -1.2,
-    -1.2
-   ],
-   [
-    1.0,
-    1.0,
-    1.0
-   ]
-  ],
-  "action_mask": [
-   [
-    1,
-    1,
-    1
-   ],
-   [
-    1,
-    0,
-    0
-   ],
-   [
-    0,
-    0,
-    0
-   ]
-  ]
- }
+    "padded-mixed": {
+        "log_probs": [[-0.9, -1.6, -0.3, 7.0], [-2.2, -0.05, 3.0, -9.0]],
+        "old_log_probs": [[-1.0, -1.5, -0.4, 2.0], [-2.0, -0.1, -1.0, 4.0]],
+        "rollout_log_probs": [[-2.9, -1.2, -0.5, -6.0], [-0.9, -0.12, 5.0, -3.0]],
+        "advantages": [[1.0, 1.0, 1.0, 1.0], [-0.7, -0.7, -0.7, -0.7]],
+        "action_mask": [[1, 1, 1, 0], [1, 1, 0, 0]],
+    },
+    "short-and-empty-rows": {
+        "log_probs": [[-0.1, -1.0, -2.5], [-0.25, 5.0, 0.0], [2.0, 2.0, 2.0]],
+        "old_log_probs": [[-0.5, -1.0, -2.0], [-0.2, -0.3, -0.4], [-1.0, -1.0, -1.0]],
+        "rollout_log_probs": [[-0.45, -1.3, -1.9], [-0.9, -0.3, -0.4], [-1.0, -1.0, -1.0]],
+        "advantages": [[0.5, 0.5, 0.5], [-1.2, -1.2, -1.2], [1.0, 1.0, 1.0]],
+        "action_mask": [[1, 1, 1], [1, 0, 0], [0, 0, 0]],
+    },
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _composed(name: str) -> Correction:
     """The preset as conf/ defines it, composed once per process (a Correction is frozen)."""
     return Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={name}"]).correction))
@@ -270,13 +426,21 @@ def _tensors(case):
     return {k: torch.tensor(v, dtype=torch.float32) for k, v in case.items()}
 
 
-@pytest.mark.parametrize("preset,low,high,case_name,loss,grad", GOLDEN,
-                         ids=[f"{g[0]}[{g[1]},{g[2]}]:{g[3]}" for g in GOLDEN])
+@pytest.mark.parametrize(
+    "preset,low,high,case_name,loss,grad", GOLDEN, ids=[f"{g[0]}[{g[1]},{g[2]}]:{g[3]}" for g in GOLDEN]
+)
 def test_golden(preset, low, high, case_name, loss, grad):
     t = _tensors(CASES[case_name])
     lp = t["log_probs"].clone().requires_grad_(True)
-    out = policy_loss(LossSpec(), _preset(preset, low, high), lp, t["old_log_probs"], t["rollout_log_probs"],
-                      t["advantages"], t["action_mask"])
+    out = policy_loss(
+        LossSpec(),
+        _preset(preset, low, high),
+        lp,
+        t["old_log_probs"],
+        t["rollout_log_probs"],
+        t["advantages"],
+        t["action_mask"],
+    )
     out.loss.backward()
     assert out.loss.item() == pytest.approx(loss, abs=1e-5)
     assert torch.allclose(lp.grad, torch.tensor(grad), atol=1e-5)
@@ -301,17 +465,30 @@ def test_padding_values_cannot_leak_into_our_presets():
     t = _tensors(CASES["padded-mixed"])
     poisoned = {k: v.clone() for k, v in t.items()}
     pad = t["action_mask"] == 0
-    for key, value in (("log_probs", float("nan")), ("old_log_probs", float("inf")),
-                       ("rollout_log_probs", float("-inf")), ("advantages", float("nan"))):
+    for key, value in (
+        ("log_probs", float("nan")),
+        ("old_log_probs", float("inf")),
+        ("rollout_log_probs", float("-inf")),
+        ("advantages", float("nan")),
+    ):
         poisoned[key][pad] = value
     for name in ("tis", "icepop", "seq-mask-tis", "seq-tis", "seq-mis", "geo-mask"):
-        corr = _preset(name, *{"seq-tis": (None, 5.0), "seq-mis": (0.5, 2.0), "geo-mask": (0.9, 1.8)}.get(name, (0.5, 5.0)))
+        corr = _preset(
+            name, *{"seq-tis": (None, 5.0), "seq-mis": (0.5, 2.0), "geo-mask": (0.9, 1.8)}.get(name, (0.5, 5.0))
+        )
         grads = []
         losses = []
         for tens in (t, poisoned):
             lp = tens["log_probs"].clone().requires_grad_(True)
-            out = policy_loss(LossSpec(), corr, lp, tens["old_log_probs"], tens["rollout_log_probs"],
-                              tens["advantages"], tens["action_mask"])
+            out = policy_loss(
+                LossSpec(),
+                corr,
+                lp,
+                tens["old_log_probs"],
+                tens["rollout_log_probs"],
+                tens["advantages"],
+                tens["action_mask"],
+            )
             out.loss.backward()
             losses.append(out.loss.item())
             grads.append(lp.grad)
@@ -323,8 +500,15 @@ def test_faithful_padding_multiplies_like_released_code():
     """OpenRLHF's masked mean multiplies by the mask: NaN padding leaks into the loss."""
     t = _tensors(CASES["padded-mixed"])
     t["log_probs"][t["action_mask"] == 0] = float("nan")
-    out = policy_loss(LossSpec(), _preset("openrlhf-0.11/token-clip", 0.5, 5.0), t["log_probs"], t["old_log_probs"],
-                      t["rollout_log_probs"], t["advantages"], t["action_mask"])
+    out = policy_loss(
+        LossSpec(),
+        _preset("openrlhf-0.11/token-clip", 0.5, 5.0),
+        t["log_probs"],
+        t["old_log_probs"],
+        t["rollout_log_probs"],
+        t["advantages"],
+        t["action_mask"],
+    )
     assert torch.isnan(out.loss)
 
 
@@ -360,16 +544,18 @@ def test_preset_reproduces_spec_numbers(path, entry):
     # finite is exactly "loss and grad finite"
     for res, exp in zip(results, entry["results"]):
         loss = float(exp["loss"])
-        assert res["finite"] == (math.isfinite(loss) and all(
-            math.isfinite(float(v)) for row in exp.get("grad", [[0.0]]) for v in row))
+        assert res["finite"] == (
+            math.isfinite(loss) and all(math.isfinite(float(v)) for row in exp.get("grad", [[0.0]]) for v in row)
+        )
 
 
 def test_seed_bug_numbers_side_by_side():
     """The headline of the bug report: as shipped −inf / NaN, fixed 0 with zero gradient."""
     case_file = load_case_file(spec_case_file("seed-issue"))
     spec = LossSpec()
-    shipped = Correction.from_config(hydra_app.to_container(
-        hydra_app.compose(["correction=openrlhf-bc71bb1/seq-mask-tis"]).correction))
+    shipped = Correction.from_config(
+        hydra_app.to_container(hydra_app.compose(["correction=openrlhf-bc71bb1/seq-mask-tis"]).correction)
+    )
     fixed = Correction.from_config(hydra_app.to_container(hydra_app.compose(["correction=seq-mask-tis"]).correction))
     accepted, rejected = case_file.cases[1], case_file.cases[2]
     assert evaluate(accepted, spec, shipped)["loss"] == "-inf"
@@ -401,8 +587,9 @@ ON_POLICY = torch.tensor([[-0.7, -1.3, -2.0], [-0.2, -3.0, -0.9]])
 FULL = torch.ones(2, 3)
 
 
-@pytest.mark.parametrize("band", [(0.5, 1.0), (1.0, 2.0), (None, 1.0), (1.0, None)],
-                         ids=["high-edge", "low-edge", "high-only", "low-only"])
+@pytest.mark.parametrize(
+    "band", [(0.5, 1.0), (1.0, 2.0), (None, 1.0), (1.0, None)], ids=["high-edge", "low-edge", "high-only", "low-only"]
+)
 @pytest.mark.parametrize("name", FILTERING)
 def test_a_statistic_exactly_on_a_band_edge_is_kept(name, band):
     """Bands are closed: ρ = 1 in [0.5, 1.0] or [1.0, 2.0] keeps every unit with coefficient 1.0
@@ -464,8 +651,9 @@ def test_the_veto_combines_with_a_filter_and_ignores_padding():
     filter drops ρ = e^1.5, nothing vetoes (the −10 is padding, which under `padding: multiply` keeps
     its lr): coef [e^0.1, 0, 1, 0]. Row 1: lr [0.1, 0, −10, 0]: vetoed, every token 0, though ρ = e^0.1
     and 1 pass the filter. A veto must not undo the filter's rejections, nor reject what it kept."""
-    corr = Correction(name="icepop-veto", weight="token", filter="token", low=0.5, high=2.0, veto=1e-3,
-                      padding="multiply")
+    corr = Correction(
+        name="icepop-veto", weight="token", filter="token", low=0.5, high=2.0, veto=1e-3, padding="multiply"
+    )
     old = torch.tensor([[0.1, 1.5, 0.0, -10.0], [0.1, 0.0, -10.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     res = apply_correction(corr, old, torch.zeros(2, 4), mask)
@@ -486,8 +674,9 @@ def test_the_geometric_weight_no_preset_uses():
     assert coef[1].tolist() == pytest.approx([math.exp(20), math.exp(20), 0.0], rel=1e-6)
     # a one-token sequence: G is its own lr (|y| = 1; a count floored at 2 would halve it), and an
     # empty one gets 0, not 0/0
-    one = apply_correction(geo, torch.tensor([[0.4, 0.0], [0.0, 0.0]]), torch.zeros(2, 2),
-                           torch.tensor([[1.0, 0.0], [0.0, 0.0]])).coef
+    one = apply_correction(
+        geo, torch.tensor([[0.4, 0.0], [0.0, 0.0]]), torch.zeros(2, 2), torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    ).coef
     assert one.tolist() == [[pytest.approx(math.exp(0.4), rel=1e-6), 0.0], [0.0, 0.0]]
 
 
@@ -564,12 +753,14 @@ def test_correction_validation_checks_every_number_and_key():
     """Every numeric field is checked, also after one that is null (low null, high −1 is an error);
     an unknown key is a UserError naming it, not a TypeError; without a filter, keep is a bool
     all-True [B, T] (callers negate and combine it)."""
-    for fields, needle in (({"low": None, "high": -1.0}, "high must be non-negative"),
-                           ({"veto": math.nan}, "veto must be a number or null"),
-                           ({"low": "0.5"}, "low must be a number or null"),
-                           ({"high": True}, "high must be a number or null"),
-                           ({"log_clamp": None, "filter_log_clamp": -2.0}, "filter_log_clamp must be non-negative"),
-                           ({"low": 2.0, "high": 1.0}, r"low \(2.0\) > correction.high")):
+    for fields, needle in (
+        ({"low": None, "high": -1.0}, "high must be non-negative"),
+        ({"veto": math.nan}, "veto must be a number or null"),
+        ({"low": "0.5"}, "low must be a number or null"),
+        ({"high": True}, "high must be a number or null"),
+        ({"log_clamp": None, "filter_log_clamp": -2.0}, "filter_log_clamp must be non-negative"),
+        ({"low": 2.0, "high": 1.0}, r"low \(2.0\) > correction.high"),
+    ):
         with pytest.raises(UserError, match=needle):
             Correction(name="x", weight="token", **fields).validate()
     with pytest.raises(UserError, match="unknown key.*nmae"):

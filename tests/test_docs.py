@@ -30,7 +30,7 @@ def _rows(text: str, header_start: str) -> list[list[str]]:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith(header_start))
     rows = []
-    for line in lines[start + 2:]:
+    for line in lines[start + 2 :]:
         if not line.startswith("|"):
             break
         rows.append([c.strip() for c in line.strip().strip("|").split("|")])
@@ -49,11 +49,19 @@ def test_preset_table_matches_the_preset_files():
     assert sorted(rows) == sorted(names) and len(names) == 22
     for name in names:
         cfg = yaml.safe_load((registry.conf_dir() / "correction" / f"{name}.yaml").read_text())
-        expected = [f"[{_band(cfg['low'])}, {_band(cfg['high'])}]",
-                    "—" if cfg["log_clamp"] is None else f"{cfg['log_clamp']:g}", cfg["weight"], cfg["weight_op"],
-                    cfg["filter"], "—" if cfg["filter_log_clamp"] is None else f"{cfg['filter_log_clamp']:g}",
-                    "yes" if cfg["filter_inverted"] else "no", cfg["band_space"], cfg["reject"], cfg["denominator"],
-                    cfg["padding"]]
+        expected = [
+            f"[{_band(cfg['low'])}, {_band(cfg['high'])}]",
+            "—" if cfg["log_clamp"] is None else f"{cfg['log_clamp']:g}",
+            cfg["weight"],
+            cfg["weight_op"],
+            cfg["filter"],
+            "—" if cfg["filter_log_clamp"] is None else f"{cfg['filter_log_clamp']:g}",
+            "yes" if cfg["filter_inverted"] else "no",
+            cfg["band_space"],
+            cfg["reject"],
+            cfg["denominator"],
+            cfg["padding"],
+        ]
         assert rows[name][1:] == expected, name
         assert cfg["ratio"] == "decoupled" and cfg["veto"] is None  # what the table's preamble says
         assert f"- **`{name}`**" in DOC.read_text()  # and a sentence on what it computes
@@ -129,8 +137,12 @@ def test_schema_makes_no_verl_style_claim():
 
 def test_docs_explain_the_settings():
     text = DOC.read_text()
-    for heading in ("`old`, `roll` and `lp` under staleness", "`mismatch.precision` in each world",
-                    "Why train and probe use different reductions", "Why IcePop's tight band masks 100% in the probe"):
+    for heading in (
+        "`old`, `roll` and `lp` under staleness",
+        "`mismatch.precision` in each world",
+        "Why train and probe use different reductions",
+        "Why IcePop's tight band masks 100% in the probe",
+    ):
         assert heading in text, heading
 
 
@@ -177,7 +189,9 @@ def test_figures_sh_time_is_quoted_the_same_everywhere():
     header = (REPO / "scripts" / "figures.sh").read_text()
     seconds = re.search(r"default size: (\d+) s measured on the 2-core machine", header).group(1)
     for doc in (PERFORMANCE, GALLERY):
-        quoted = re.findall(r"figures\.sh`? (?:takes |rebuilds them at the default size in )?about (\d+) s", doc.read_text())
+        quoted = re.findall(
+            r"figures\.sh`? (?:takes |rebuilds them at the default size in )?about (\d+) s", doc.read_text()
+        )
         assert quoted and set(quoted) == {seconds}, (doc.name, quoted, seconds)
 
 
@@ -207,8 +221,12 @@ def test_claims_doc_agrees_with_verdicts():
     for world, claims in found.items():
         part = section.split(f"### The {world} world", 1)[1].split("\n### ", 1)[0]
         said: dict[int, str] = {}
-        for label, verdict in (("Hold", "holds"), ("Do not hold", "does not hold"), ("Inconclusive", "inconclusive"),
-                               ("Untestable here", "untestable here")):
+        for label, verdict in (
+            ("Hold", "holds"),
+            ("Do not hold", "does not hold"),
+            ("Inconclusive", "inconclusive"),
+            ("Untestable here", "untestable here"),
+        ):
             bullet = re.search(rf"^- \*\*{label}\*\*: claims? ([\d, and]+)", part, re.M)
             for n in re.findall(r"\d", bullet.group(1)) if bullet else []:
                 assert int(n) not in said, (world, n)
@@ -220,8 +238,11 @@ def test_claims_doc_agrees_with_verdicts():
 def test_band_names_are_given_with_their_values_where_the_experiment_is_documented():
     """tight / mid / loose mean nothing without their [low, high]: every experiment that defines named
     bands states them in its one-line header comment, and the README where it lists the experiment."""
-    experiments = [p for p in sorted((REPO / "conf" / "experiment").rglob("*.yaml"))
-                   if isinstance(yaml.safe_load(p.read_text()).get("bands"), dict)]
+    experiments = [
+        p
+        for p in sorted((REPO / "conf" / "experiment").rglob("*.yaml"))
+        if isinstance(yaml.safe_load(p.read_text()).get("bands"), dict)
+    ]
     assert any(p.stem == "threshold-tradeoff" for p in experiments)
     readme = " ".join(README.read_text().split())
     for path in experiments:

@@ -25,8 +25,15 @@ TINY = ["rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true"]
 # lr 1.0 and relative collapse rules scaled to 16 steps, and 1 in 250 rollout log-probs 1000 nats off
 # with NaN/inf updates applied: the as-shipped preset's parameters go NaN at different steps, and
 # one tis run falls 10% below its peak (seeds 0, 1; checked below, not assumed).
-COLLAPSING = ["train.steps=16", "train.lr=1.0", "mismatch.outlier_rate=0.004", "train.on_nonfinite=apply",
-              "train.collapse.window=3", "train.collapse.drop=0.1", "train.collapse.min_history=4"]
+COLLAPSING = [
+    "train.steps=16",
+    "train.lr=1.0",
+    "mismatch.outlier_rate=0.004",
+    "train.on_nonfinite=apply",
+    "train.collapse.window=3",
+    "train.collapse.drop=0.1",
+    "train.collapse.min_history=4",
+]
 
 
 def _ok(code, out, err):
@@ -38,8 +45,19 @@ def _ok(code, out, err):
 def field(tmp_path_factory):
     """16 bigram jobs: correction × rollout.seq_len (4, 8) × mismatch.staleness (0, 8) × seed (0, 1)."""
     d = tmp_path_factory.mktemp("field") / "s"
-    _ok(*run_cli("sweep", f"correction=tis,{BUG}", "rollout.seq_len=4,8", "mismatch.staleness=0,8", "seed=0,1",
-                 *COLLAPSING, *TINY, "log.tokens_every=4", f"hydra.sweep.dir={d}"))
+    _ok(
+        *run_cli(
+            "sweep",
+            f"correction=tis,{BUG}",
+            "rollout.seq_len=4,8",
+            "mismatch.staleness=0,8",
+            "seed=0,1",
+            *COLLAPSING,
+            *TINY,
+            "log.tokens_every=4",
+            f"hydra.sweep.dir={d}",
+        )
+    )
     return d
 
 
@@ -47,8 +65,19 @@ def field(tmp_path_factory):
 def precisions(tmp_path_factory):
     """6 mlp jobs: the engine in bf16, fp16 and fp8 × 2 seeds, 8 steps."""
     d = tmp_path_factory.mktemp("mlp") / "s"
-    _ok(*run_cli("sweep", "policy=mlp", "mismatch.precision=bf16,fp16,fp8", "seed=0,1", "train.steps=8",
-                 "rollout.seq_len=8", "train.objective_every=2", *TINY, f"hydra.sweep.dir={d}"))
+    _ok(
+        *run_cli(
+            "sweep",
+            "policy=mlp",
+            "mismatch.precision=bf16,fp16,fp8",
+            "seed=0,1",
+            "train.steps=8",
+            "rollout.seq_len=8",
+            "train.objective_every=2",
+            *TINY,
+            f"hydra.sweep.dir={d}",
+        )
+    )
     return d
 
 
@@ -58,11 +87,29 @@ def transformer(tmp_path_factory):
     folder), its engine in bf16 and fp16, 6 steps, J by Monte Carlo every 2 steps."""
     cache = tmp_path_factory.mktemp("sft-cache")
     d = tmp_path_factory.mktemp("transformer") / "s"
-    _ok(*run_cli("sweep", "policy=transformer", "mismatch.precision=bf16,fp16", "policy.n_layer=1",
-                 "policy.d_model=16", "policy.n_head=2", "task.values=6", "task.partial_credit=true",
-                 "rollout.seq_len=6", "train.steps=6", "train.objective_samples=16", "train.objective_every=2",
-                 "policy.sft.steps=30", "policy.sft.eval_samples=32", f"policy.sft.cache_dir={cache}", "device=cpu",
-                 "log.tokens_every=2", *TINY, f"hydra.sweep.dir={d}"))
+    _ok(
+        *run_cli(
+            "sweep",
+            "policy=transformer",
+            "mismatch.precision=bf16,fp16",
+            "policy.n_layer=1",
+            "policy.d_model=16",
+            "policy.n_head=2",
+            "task.values=6",
+            "task.partial_credit=true",
+            "rollout.seq_len=6",
+            "train.steps=6",
+            "train.objective_samples=16",
+            "train.objective_every=2",
+            "policy.sft.steps=30",
+            "policy.sft.eval_samples=32",
+            f"policy.sft.cache_dir={cache}",
+            "device=cpu",
+            "log.tokens_every=2",
+            *TINY,
+            f"hydra.sweep.dir={d}",
+        )
+    )
     return d
 
 
@@ -70,8 +117,17 @@ def transformer(tmp_path_factory):
 def lengths_probe(tmp_path_factory):
     """The shipped bias-variance-by-level probe at T = 2, 4, 8, 20 batches (bigram: ∇J exact)."""
     d = tmp_path_factory.mktemp("bvl") / "s"
-    _ok(*run_cli("sweep", "experiment=bigram/bias-variance-by-level", "rollout.seq_len=2,4,8", "probe.repeats=20",
-                 "probe.n_boot=100", "log.quiet=true", f"hydra.sweep.dir={d}"))
+    _ok(
+        *run_cli(
+            "sweep",
+            "experiment=bigram/bias-variance-by-level",
+            "rollout.seq_len=2,4,8",
+            "probe.repeats=20",
+            "probe.n_boot=100",
+            "log.quiet=true",
+            f"hydra.sweep.dir={d}",
+        )
+    )
     return d
 
 
@@ -110,8 +166,11 @@ def test_mismatch_over_training_one_line_per_precision(precisions):
     for ax in axes:
         assert [ln.get_label() for ln in _series(ax)] == ["fp16", "bf16", "fp8"]  # most mantissa bits first
     m = update_rows(ds.metrics)  # the final rows hold J only
-    per_step = m.groupby(["job", "step"]).agg(precision=("precision", "first"), kl_k3=("kl_k3", "mean"),
-                                               dp=("max_abs_prob_diff", "max")).reset_index()
+    per_step = (
+        m.groupby(["job", "step"])
+        .agg(precision=("precision", "first"), kl_k3=("kl_k3", "mean"), dp=("max_abs_prob_diff", "max"))
+        .reset_index()
+    )
     for ln in _series(kl):
         want = per_step[per_step["precision"] == ln.get_label()].groupby("step")["kl_k3"].median()
         assert np.allclose(ln.get_ydata(), want.to_numpy(), rtol=1e-9) and list(ln.get_xdata()) == list(want.index)
@@ -127,8 +186,9 @@ def test_mismatch_over_training_one_line_per_precision(precisions):
     assert (m["chi2_token"] < 0).any() and (m["chi2_token"] > 0).any()
     assert chi2.get_yscale() == "log" and "|" in chi2.get_ylabel() and "changes sign" in _title(fig)
     assert all((np.asarray(ln.get_ydata(), dtype=float) >= 0).all() for ln in _series(chi2))
-    from analysis import style
     from matplotlib.colors import to_hex
+
+    from analysis import style
 
     colours = {to_hex(ln.get_color()).upper() for ln in _series(kl)}
     assert len(colours) == 3 and not colours & style.correction_colors()
@@ -142,7 +202,8 @@ def test_mismatch_over_training_in_the_transformer_world(transformer, tmp_path):
     ds = load_dataset(transformer)
     summaries = _summaries(transformer)
     assert (summaries["policy"] == "transformer").all() and summaries["world"].map(
-        lambda w: w["warm_start"]["sft_steps"]).eq(30).all()
+        lambda w: w["warm_start"]["sft_steps"]
+    ).eq(30).all()
     for style in ("default", "paper"):
         fig = figures.figure("mismatch-over-training", ds, style)
         axes = visible_axes(fig)
@@ -290,8 +351,7 @@ def test_length_heatmap(field):
                 else:
                     assert np.ma.is_masked(j_img[i, t])
                 assert float(c_img[i, t]) == pytest.approx(cell["collapsed"].mean())
-                texts = {(round(tx.get_position()[0]), round(tx.get_position()[1])): tx.get_text()
-                         for tx in c_ax.texts}
+                texts = {(round(tx.get_position()[0]), round(tx.get_position()[1])): tx.get_text() for tx in c_ax.texts}
                 assert texts[(t, i)].startswith(f"{int(cell['collapsed'].sum())}/{len(cell)}")
     labels = [ax.get_ylabel() for ax in fig.axes if not ax.images and ax.get_ylabel()]
     assert "final J (mean over seeds)" in labels and "collapse rate (fraction of seeds)" in labels
@@ -331,11 +391,31 @@ def test_bias_split_says_when_the_reference_is_monte_carlo(tmp_path):
     from analysis import figures, load_dataset
 
     d = tmp_path / "s"
-    _ok(*run_cli("sweep", "study=probe", "policy=transformer", "policy.sft.steps=0", "policy.n_layer=1",
-                 "policy.d_model=16", "policy.n_head=2", "rollout.seq_len=4,6", "task.values=6",
-                 "task.partial_credit=true", "rollout.batch_size=2", "rollout.group_size=4", "probe.repeats=4",
-                 "probe.n_boot=100", "probe.pretrain_steps=0", "probe.reference_rollouts=64", "mismatch.staleness=1",
-                 "probe.presets=[none,tis]", "device=cpu", "log.quiet=true", f"hydra.sweep.dir={d}"))
+    _ok(
+        *run_cli(
+            "sweep",
+            "study=probe",
+            "policy=transformer",
+            "policy.sft.steps=0",
+            "policy.n_layer=1",
+            "policy.d_model=16",
+            "policy.n_head=2",
+            "rollout.seq_len=4,6",
+            "task.values=6",
+            "task.partial_credit=true",
+            "rollout.batch_size=2",
+            "rollout.group_size=4",
+            "probe.repeats=4",
+            "probe.n_boot=100",
+            "probe.pretrain_steps=0",
+            "probe.reference_rollouts=64",
+            "mismatch.staleness=1",
+            "probe.presets=[none,tis]",
+            "device=cpu",
+            "log.quiet=true",
+            f"hydra.sweep.dir={d}",
+        )
+    )
     pr = pd.concat([pd.read_csv(p) for p in sorted(d.glob("*/probe.csv"))])
     assert (pr["reference"] == "monte-carlo").all()
     rel = pr["reference_noise"] / pr["exact_grad_norm"]
@@ -352,12 +432,16 @@ def test_bias_split_says_when_the_reference_is_monte_carlo(tmp_path):
 def test_every_new_figure_fits_and_nothing_is_clipped_or_overlaps(field, precisions, transformer, lengths_probe, style):
     from analysis import figures, load_dataset
 
-    figs = [(k, figures.figure(k, load_dataset(path), style))
-            for path, kinds in ((field, ("mismatch-over-training", "survival", "length-heatmap")),
-                                (precisions, ("mismatch-over-training",)),
-                                (transformer, ("mismatch-over-training", "mismatch")),
-                                (lengths_probe, ("bias-split",)))
-            for k in kinds]
+    figs = [
+        (k, figures.figure(k, load_dataset(path), style))
+        for path, kinds in (
+            (field, ("mismatch-over-training", "survival", "length-heatmap")),
+            (precisions, ("mismatch-over-training",)),
+            (transformer, ("mismatch-over-training", "mismatch")),
+            (lengths_probe, ("bias-split",)),
+        )
+        for k in kinds
+    ]
     for kind, fig in figs:
         paper = style == "paper"
         found = problems(fig, widths=(3.3, 7.0) if paper else None, max_rows=3 if paper else None)
@@ -383,9 +467,11 @@ def test_plot_offers_the_new_kinds_where_the_data_allows(field, lengths_probe, t
     code, out, err = run_cli("plot", str(lengths_probe), "-o", str(tmp_path / "probe"))
     assert code == 0, err
     assert {"bias-split.png", "bias-split.pdf"} <= {Path(p).name for p in out.split()}
-    cases = [((str(field), "--kind", "bias-split"), "probe"),
-             ((str(lengths_probe), "--kind", "survival"), "training metrics"),
-             ((str(field / "00"), "--kind", "length-heatmap"), "response lengths")]
+    cases = [
+        ((str(field), "--kind", "bias-split"), "probe"),
+        ((str(lengths_probe), "--kind", "survival"), "training metrics"),
+        ((str(field / "00"), "--kind", "length-heatmap"), "response lengths"),
+    ]
     for args, msg in cases:
         code, _, err = run_cli("plot", *args)
         assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, (args, err)
@@ -415,8 +501,11 @@ def test_report_peak_to_final_drop_table(field):
     summ = _summaries(field)
     summ["drop"] = summ["peak_objective"] - summ["final_objective"].astype(float)
     for _, row in table.iterrows():
-        cell = summ[(summ["correction"] == row["correction"]) & (summ["staleness"] == int(row["staleness"]))
-                    & (summ["T"] == int(row["rollout.seq_len"]))]
+        cell = summ[
+            (summ["correction"] == row["correction"])
+            & (summ["staleness"] == int(row["staleness"]))
+            & (summ["T"] == int(row["rollout.seq_len"]))
+        ]
         ok = cell[~cell["nonfinite_params"]]
         assert row["NaN parameters"] == f"{int(cell['nonfinite_params'].sum())}/{len(cell)}"
         if len(ok) == 0:
@@ -455,6 +544,7 @@ def test_a_run_that_collapsed_before_it_learned_is_a_collapse_not_a_flat_run():
     from analysis.figures.layout import never_learned_note
 
     per = pd.DataFrame({"correction": ["tis", "tis", BUG, BUG], "learned": [1, 0, 0, 0], "collapsed": [0, 0, 1, 0]})
-    assert never_learned_note(per) == ("never learned (J never rose above its start; not a collapse): "
-                                       f"tis (1 of 2 runs), {BUG} (1 of 2 runs)")
+    assert never_learned_note(per) == (
+        f"never learned (J never rose above its start; not a collapse): tis (1 of 2 runs), {BUG} (1 of 2 runs)"
+    )
     assert never_learned_note(per.assign(collapsed=[0, 1, 1, 1])) == ""

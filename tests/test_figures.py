@@ -31,8 +31,18 @@ def _ok(code, err):
 def cells(tmp_path_factory):
     """24 jobs: correction × correction.high × mismatch.staleness × seed (2 seeds)."""
     d = tmp_path_factory.mktemp("cells") / "s"
-    _ok(*run_cli("sweep", f"correction=none,tis,{BUG}", "correction.high=2,5", "mismatch.staleness=0,2", "seed=0,1",
-                 *TINY, *FAULTS, f"hydra.sweep.dir={d}")[::2])
+    _ok(
+        *run_cli(
+            "sweep",
+            f"correction=none,tis,{BUG}",
+            "correction.high=2,5",
+            "mismatch.staleness=0,2",
+            "seed=0,1",
+            *TINY,
+            *FAULTS,
+            f"hydra.sweep.dir={d}",
+        )[::2]
+    )
     return d
 
 
@@ -40,8 +50,17 @@ def cells(tmp_path_factory):
 def one_seed(tmp_path_factory):
     """8 jobs, one seed: correction × correction.high × mismatch.staleness."""
     d = tmp_path_factory.mktemp("one") / "s"
-    _ok(*run_cli("sweep", "correction=tis,seq-mask-tis", "correction.high=2,5", "mismatch.staleness=0,2", "seed=0",
-                 *TINY, f"hydra.sweep.dir={d}")[::2])
+    _ok(
+        *run_cli(
+            "sweep",
+            "correction=tis,seq-mask-tis",
+            "correction.high=2,5",
+            "mismatch.staleness=0,2",
+            "seed=0",
+            *TINY,
+            f"hydra.sweep.dir={d}",
+        )[::2]
+    )
     return d
 
 
@@ -56,8 +75,11 @@ def rejects_all(tmp_path_factory):
 @pytest.fixture(scope="module")
 def outliers(tmp_path_factory):
     d = tmp_path_factory.mktemp("out") / "r"
-    _ok(*run_cli("run", "correction=tis", "mismatch=outliers", "mismatch.outlier_rate=0.05", *TINY,
-                 f"hydra.run.dir={d}")[::2])
+    _ok(
+        *run_cli(
+            "run", "correction=tis", "mismatch=outliers", "mismatch.outlier_rate=0.05", *TINY, f"hydra.run.dir={d}"
+        )[::2]
+    )
     return d
 
 
@@ -65,8 +87,17 @@ def outliers(tmp_path_factory):
 def probe_one_band(tmp_path_factory):
     """The default world, one band per preset: geo-mask masks ~96% of the tokens (degenerate)."""
     d = tmp_path_factory.mktemp("p1") / "p"
-    _ok(*run_cli("run", "study=probe", "probe.repeats=16", "probe.n_boot=100", "probe.presets=[tis,geo-mask,seq-tis]",
-                 "log.quiet=true", f"hydra.run.dir={d}")[::2])
+    _ok(
+        *run_cli(
+            "run",
+            "study=probe",
+            "probe.repeats=16",
+            "probe.n_boot=100",
+            "probe.presets=[tis,geo-mask,seq-tis]",
+            "log.quiet=true",
+            f"hydra.run.dir={d}",
+        )[::2]
+    )
     return d
 
 
@@ -74,9 +105,19 @@ def probe_one_band(tmp_path_factory):
 def probe_bands(tmp_path_factory):
     """Staleness 8: icepop's [0.8, 1.25] masks every token and has the lowest MSE (a zero update's)."""
     d = tmp_path_factory.mktemp("p3") / "p"
-    _ok(*run_cli("run", "study=probe", "probe.repeats=20", "probe.n_boot=100", "probe.presets=[tis,icepop]",
-                 "probe.bands=[[0.8,1.25],[0.5,2],[0.2,5]]", "mismatch.staleness=8", "log.quiet=true",
-                 f"hydra.run.dir={d}")[::2])
+    _ok(
+        *run_cli(
+            "run",
+            "study=probe",
+            "probe.repeats=20",
+            "probe.n_boot=100",
+            "probe.presets=[tis,icepop]",
+            "probe.bands=[[0.8,1.25],[0.5,2],[0.2,5]]",
+            "mismatch.staleness=8",
+            "log.quiet=true",
+            f"hydra.run.dir={d}",
+        )[::2]
+    )
     return d
 
 
@@ -101,15 +142,20 @@ def test_every_figure_fits_and_nothing_is_clipped_or_overlaps(cells, probe_one_b
     """Paper: 3.3 in or 7 in wide, at most 3 rows of panels (a 2 × 2 facet grid of a 3-metric
     figure used to make 6 rows at 3.3 in). Both styles: no text beyond the figure's edge, no two
     titles overlapping, no two tick labels of a panel touching."""
-    figs = {**_figures(cells, TRAIN_KINDS, style), **_figures(probe_one_band, ["presets"], style),
-            **_figures(probe_bands, ["threshold"], style)}
+    figs = {
+        **_figures(cells, TRAIN_KINDS, style),
+        **_figures(probe_one_band, ["presets"], style),
+        **_figures(probe_bands, ["threshold"], style),
+    }
     for kind, fig in figs.items():
         paper = style == "paper"
         found = problems(fig, widths=(3.3, 7.0) if paper else None, max_rows=3 if paper else None)
         assert not found, (kind, style, found)
     if style == "paper":
         assert figs["masking"].get_figwidth() == 7.0 and panel_rows(figs["masking"]) == 3  # 3 metrics × 4 facets
-        assert figs["stability"].get_figwidth() == 3.3 and panel_rows(figs["stability"]) == 2  # 2 metrics × 2 thresholds
+        assert (
+            figs["stability"].get_figwidth() == 3.3 and panel_rows(figs["stability"]) == 2
+        )  # 2 metrics × 2 thresholds
         assert figs["mismatch"].get_figwidth() == 7.0 and panel_rows(figs["mismatch"]) == 1
         # Facet titles name the key by its last part, so they fit a 1.6 in panel.
         titles = [ax.get_title() for ax in visible_axes(figs["training"]) if ax.get_title()]
@@ -143,7 +189,6 @@ def test_all_zero_panels_start_at_zero_and_say_so(one_seed, cells):
     tick, nor do J and the reward."""
     from analysis import figures, load_dataset
     from analysis.figures import training
-
     from analysis.load import update_rows
 
     ds = load_dataset(one_seed)
@@ -177,8 +222,11 @@ def test_ess_of_nan_weights_is_a_gap_with_marks(cells):
     fig = training.masking_figure(ds)
     m = update_rows(ds.metrics)  # the final rows (J after the last update) have no weights
     ess_panels = visible_axes(fig)[8:]  # the ESS row: panels 8–11 (3 metric rows × 4 facets)
-    facet_jobs = [sorted(m.loc[(m["correction.high"] == h) & (m["mismatch.staleness"] == k), "job"].unique())
-                  for h in (2, 5) for k in (0, 2)]
+    facet_jobs = [
+        sorted(m.loc[(m["correction.high"] == h) & (m["mismatch.staleness"] == k), "job"].unique())
+        for h in (2, 5)
+        for k in (0, 2)
+    ]
     gaps = 0
     for ax, jobs in zip(ess_panels, facet_jobs):
         rows = m[m["job"].isin(jobs) & (m["correction"] == BUG)]
@@ -245,9 +293,10 @@ def test_identical_lines_are_distinguishable(cells):
     for ax in visible_axes(fig):
         lines = _series(ax)
         for i, a in enumerate(lines):
-            for b in lines[i + 1:]:
-                same = np.array_equal(np.asarray(a.get_ydata(), float), np.asarray(b.get_ydata(), float),
-                                      equal_nan=True)
+            for b in lines[i + 1 :]:
+                same = np.array_equal(
+                    np.asarray(a.get_ydata(), float), np.asarray(b.get_ydata(), float), equal_nan=True
+                )
                 if same and np.isfinite(np.asarray(a.get_ydata(), float)).any():
                     assert b.get_marker() not in (None, "None", "") and a.get_linewidth() > b.get_linewidth()
     assert "tis = none" in _title(fig)
@@ -271,8 +320,10 @@ def test_every_dimension_has_its_own_palette(cells):
 
 def test_no_legend_or_title_says_band_for_a_shaded_area(cells, probe_bands):
     """`band=` / correction.low/high are swept keys; the shaded areas say 'shaded'."""
-    figs = {**_figures(cells, ("grad-norm", "training", "stability"), "default"),
-            **_figures(probe_bands, ["threshold"], "default")}
+    figs = {
+        **_figures(cells, ("grad-norm", "training", "stability"), "default"),
+        **_figures(probe_bands, ["threshold"], "default"),
+    }
     for kind, fig in figs.items():
         words = _title(fig) + " ".join(t.get_text() for leg in fig.legends for t in leg.get_texts())
         assert not re.search(r"\bband:", words), (kind, words)
@@ -287,8 +338,9 @@ def test_captions_count_seeds_not_jobs(cells, one_seed):
     from analysis import load_dataset
     from analysis.figures import training
 
-    two = {k: _title(f) for k, f in _figures(cells, ("stability", "training", "masking", "grad-norm"),
-                                             "default").items()}
+    two = {
+        k: _title(f) for k, f in _figures(cells, ("stability", "training", "masking", "grad-norm"), "default").items()
+    }
     assert "mean over 2 seeds" in two["stability"] and "4 seeds" not in two["stability"]
     assert "over 2 seeds" in two["training"] and "over 2 seeds" in two["masking"] and "over 2 seeds" in two["grad-norm"]
     one = {k: _title(f) for k, f in _figures(one_seed, ("stability", "training", "masking"), "default").items()}
@@ -322,8 +374,11 @@ def test_default_probe_plots_bias_variance_and_relative_mse_per_preset(probe_one
     geo = [ln for ln in _series(rel) if ln.get_label() == "geo-mask"][0]
     assert geo.get_markerfacecolor() == "white"
     assert any(t.get_text().startswith(" degenerate (9") for t in rel.texts)
-    assert [t.get_text() for t in bias.get_yticklabels()][:3] == ["tis [0.5, 5]", "seq-tis [—, 5]",
-                                                                  "geo-mask [0.999, 1.001]"]
+    assert [t.get_text() for t in bias.get_yticklabels()][:3] == [
+        "tis [0.5, 5]",
+        "seq-tis [—, 5]",
+        "geo-mask [0.999, 1.001]",
+    ]
 
 
 def test_threshold_never_stars_a_degenerate_arm(probe_bands):
@@ -341,7 +396,9 @@ def test_threshold_never_stars_a_degenerate_arm(probe_bands):
     assert "nabla J" in rel.get_ylabel()
     stars = [(float(ln.get_xdata()[0]), float(ln.get_ydata()[0])) for ln in rel.get_lines() if ln.get_gid() == "best"]
     assert len(stars) == 2
-    degenerate = {(float(h), float(v)) for h, v in zip(pr.loc[pr.degenerate == 1, "high"], pr.loc[pr.degenerate == 1, "rel_mse"])}
+    degenerate = {
+        (float(h), float(v)) for h, v in zip(pr.loc[pr.degenerate == 1, "high"], pr.loc[pr.degenerate == 1, "rel_mse"])
+    }
     assert not set(stars) & degenerate
     hollow = [ln for ln in rel.get_lines() if ln.get_gid() == "degenerate"]
     assert hollow and float(hollow[0].get_xdata()[0]) == 1.25

@@ -24,14 +24,18 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 from tests.helpers.repo import REPO
 
 PACKAGES = ("runner", "analysis", "scripts")
 
-ANALYSIS_FORBIDDEN = ("torch", "runner.core.corrections", "runner.core.losses", "runner.core.metrics", "runner.core.masking",
-                      "runner.audit")
+ANALYSIS_FORBIDDEN = (
+    "torch",
+    "runner.core.corrections",
+    "runner.core.losses",
+    "runner.core.metrics",
+    "runner.core.masking",
+    "runner.audit",
+)
 HYDRA_GATE = "runner.hydra_app"  # analysis reads files; composing a config is runner's job
 ANALYSIS_MAY_IMPORT = {
     "runner.errors",  # UserError
@@ -52,8 +56,13 @@ CORE_MAY_IMPORT = {"runner.errors"}  # besides runner.core itself
 # runner's folders (and its top-level modules, each its own node) form no circle, but for this one: the Hydra gate
 # launches a sweep's jobs and runs each one's Hydra-free body (runner.sweep.job), and the sweep launches through it
 FOLDER_CIRCLES_ALLOWED = [{"runner.hydra_app", "runner.sweep"}]
-WORLD_AGNOSTIC = {"runner.worlds", "runner.worlds.protocol", "runner.worlds.precision", "runner.worlds.engine",
-                  "runner.worlds.registry"}
+WORLD_AGNOSTIC = {
+    "runner.worlds",
+    "runner.worlds.protocol",
+    "runner.worlds.precision",
+    "runner.worlds.engine",
+    "runner.worlds.registry",
+}
 
 HYDRA_PACKAGE = "runner.hydra_app"
 OMEGACONF_TYPES = {"DictConfig", "OmegaConf"}
@@ -207,8 +216,11 @@ def _cycles() -> list[tuple[list[Import], set[str]]]:
 
 def test_no_import_circles():
     circles = _cycles()
-    shown = [" → ".join([c[0].source, *(f"{e.target} [{e.where()}]" for e in c)])
-             + (f"  (the knot: {', '.join(sorted(knot))})" if len(knot) > len(c) else "") for c, knot in circles]
+    shown = [
+        " → ".join([c[0].source, *(f"{e.target} [{e.where()}]" for e in c)])
+        + (f"  (the knot: {', '.join(sorted(knot))})" if len(knot) > len(c) else "")
+        for c, knot in circles
+    ]
     assert not circles, "import circles:" + _report(shown)
 
 
@@ -268,8 +280,11 @@ def test_no_import_circles_between_runners_folders():
 
 
 def _core_imports() -> list[str]:
-    return [f"{i.where()} imports {i.target}" for i in _imports_of((CORE,))
-            if _under(i.target, ("runner",)) and not _under(i.target, (CORE,)) and i.target not in CORE_MAY_IMPORT]
+    return [
+        f"{i.where()} imports {i.target}"
+        for i in _imports_of((CORE,))
+        if _under(i.target, ("runner",)) and not _under(i.target, (CORE,)) and i.target not in CORE_MAY_IMPORT
+    ]
 
 
 def test_the_algebra_imports_only_itself_of_runner():
@@ -300,22 +315,34 @@ def _imports_of(layer) -> list[Import]:
 
 
 def _analysis_forbidden() -> list[str]:
-    return [f"{i.where()} imports {i.target}" for i in _imports_of(("analysis",)) if _under(i.target, ANALYSIS_FORBIDDEN)]
+    return [
+        f"{i.where()} imports {i.target}" for i in _imports_of(("analysis",)) if _under(i.target, ANALYSIS_FORBIDDEN)
+    ]
 
 
 def _analysis_unlisted() -> list[str]:
-    return [f"{i.where()} imports {i.target}" for i in _imports_of(("analysis",))
-            if _under(i.target, ("runner",)) and i.target not in ANALYSIS_MAY_IMPORT]
+    return [
+        f"{i.where()} imports {i.target}"
+        for i in _imports_of(("analysis",))
+        if _under(i.target, ("runner",)) and i.target not in ANALYSIS_MAY_IMPORT
+    ]
 
 
 def _loads_forbidden(modules) -> list[str]:
-    return [f"importing {m} loads {n}" for m in sorted(modules) for n in sorted(_loaded_on_import(m))
-            if _under(n, ANALYSIS_FORBIDDEN)]
+    return [
+        f"importing {m} loads {n}"
+        for m in sorted(modules)
+        for n in sorted(_loaded_on_import(m))
+        if _under(n, ANALYSIS_FORBIDDEN)
+    ]
 
 
 def _runner_imports_analysis() -> list[str]:
-    return [f"{i.where()} imports {i.target}" for i in _imports_of(("runner",))
-            if i.source not in RUNNER_MAY_IMPORT_ANALYSIS and _under(i.target, ("analysis",))]
+    return [
+        f"{i.where()} imports {i.target}"
+        for i in _imports_of(("runner",))
+        if i.source not in RUNNER_MAY_IMPORT_ANALYSIS and _under(i.target, ("analysis",))
+    ]
 
 
 def test_analysis_never_imports_torch_the_algebra_or_the_audit():
@@ -347,8 +374,11 @@ def test_runner_never_imports_analysis_but_the_cli():
 # ----------------------------------------------------------------------------------------- studies ask what a world can do
 def _concrete_worlds() -> list[str]:
     """Imports of a concrete world by a study, the training library or the probe."""
-    return [f"{i.where()} imports {i.target}" for i in _imports_of(WORLD_LAYERS)
-            if _under(i.target, ("runner.worlds",)) and i.target not in WORLD_AGNOSTIC]
+    return [
+        f"{i.where()} imports {i.target}"
+        for i in _imports_of(WORLD_LAYERS)
+        if _under(i.target, ("runner.worlds",)) and i.target not in WORLD_AGNOSTIC
+    ]
 
 
 def test_studies_training_and_probe_name_no_world():
@@ -380,16 +410,21 @@ def test_hydra_only_in_its_package_and_omegaconf_types_only_where_listed():
 # ----------------------------------------------------------------------------------------- the rules can fail
 def test_every_rule_catches_a_planted_violation(monkeypatch):
     planted = {
-        "analysis.planted": [Import("analysis.planted", "torch", (), 3, True),
-                             Import("analysis.planted", "runner.audit.case_study", ("evaluate",), 4, True)],
-        "runner.planted": [Import("runner.planted", "analysis.figures", (), 5, True),
-                           Import("runner.planted", "hydra.core.hydra_config", ("HydraConfig",), 6, True),
-                           Import("runner.planted", "omegaconf", ("open_dict",), 7, True),
-                           Import("runner.planted", "omegaconf", ("OmegaConf",), 8, False)],
-        "runner.studies.planted": [Import("runner.studies.planted", "runner.worlds.mlp", (), 9, False),
-                                   Import("runner.studies.planted", "runner.worlds.bigram.world", ("BigramWorld",),
-                                          10, True),
-                                   Import("runner.studies.planted", "runner.worlds.protocol", ("World",), 11, False)],
+        "analysis.planted": [
+            Import("analysis.planted", "torch", (), 3, True),
+            Import("analysis.planted", "runner.audit.case_study", ("evaluate",), 4, True),
+        ],
+        "runner.planted": [
+            Import("runner.planted", "analysis.figures", (), 5, True),
+            Import("runner.planted", "hydra.core.hydra_config", ("HydraConfig",), 6, True),
+            Import("runner.planted", "omegaconf", ("open_dict",), 7, True),
+            Import("runner.planted", "omegaconf", ("OmegaConf",), 8, False),
+        ],
+        "runner.studies.planted": [
+            Import("runner.studies.planted", "runner.worlds.mlp", (), 9, False),
+            Import("runner.studies.planted", "runner.worlds.bigram.world", ("BigramWorld",), 10, True),
+            Import("runner.studies.planted", "runner.worlds.protocol", ("World",), 11, False),
+        ],
     }
     for module, imports in planted.items():
         monkeypatch.setitem(FILES, module, Path(f"{module}.py"))
@@ -408,11 +443,15 @@ def test_every_rule_catches_a_planted_violation(monkeypatch):
     monkeypatch.setitem(IMPORTS, "runner.planted", planted["runner.planted"])
     assert _runner_imports_analysis() == ["runner.planted:5 (lazy) imports analysis.figures"]
     hydra = [v for v in _hydra_outside() if v.startswith("runner.planted")]
-    assert hydra == ["runner.planted:6 (lazy) imports hydra.core.hydra_config",
-                     "runner.planted:7 (lazy) imports omegaconf ['open_dict']: only ['DictConfig', 'OmegaConf'] may be",
-                     "runner.planted:8 imports omegaconf but is not in OMEGACONF_USERS"]
-    assert _concrete_worlds() == ["runner.studies.planted:9 imports runner.worlds.mlp",
-                                  "runner.studies.planted:10 (lazy) imports runner.worlds.bigram.world"]
+    assert hydra == [
+        "runner.planted:6 (lazy) imports hydra.core.hydra_config",
+        "runner.planted:7 (lazy) imports omegaconf ['open_dict']: only ['DictConfig', 'OmegaConf'] may be",
+        "runner.planted:8 imports omegaconf but is not in OMEGACONF_USERS",
+    ]
+    assert _concrete_worlds() == [
+        "runner.studies.planted:9 imports runner.worlds.mlp",
+        "runner.studies.planted:10 (lazy) imports runner.worlds.bigram.world",
+    ]
 
 
 def test_the_new_layers_rules_catch_planted_violations(monkeypatch):
@@ -420,9 +459,11 @@ def test_the_new_layers_rules_catch_planted_violations(monkeypatch):
     planted = {
         "runner.audit.planted": [Import("runner.audit.planted", "runner.studies.train", (), 1, True)],
         "runner.studies.planted": [Import("runner.studies.planted", "runner.audit.groups", ("Group",), 2, False)],
-        "runner.core.planted": [Import("runner.core.planted", "runner.registry", (), 3, True),
-                                Import("runner.core.planted", "runner.errors", ("UserError",), 4, False),
-                                Import("runner.core.planted", "runner.core.masking", (), 5, False)],
+        "runner.core.planted": [
+            Import("runner.core.planted", "runner.registry", (), 3, True),
+            Import("runner.core.planted", "runner.errors", ("UserError",), 4, False),
+            Import("runner.core.planted", "runner.core.masking", (), 5, False),
+        ],
         "analysis.planted": [Import("analysis.planted", "runner.hydra_app.app", ("compose",), 6, True)],
     }
     for module, imports in planted.items():

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from runner.core.corrections import Correction, CorrectionResult
-from runner.errors import UserError
 from runner.core.losses import LossSpec, clipped_surrogate, loss_metrics, policy_loss, reduce
+from runner.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -62,8 +62,15 @@ def test_policy_kl_k3_is_the_mean_bounded_k3_of_lp_minus_old():
         out = policy_loss(LossSpec(name=loss), Correction(), lp, old, old, torch.ones(1, 4), mask)
         assert out.metrics["policy_kl_k3"] == pytest.approx((_k3(0.5) + _k3(-0.5) + _k3(-20)) / 3, rel=1e-6)
         assert out.metrics["policy_kl_k3"] == pytest.approx(6.418417, rel=1e-6)
-    far = policy_loss(LossSpec(), Correction(), torch.tensor([[24.0]]), torch.tensor([[-1.0]]), torch.zeros(1, 1),
-                      torch.ones(1, 1), torch.ones(1, 1))
+    far = policy_loss(
+        LossSpec(),
+        Correction(),
+        torch.tensor([[24.0]]),
+        torch.tensor([[-1.0]]),
+        torch.zeros(1, 1),
+        torch.ones(1, 1),
+        torch.ones(1, 1),
+    )
     assert far.metrics["policy_kl_k3"] == pytest.approx(_k3(20.0), rel=1e-6)
 
 
@@ -109,8 +116,15 @@ def test_dual_clip_on_the_non_finite_path():
     autograd formula: the same per-token losses and masked-in gradients; the loss is NaN (NaN·0)."""
     lp = torch.tensor([DUAL_LOG_RATIO + [0.0]], requires_grad=True)
     old = torch.tensor([[0.0, 0.0, 0.0, math.nan]])
-    out = policy_loss(DUAL, Correction(padding="multiply"), lp, old, old, torch.tensor([DUAL_ADV + [-1.0]]),
-                      torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
+    out = policy_loss(
+        DUAL,
+        Correction(padding="multiply"),
+        lp,
+        old,
+        old,
+        torch.tensor([DUAL_ADV + [-1.0]]),
+        torch.tensor([[1.0, 1.0, 1.0, 0.0]]),
+    )
     out.loss.backward()
     assert math.isnan(out.loss.item())
     assert out.per_token[0, :3].tolist() == pytest.approx(DUAL_PER_TOKEN, rel=1e-6)
@@ -123,8 +137,15 @@ def test_dual_clip_in_gspo():
     over three one-token sequences is the token mean, so GSPO gives the same numbers."""
     lp = torch.tensor([[x] for x in DUAL_LOG_RATIO], requires_grad=True)
     zero = torch.zeros(3, 1)
-    out = policy_loss(LossSpec(name="gspo", dual_clip=3.0), Correction(), lp, zero, zero,
-                      torch.tensor([[a] for a in DUAL_ADV]), torch.ones(3, 1))
+    out = policy_loss(
+        LossSpec(name="gspo", dual_clip=3.0),
+        Correction(),
+        lp,
+        zero,
+        zero,
+        torch.tensor([[a] for a in DUAL_ADV]),
+        torch.ones(3, 1),
+    )
     out.loss.backward()
     assert out.per_token[:, 0].tolist() == pytest.approx(DUAL_PER_TOKEN, rel=1e-6)
     assert out.loss.item() == pytest.approx(DUAL_LOSS, rel=1e-6)
@@ -170,8 +191,9 @@ def test_the_log_ratio_is_bounded_below_at_minus_20_on_every_path():
         assert lp.grad.item() == 0.0, loss
     lp2 = torch.tensor([[-25.0, 0.0]], requires_grad=True)
     old = torch.tensor([[0.0, math.nan]])
-    out = policy_loss(LossSpec(), Correction(padding="multiply"), lp2, old, old, torch.ones(1, 2),
-                      torch.tensor([[1.0, 0.0]]))
+    out = policy_loss(
+        LossSpec(), Correction(padding="multiply"), lp2, old, old, torch.ones(1, 2), torch.tensor([[1.0, 0.0]])
+    )
     out.loss.backward()
     assert out.per_token[0, 0].item() == pytest.approx(-E_MINUS_20, rel=1e-6)
     assert lp2.grad[0, 0].item() == 0.0
@@ -185,8 +207,9 @@ def test_a_nan_log_ratio_at_padding_takes_the_plain_formula():
     multiply its NaN slope by 0 and give NaN there."""
     lp = torch.tensor([[0.1, 0.0]], requires_grad=True)
     old = torch.tensor([[0.0, math.nan]])
-    out = policy_loss(LossSpec(), Correction(padding="multiply"), lp, old, old, torch.ones(1, 2),
-                      torch.tensor([[1.0, 0.0]]))
+    out = policy_loss(
+        LossSpec(), Correction(padding="multiply"), lp, old, old, torch.ones(1, 2), torch.tensor([[1.0, 0.0]])
+    )
     out.loss.backward()
     assert lp.grad.tolist() == [[pytest.approx(-math.exp(0.1), rel=1e-6), 0.0]]
 
@@ -248,8 +271,15 @@ def test_reinforce_padding_with_an_infinite_log_prob(padding):
     the released `multiply` forms −A·(−inf)·0 = NaN, as the released code does."""
     lp = torch.tensor([[-1.0, -2.0, -math.inf]], requires_grad=True)
     old = torch.tensor([[-1.0, -2.0, 0.0]])
-    out = policy_loss(LossSpec(name="reinforce"), Correction(padding=padding), lp, old, old, torch.ones(1, 3),
-                      torch.tensor([[1.0, 1.0, 0.0]]))
+    out = policy_loss(
+        LossSpec(name="reinforce"),
+        Correction(padding=padding),
+        lp,
+        old,
+        old,
+        torch.ones(1, 3),
+        torch.tensor([[1.0, 1.0, 0.0]]),
+    )
     if padding == "multiply":
         assert math.isnan(out.loss.item())
         return
@@ -300,10 +330,22 @@ def test_a_passed_correction_is_used_as_is():
     mini-batch): loss −2·A·mean(lp) = 2·1.5 = 3.0, gradient [−1, −1], and its metrics are passed
     on; evaluating the (inactive) correction here instead would give coefficient 1 and loss 1.5."""
     lp = torch.tensor([[-1.0, -2.0]], requires_grad=True)
-    given = CorrectionResult(coef=torch.full((1, 2), 2.0), mask=torch.ones(1, 2), keep=torch.ones(1, 2, dtype=torch.bool),
-                             metrics={"is_weight_mean": 2.0})
-    out = policy_loss(LossSpec(name="reinforce"), Correction(), lp, lp.detach(), lp.detach(), torch.ones(1, 2),
-                      torch.ones(1, 2), correction=given)
+    given = CorrectionResult(
+        coef=torch.full((1, 2), 2.0),
+        mask=torch.ones(1, 2),
+        keep=torch.ones(1, 2, dtype=torch.bool),
+        metrics={"is_weight_mean": 2.0},
+    )
+    out = policy_loss(
+        LossSpec(name="reinforce"),
+        Correction(),
+        lp,
+        lp.detach(),
+        lp.detach(),
+        torch.ones(1, 2),
+        torch.ones(1, 2),
+        correction=given,
+    )
     out.loss.backward()
     assert out.loss.item() == 3.0
     assert lp.grad.tolist() == [[-1.0, -1.0]]
@@ -337,8 +379,10 @@ def test_ppo_ratio_against_the_behaviour_policy(finite_path):
     if not finite_path:  # a padded third column whose advantage is inf: the plain formula, same numbers
         pad = lambda x, v: torch.cat([x, torch.full((2, 1), v)], 1)  # noqa: E731
         lp, old, roll, adv, mask = pad(lp, -1.0), pad(old, -1.0), pad(roll, -1.0), pad(adv, math.inf), pad(mask, 0.0)
-    for against, loss, grad, clip in (("behaviour", -0.05, [[0.0, -0.225], [0.0, 0.275]], 0.5),
-                                      ("old", 0.0, [[-0.25, -0.25], [0.25, 0.25]], 0.0)):
+    for against, loss, grad, clip in (
+        ("behaviour", -0.05, [[0.0, -0.225], [0.0, 0.275]], 0.5),
+        ("old", 0.0, [[-0.25, -0.25], [0.25, 0.25]], 0.0),
+    ):
         x = lp.clone().requires_grad_(True)
         out = policy_loss(LossSpec(ratio_against=against), Correction(), x, old, roll, adv, mask)
         out.loss.backward()

@@ -39,9 +39,22 @@ def _age(path: Path, seconds: float) -> None:
 
 def _commands(checkout: Path, target: str, installed_here: str = "yes") -> list[str]:
     # --no-print-directory: under a parent make (CI's `make test`) make -n also prints "make[1]: Entering …"
-    got = subprocess.run(["make", "--no-print-directory", "-n", target, "PYTHON=python3", "ENV_KEY=k", f"INSTALLED_HERE={installed_here}",
-                          f"SITE_PACKAGES={checkout / 'site-packages'}"],
-                         cwd=checkout, capture_output=True, text=True, timeout=60)
+    got = subprocess.run(
+        [
+            "make",
+            "--no-print-directory",
+            "-n",
+            target,
+            "PYTHON=python3",
+            "ENV_KEY=k",
+            f"INSTALLED_HERE={installed_here}",
+            f"SITE_PACKAGES={checkout / 'site-packages'}",
+        ],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert got.returncode == 0, got.stderr
     return got.stdout.splitlines()
 

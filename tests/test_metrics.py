@@ -41,8 +41,11 @@ def test_divergence_metrics():
     L = [sum(row) for row in LR]
     assert m["chi2_seq"] == pytest.approx(sum(math.exp(2 * x) - 1 for x in L) / 2, rel=1e-5)
     assert m["log_ppl_diff"] == pytest.approx((L[0] / 3 + L[1] / 2) / 2, rel=1e-5)
-    probs = [abs(math.exp(o) - math.exp(r)) for o, r, k in zip(OLD.flatten().tolist(), ROLL.flatten().tolist(),
-                                                              MASK.flatten().tolist()) if k]
+    probs = [
+        abs(math.exp(o) - math.exp(r))
+        for o, r, k in zip(OLD.flatten().tolist(), ROLL.flatten().tolist(), MASK.flatten().tolist())
+        if k
+    ]
     assert m["max_abs_prob_diff"] == pytest.approx(max(probs), rel=1e-5)
 
 
@@ -70,7 +73,9 @@ def test_empty_batch_metrics_and_loss_are_zero_not_nan():
 def test_all_rejected_flag_from_drop():
     lp = torch.tensor([[0.0, -1000.0]], requires_grad=True)
     geo = Correction(name="geo-mask", filter="geometric", denominator="drop", low=0.999, high=1.001)
-    out = policy_loss(LossSpec(), geo, lp, lp.detach(), torch.tensor([[-1000.0, -4.0]]), torch.ones(1, 2), torch.ones(1, 2))
+    out = policy_loss(
+        LossSpec(), geo, lp, lp.detach(), torch.tensor([[-1000.0, -4.0]]), torch.ones(1, 2), torch.ones(1, 2)
+    )
     out.loss.backward()
     assert out.loss.item() == 0.0 and out.all_rejected
     assert lp.grad.tolist() == [[0.0, 0.0]]
@@ -97,8 +102,12 @@ def test_reductions():
     adv = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
     zeros = torch.zeros(2, 3)
+
     def loss(reduction):
-        return policy_loss(LossSpec(reduction=reduction), Correction(), per_token_lp, zeros, zeros, adv, mask).loss.item()
+        return policy_loss(
+            LossSpec(reduction=reduction), Correction(), per_token_lp, zeros, zeros, adv, mask
+        ).loss.item()
+
     assert loss("token-mean") == pytest.approx(-(1 + 2 + 4) / 3)
     assert loss("seq-mean-token-mean") == pytest.approx(-((1 + 2) / 2 + 4 / 1) / 2)
     assert loss("seq-mean-token-sum") == pytest.approx(-((1 + 2) + 4) / 2)
@@ -182,8 +191,9 @@ def test_numpy_and_torch_backends_agree_on_every_preset(kind, monkeypatch):
         for name in metrics.METRIC_NAMES:
             a, b = via_torch[name], via_numpy[name]
             nonfinite += not math.isfinite(a)
-            assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-5, abs=1e-6), \
+            assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-5, abs=1e-6), (
                 f"{corr.name} {kind} {name}: torch {a} numpy {b}"
+            )
     if kind == "extreme":
         assert nonfinite > 0  # the faithful presets' inf weights reach the metrics, in both
 
@@ -227,8 +237,9 @@ def test_split_evaluation_equals_one_call_per_group(kind, numpy_max, monkeypatch
             assert torch.equal(part.mask, alone.mask) and torch.equal(part.keep, alone.keep), corr.name
             for name in metrics.METRIC_NAMES:
                 a, b = alone.metrics[name], part.metrics[name]
-                assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-5, abs=1e-6), \
+                assert (math.isnan(a) and math.isnan(b)) or a == pytest.approx(b, rel=1e-5, abs=1e-6), (
                     f"{corr.name} {kind} {g} {name}: alone {a} split {b}"
+                )
 
 
 def test_metrics_off_computes_no_metrics():
@@ -293,7 +304,7 @@ def test_an_empty_batch_gives_every_metric_zero(backend):
     for shape in ((2, 3), (0, 3), (2, 0)):
         z = torch.zeros(shape)
         m = apply_correction(TIS, z - 1.0, z - 2.0, z).metrics
-        assert m == {name: 0.0 for name in metrics.METRIC_NAMES}, shape
+        assert m == dict.fromkeys(metrics.METRIC_NAMES, 0.0), shape
 
 
 @pytest.mark.parametrize("which", ["numpy", "torch"])
@@ -342,8 +353,9 @@ def _metrics(corr, old, roll, mask, coef, raw=None, weight=None, keep=None, back
 
     lr = torch.where(mask > 0, old - roll, 0.0)
     raw = coef if raw is None else raw
-    return metrics.correction_metrics(corr, old, roll, mask, lr, raw, raw if weight is None else weight,
-                                      coef, keep, backend=backend)
+    return metrics.correction_metrics(
+        corr, old, roll, mask, lr, raw, raw if weight is None else weight, coef, keep, backend=backend
+    )
 
 
 @pytest.mark.parametrize("which", ["numpy", "torch"])
@@ -377,8 +389,8 @@ def test_a_tiny_mismatch_gives_an_accurate_probability_difference(which, padding
     """old − roll = 2^−20 at p ≈ e^−1: p_old − p_roll = p_roll·expm1(lr) = 3.5e-7 to float32 precision,
     where exp(old) − exp(roll) in float32 loses about 10% (the two exps agree to 7 digits)."""
     old = torch.tensor([[-1.0, -1.0]])
-    roll = old - torch.tensor([[2.0 ** -20, 0.0]])
-    exact = math.exp(roll[0, 0].item()) * math.expm1(2.0 ** -20)
+    roll = old - torch.tensor([[2.0**-20, 0.0]])
+    exact = math.exp(roll[0, 0].item()) * math.expm1(2.0**-20)
     tis = replace(TIS, padding=padding)  # both paddings leave lr = old − roll, so it is reused
     m = _metrics(tis, old, roll, torch.ones(1, 2), torch.ones(1, 2), backend=which)
     assert m["max_abs_prob_diff"] == pytest.approx(exact, rel=1e-5)
@@ -398,7 +410,7 @@ def test_float64_inputs_keep_float64_precision():
     """The torch backend's scratch buffer takes the inputs' dtype: in float64 the minimum weight 1/3
     comes back to 1e-15 (a float32 buffer would round it to 1e-8)."""
     coef = torch.tensor([[1 / 3, 0.7, 0.0]], dtype=torch.float64)
-    z, mask = torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+    _z, mask = torch.zeros(1, 3, dtype=torch.float64), torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
     old = torch.tensor([[-1.0, -1.0, 0.0]], dtype=torch.float64)
     roll = old - torch.tensor([[1e-9, 0.0, 0.0]], dtype=torch.float64)
     m = _metrics(Correction(name="is", weight="token"), old, roll, mask, coef, backend="torch")
@@ -425,8 +437,13 @@ def test_one_token_and_small_weights(which):
     Weights [0.5, 1.5]: std 0.5 (a variance below 1 still has its square root), ESS 4/5."""
     z = torch.zeros(1, 3)
     m = _metrics(TIS, z, z, torch.tensor([[0.0, 1.0, 0.0]]), torch.tensor([[0.0, 0.5, 0.0]]), backend=which)
-    assert [m[k] for k in ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess")] == \
-        [0.5, 0.0, 0.5, 0.5, 1.0]
+    assert [m[k] for k in ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess")] == [
+        0.5,
+        0.0,
+        0.5,
+        0.5,
+        1.0,
+    ]
     m = _metrics(TIS, z, z, torch.tensor([[1.0, 1.0, 0.0]]), torch.tensor([[0.5, 1.5, 0.0]]), backend=which)
     assert (m["is_weight_mean"], m["is_weight_std"], m["ess"]) == (1.0, 0.5, pytest.approx(0.8, rel=1e-7))
 
@@ -452,17 +469,42 @@ def test_metrics_are_the_definitions_applied_to_named_totals():
     1 sequence rejected, 1 clamped; every metric is its docstring formula of them."""
     from runner.core.metrics import METRIC_NAMES, Totals, metrics_from_totals
 
-    t = Totals(tokens=4.0, sequences=2.0, sum_w=6.0, sum_w2=14.0, min_w=0.0, max_w=3.0, kept_tokens=3.0,
-               rejected_sequences=1.0, clamped_tokens=1.0, sum_lr=-0.4, sum_k3=0.08, sum_rho_m1_sq=0.3,
-               sum_rho_m1=-0.1, sum_chi2_seq=0.5, sum_log_ppl=-0.3, max_abs_prob_diff=0.25)
+    t = Totals(
+        tokens=4.0,
+        sequences=2.0,
+        sum_w=6.0,
+        sum_w2=14.0,
+        min_w=0.0,
+        max_w=3.0,
+        kept_tokens=3.0,
+        rejected_sequences=1.0,
+        clamped_tokens=1.0,
+        sum_lr=-0.4,
+        sum_k3=0.08,
+        sum_rho_m1_sq=0.3,
+        sum_rho_m1=-0.1,
+        sum_chi2_seq=0.5,
+        sum_log_ppl=-0.3,
+        max_abs_prob_diff=0.25,
+    )
     m = metrics_from_totals(t)
     assert list(m) == list(METRIC_NAMES)
-    assert m == {"is_weight_mean": 1.5, "is_weight_std": pytest.approx(math.sqrt(14 / 4 - 1.5**2)),
-                 "is_weight_min": 0.0, "is_weight_max": 3.0, "ess": pytest.approx(36 / (4 * 14)),
-                 "token_masked_fraction": 0.25, "seq_masked_fraction": 0.5, "clamped_fraction": 0.25,
-                 "kl_k1": pytest.approx(0.1), "kl_k3": pytest.approx(0.02),
-                 "chi2_token": pytest.approx((0.3 - 0.2) / 4), "chi2_seq": 0.25, "log_ppl_diff": pytest.approx(-0.15),
-                 "max_abs_prob_diff": 0.25}
+    assert m == {
+        "is_weight_mean": 1.5,
+        "is_weight_std": pytest.approx(math.sqrt(14 / 4 - 1.5**2)),
+        "is_weight_min": 0.0,
+        "is_weight_max": 3.0,
+        "ess": pytest.approx(36 / (4 * 14)),
+        "token_masked_fraction": 0.25,
+        "seq_masked_fraction": 0.5,
+        "clamped_fraction": 0.25,
+        "kl_k1": pytest.approx(0.1),
+        "kl_k3": pytest.approx(0.02),
+        "chi2_token": pytest.approx((0.3 - 0.2) / 4),
+        "chi2_seq": 0.25,
+        "log_ppl_diff": pytest.approx(-0.15),
+        "max_abs_prob_diff": 0.25,
+    }
 
 
 @pytest.mark.parametrize("which", ["numpy", "torch"])
@@ -483,14 +525,31 @@ def test_both_backends_name_the_same_totals(which):
     z = torch.zeros(2, 3)
     args = (corr, z, z, mask, z, raw, weight, coef, keep)
     totals = metrics._totals_numpy(*args, [(0, 2)])[0] if which == "numpy" else metrics._totals_torch(*args)
-    assert asdict(totals) == {"tokens": 5.0, "sequences": 2.0, "sum_w": 3.0, "sum_w2": 5.0, "min_w": 0.0,
-                              "max_w": 2.0, "kept_tokens": 2.0, "rejected_sequences": 1.0, "clamped_tokens": 1.0,
-                              "sum_lr": 0.0, "sum_k3": 0.0, "sum_rho_m1_sq": 0.0, "sum_rho_m1": 0.0,
-                              "sum_chi2_seq": 0.0, "sum_log_ppl": 0.0, "max_abs_prob_diff": 0.0}
+    assert asdict(totals) == {
+        "tokens": 5.0,
+        "sequences": 2.0,
+        "sum_w": 3.0,
+        "sum_w2": 5.0,
+        "min_w": 0.0,
+        "max_w": 2.0,
+        "kept_tokens": 2.0,
+        "rejected_sequences": 1.0,
+        "clamped_tokens": 1.0,
+        "sum_lr": 0.0,
+        "sum_k3": 0.0,
+        "sum_rho_m1_sq": 0.0,
+        "sum_rho_m1": 0.0,
+        "sum_chi2_seq": 0.0,
+        "sum_log_ppl": 0.0,
+        "max_abs_prob_diff": 0.0,
+    }
 
 
-@pytest.mark.xfail(strict=True, reason="known defect, kept for byte-identical outputs: w² is taken in float32 "
-                   "(NumPy: 5.9e-5, torch: 0.0 for a true 1.03e-4), then E[w²] − E[w]² cancels")
+@pytest.mark.xfail(
+    strict=True,
+    reason="known defect, kept for byte-identical outputs: w² is taken in float32 "
+    "(NumPy: 5.9e-5, torch: 0.0 for a true 1.03e-4), then E[w²] − E[w]² cancels",
+)
 @pytest.mark.parametrize("which", ["numpy", "torch"])
 def test_a_small_spread_of_weights_has_an_accurate_std(which):
     """1024 float32 weights 1 + 1e-4·N(0, 1), as a small mismatch gives: is_weight_std within 1% of the
@@ -499,6 +558,5 @@ def test_a_small_spread_of_weights_has_an_accurate_std(which):
 
     w = (1 + 1e-4 * torch.randn(16, 64, generator=torch.Generator().manual_seed(0))).float()
     z, mask = torch.zeros(16, 64), torch.ones(16, 64)
-    out = metrics.correction_metrics(Correction(name="is", weight="token"), z, z, mask, z, w, w, w, None,
-                                     backend=which)
+    out = metrics.correction_metrics(Correction(name="is", weight="token"), z, z, mask, z, w, w, w, None, backend=which)
     assert out["is_weight_std"] == pytest.approx(w.double().std(correction=0).item(), rel=0.01)

@@ -271,28 +271,34 @@ def test_a_task_without_targets_leaves_the_count_at_zero_and_has_no_exact_J():
     assert torch.equal(world.logits(params, prompts, tokens).reshape(-1, 16), at_zero)
 
 
-@pytest.mark.parametrize("policy,message", [
-    ({"layers": 0}, "policy.layers must be >= 1"),
-    ({"hidden": 0}, "policy.hidden must be >= 1"),
-    ({"experts": -1}, "policy.experts must be >= 0"),
-    ({"experts": 1}, "policy.experts must be 0 (dense) or >= 2"),
-    ({"init_std": -0.1}, "policy.init_std must be >= 0"),
-    ({"hidden": 1.5}, "policy.hidden must be an integer"),
-    ({"widht": 3}, "policy: unknown key(s) widht"),
-])
+@pytest.mark.parametrize(
+    "policy,message",
+    [
+        ({"layers": 0}, "policy.layers must be >= 1"),
+        ({"hidden": 0}, "policy.hidden must be >= 1"),
+        ({"experts": -1}, "policy.experts must be >= 0"),
+        ({"experts": 1}, "policy.experts must be 0 (dense) or >= 2"),
+        ({"init_std": -0.1}, "policy.init_std must be >= 0"),
+        ({"hidden": 1.5}, "policy.hidden must be an integer"),
+        ({"widht": 3}, "policy: unknown key(s) widht"),
+    ],
+)
 def test_bad_policy_values_are_one_line_errors(policy, message):
     with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")) as info:
         _world(**policy)
     assert "\n" not in str(info.value)
 
 
-@pytest.mark.parametrize("task,rollout,message", [
-    ({"k": 33}, {}, r"task.k \(33\) > rollout.seq_len \(32\)"),
-    ({"k": -1}, {}, "task.k must be >= 0"),
-    ({"targets": [16]}, {}, "task.targets: 16 is not a token id"),
-    ({"k": 2, "min_count": 1}, {}, "task: unknown key"),
-    ({}, {"eos_token": 16}, "rollout.eos_token must be <= 15"),
-])
+@pytest.mark.parametrize(
+    "task,rollout,message",
+    [
+        ({"k": 33}, {}, r"task.k \(33\) > rollout.seq_len \(32\)"),
+        ({"k": -1}, {}, "task.k must be >= 0"),
+        ({"targets": [16]}, {}, "task.targets: 16 is not a token id"),
+        ({"k": 2, "min_count": 1}, {}, "task: unknown key"),
+        ({}, {"eos_token": 16}, "rollout.eos_token must be <= 15"),
+    ],
+)
 def test_bad_task_and_rollout_values_are_one_line_errors(task, rollout, message):
     rollout = {"vocab_size": 16, "seq_len": 32, **rollout}
     with pytest.raises(UserError, match=message) as info:
@@ -308,9 +314,19 @@ def test_summary_reports_the_shape_and_counts_the_parameters(experts, parameters
     Dense, hidden 64: 64·39 + 64 + 64·64 + 64 + 16·64 + 16 = 7760. Four experts: each layer adds a
     router [4, D_in] and holds 4 weight sets, 4·39 + 4·64·39 + 4·64 + 4·64 + 4·64·64 + 4·64 + 1040 = 28332."""
     world = _world(experts=experts, eos=3, prompt_len=2, init_std=0.5)
-    assert world.summary() == {"policy": "mlp", "vocab_size": 16, "seq_len": 32, "prompt_len": 2, "eos_token": 3,
-                               "layers": 2, "hidden": 64, "experts": experts, "init_std": 0.5, "features": 39,
-                               "parameters": parameters}
+    assert world.summary() == {
+        "policy": "mlp",
+        "vocab_size": 16,
+        "seq_len": 32,
+        "prompt_len": 2,
+        "eos_token": 3,
+        "layers": 2,
+        "hidden": 64,
+        "experts": experts,
+        "init_std": 0.5,
+        "features": 39,
+        "parameters": parameters,
+    }
 
 
 def test_own_expert_path_takes_an_empty_batch_and_agrees_with_every_expert():
@@ -339,7 +355,7 @@ def test_router_scores_are_the_exact_product_sum_rounded_once(dtype):
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(512, 39, generator=g).to(dtype)
-    router = (torch.randn(4, 39, generator=g) / 39 ** 0.5).to(dtype)
+    router = (torch.randn(4, 39, generator=g) / 39**0.5).to(dtype)
     route = Net._route(x, router, True)
     scores = (x.double().unsqueeze(1) * router.double()).sum(-1).to(dtype)  # [N, E]
     expert = scores.argmax(-1)
@@ -357,10 +373,13 @@ def test_init_draws_each_weight_at_its_scale(experts):
     world = _world(experts=experts, init_std=0.05)
     params = _init(world, 4)
     E = (experts,) if experts else ()
-    expected = {"layer0.weight": (E + (64, 39), 39 ** -0.5), "layer1.weight": (E + (64, 64), 64 ** -0.5),
-                "out.weight": ((16, 64), 0.05)}
+    expected = {
+        "layer0.weight": (E + (64, 39), 39**-0.5),
+        "layer1.weight": (E + (64, 64), 64**-0.5),
+        "out.weight": ((16, 64), 0.05),
+    }
     if experts:
-        expected.update({"layer0.router": ((4, 39), 39 ** -0.5), "layer1.router": ((4, 64), 64 ** -0.5)})
+        expected.update({"layer0.router": ((4, 39), 39**-0.5), "layer1.router": ((4, 64), 64**-0.5)})
     for name, (shape, std) in expected.items():
         w = params[name]
         assert tuple(w.shape) == shape, name
@@ -388,13 +407,16 @@ def test_exact_J_starts_from_bos_when_the_prompt_is_bos_alone():
     assert float(world.exact.objective(params)) == pytest.approx(total, abs=1e-12)
 
 
-@pytest.mark.parametrize("rollout,message", [
-    ({"vocab_size": 1}, r"rollout.vocab_size must be >= 2, got 1"),
-    ({"seq_len": 0}, r"rollout.seq_len must be >= 1, got 0"),
-    ({"eos_token": -1}, r"rollout.eos_token must be >= 0, got -1"),
-    ({"eos_token": 8}, r"rollout.eos_token must be <= 7, got 8"),
-    ({"prompt_len": 0}, r"rollout.prompt_len must be >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "rollout,message",
+    [
+        ({"vocab_size": 1}, r"rollout.vocab_size must be >= 2, got 1"),
+        ({"seq_len": 0}, r"rollout.seq_len must be >= 1, got 0"),
+        ({"eos_token": -1}, r"rollout.eos_token must be >= 0, got -1"),
+        ({"eos_token": 8}, r"rollout.eos_token must be <= 7, got 8"),
+        ({"prompt_len": 0}, r"rollout.prompt_len must be >= 1, got 0"),
+    ],
+)
 def test_bad_rollout_values_are_one_line_errors(rollout, message):
     with pytest.raises(UserError, match=message):
         make_world({"name": "mlp"}, {"vocab_size": 8, "seq_len": 4, **rollout}, None)

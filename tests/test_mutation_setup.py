@@ -4,6 +4,7 @@ equivalent mutants agree with each other and with the tree (mutmut itself is not
 from __future__ import annotations
 
 import importlib.util
+
 import tomllib
 
 from tests.helpers.repo import REPO

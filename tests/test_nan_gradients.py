@@ -98,8 +98,9 @@ def test_verl_presets_reduce_padding_as_the_released_masked_sum():
     }
     for name, (old, roll, adv, nan_grad) in cases.items():
         leaf = lp.clone().requires_grad_(True)
-        res = policy_loss(LossSpec(), load_preset("verl/icepop"), leaf, torch.tensor(old), torch.tensor(roll),
-                          torch.tensor(adv), mask)
+        res = policy_loss(
+            LossSpec(), load_preset("verl/icepop"), leaf, torch.tensor(old), torch.tensor(roll), torch.tensor(adv), mask
+        )
         res.loss.backward()
         assert res.loss.item() == pytest.approx(-1.0484347343444824, abs=1e-7), name
         torch.testing.assert_close(leaf.grad[:, :3], released_grad[:, :3], atol=1e-7, rtol=0)

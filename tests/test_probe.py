@@ -44,8 +44,10 @@ def row(df, preset):
 @pytest.mark.slow
 def test_outputs_columns_and_rows(tmp_path):
     bands = [[0.5, 5.0], [None, 2.0]]
-    df, run_dir = probe(tmp_path, ["probe.repeats=4", "probe.pretrain_steps=2", "rollout.seq_len=6",
-                                   "probe.bands=[[0.5,5.0],[null,2.0]]"])
+    df, run_dir = probe(
+        tmp_path,
+        ["probe.repeats=4", "probe.pretrain_steps=2", "rollout.seq_len=6", "probe.bands=[[0.5,5.0],[null,2.0]]"],
+    )
     assert sorted(p.name for p in run_dir.iterdir()) == ["DONE", "probe.csv", "summary.json"]
     assert list(df.columns) == list(COLUMNS)
     presets = default_preset_names()
@@ -69,8 +71,15 @@ def test_outputs_columns_and_rows(tmp_path):
 
 
 def test_own_bands_and_inline_preset(tmp_path):
-    df, _ = probe(tmp_path, ["probe.repeats=3", "probe.pretrain_steps=0", "rollout.seq_len=4",
-                             f"probe.presets=[seq-tis,geo-mask,trl/token-mask,{SEQ_IS}]"])
+    df, _ = probe(
+        tmp_path,
+        [
+            "probe.repeats=3",
+            "probe.pretrain_steps=0",
+            "rollout.seq_len=4",
+            f"probe.presets=[seq-tis,geo-mask,trl/token-mask,{SEQ_IS}]",
+        ],
+    )
     assert list(df.preset) == ["seq-tis", "geo-mask", "trl/token-mask", "seq-is"]
     assert math.isnan(row(df, "seq-tis").low) and row(df, "seq-tis").high == 5.0
     assert (row(df, "geo-mask").low, row(df, "geo-mask").high) == (0.999, 1.001)
@@ -80,13 +89,28 @@ def test_own_bands_and_inline_preset(tmp_path):
 
 # ------------------------------------------------------------------ fast path = reference path
 WORLDS = {
-    "outliers-eos-bf16": ["mismatch=outliers", "mismatch.outlier_rate=0.02", "rollout.eos_token=3",
-                          "mismatch.staleness=2"],
-    "noise-topp-prompts-dualclip-token-mean": ["mismatch.logit_noise=0.5", "mismatch.top_p=0.9",
-                                               "rollout.prompt_len=3", "loss.dual_clip=3", "mismatch.staleness=3",
-                                               "probe.reduction=token-mean", "mismatch.precision=fp16"],
-    "reinforce-eos-seq-mean-token-mean": ["loss=reinforce", "rollout.eos_token=0", "mismatch.precision=fp8",
-                                          "probe.reduction=seq-mean-token-mean", "probe.baseline=none"],
+    "outliers-eos-bf16": [
+        "mismatch=outliers",
+        "mismatch.outlier_rate=0.02",
+        "rollout.eos_token=3",
+        "mismatch.staleness=2",
+    ],
+    "noise-topp-prompts-dualclip-token-mean": [
+        "mismatch.logit_noise=0.5",
+        "mismatch.top_p=0.9",
+        "rollout.prompt_len=3",
+        "loss.dual_clip=3",
+        "mismatch.staleness=3",
+        "probe.reduction=token-mean",
+        "mismatch.precision=fp16",
+    ],
+    "reinforce-eos-seq-mean-token-mean": [
+        "loss=reinforce",
+        "rollout.eos_token=0",
+        "mismatch.precision=fp8",
+        "probe.reduction=seq-mean-token-mean",
+        "probe.baseline=none",
+    ],
 }
 
 
@@ -96,9 +120,19 @@ def test_vectorised_path_matches_reference(world_name):
     arm to 1e-5 (absolute, or relative where an estimate is large), non-finite estimates are
     flagged alike, and the per-arm ESS / masked fractions are correction_metrics' values."""
     presets = "[" + ",".join(own_presets() + faithful_presets()) + "]"
-    cfg = compose(["study=probe", "rollout.vocab_size=6", "rollout.seq_len=7", "rollout.batch_size=4",
-                   "probe.pretrain_steps=3", "probe.repeats=2", f"probe.presets={presets}",
-                   "probe.bands=[[0.5,5.0],[null,2.0],[0.9,1.1],[0.0,1.0e9]]", *WORLDS[world_name]])
+    cfg = compose(
+        [
+            "study=probe",
+            "rollout.vocab_size=6",
+            "rollout.seq_len=7",
+            "rollout.batch_size=4",
+            "probe.pretrain_steps=3",
+            "probe.repeats=2",
+            f"probe.presets={presets}",
+            "probe.bands=[[0.5,5.0],[null,2.0],[0.9,1.1],[0.0,1.0e9]]",
+            *WORLDS[world_name],
+        ]
+    )
     setup, settings, n = validate(plain_config(cfg))
     world = build(setup, settings, n)
     arms = settings.arms()
@@ -118,10 +152,20 @@ def test_vectorised_path_matches_reference(world_name):
         torch.testing.assert_close(fast.grad[f_ok], slow[f_ok], atol=1e-5, rtol=1e-5)
         for k, arm in enumerate(arms):
             m = apply_correction(arm.correction, batch.old, batch.roll, batch.mask, lp=batch.old).metrics
-            for ours, theirs in ((fast.ess, "ess"), (fast.masked, "token_masked_fraction"),
-                                 (fast.seq_masked, "seq_masked_fraction"), (fast.clamped, "clamped_fraction")):
-                torch.testing.assert_close(ours[k], torch.tensor(m[theirs]), atol=1e-5, rtol=0, equal_nan=True,
-                                           msg=f"{arm.preset} {arm.low} {arm.high} {theirs}")
+            for ours, theirs in (
+                (fast.ess, "ess"),
+                (fast.masked, "token_masked_fraction"),
+                (fast.seq_masked, "seq_masked_fraction"),
+                (fast.clamped, "clamped_fraction"),
+            ):
+                torch.testing.assert_close(
+                    ours[k],
+                    torch.tensor(m[theirs]),
+                    atol=1e-5,
+                    rtol=0,
+                    equal_nan=True,
+                    msg=f"{arm.preset} {arm.low} {arm.high} {theirs}",
+                )
     if world_name.startswith("outliers"):
         assert not f_ok.all()  # the faithful presets' inf·0 = NaN is reproduced, not hidden
 
@@ -146,8 +190,16 @@ def test_degenerate_arms_are_flagged_and_never_best(tmp_path):
 def test_clamped_fraction_shows_truncation(tmp_path):
     """probe.csv's clamped_fraction: TIS at a tight band clamps tokens and masks none; IcePop at the
     same band masks and clamps none; the untruncated `none` does neither."""
-    df, _ = probe(tmp_path, ["probe.repeats=8", "probe.n_boot=100", "mismatch.staleness=8",
-                             "probe.presets=[none,tis,icepop]", "probe.bands=[[0.9,1.1]]"])
+    df, _ = probe(
+        tmp_path,
+        [
+            "probe.repeats=8",
+            "probe.n_boot=100",
+            "mismatch.staleness=8",
+            "probe.presets=[none,tis,icepop]",
+            "probe.bands=[[0.9,1.1]]",
+        ],
+    )
     tis, icepop, none = row(df, "tis"), row(df, "icepop"), row(df, "none")
     assert tis.clamped_fraction > 0.3 and tis.mean_masked_fraction == 0
     assert icepop.clamped_fraction == 0 and icepop.mean_masked_fraction > 0.3
@@ -176,8 +228,10 @@ def test_on_policy_every_preset_is_unbiased(tmp_path, seed, ci):
 def test_group_mean_baseline_bias_is_detected(tmp_path, seed):
     """Power check: the group-mean baseline scales the on-policy expectation by exactly (1 − 1/G), so
     the true bias norm is ‖∇J‖/G; the probe flags it and its CI for the bias norm contains it."""
-    df, _ = probe(tmp_path, ["mismatch=none", f"seed={seed}", "probe.repeats=300", "probe.baseline=group-mean",
-                             "probe.presets=[none]"])
+    df, _ = probe(
+        tmp_path,
+        ["mismatch=none", f"seed={seed}", "probe.repeats=300", "probe.baseline=group-mean", "probe.presets=[none]"],
+    )
     r = df.iloc[0]
     true_bias = r.exact_grad_norm / r.group_size
     assert r.bias_significant == 1 and r.bias_norm > r.bias_norm_ci
@@ -189,8 +243,17 @@ def test_group_mean_baseline_bias_is_detected(tmp_path, seed):
 def test_stale_uncorrected_gradient_is_biased(tmp_path, seed):
     """k=4 drift steps plus logit noise σ=0.1 (fp32): `none` is biased far outside its CI (> 2×
     the radius), and token TIS removes part of that bias."""
-    df, _ = probe(tmp_path, ["mismatch=none", "mismatch.staleness=4", "mismatch.logit_noise=0.1", f"seed={seed}",
-                             "probe.repeats=300", "probe.presets=[none,tis]"])
+    df, _ = probe(
+        tmp_path,
+        [
+            "mismatch=none",
+            "mismatch.staleness=4",
+            "mismatch.logit_noise=0.1",
+            f"seed={seed}",
+            "probe.repeats=300",
+            "probe.presets=[none,tis]",
+        ],
+    )
     none, tis = row(df, "none"), row(df, "tis")
     assert none.bias_norm > 2 * none.bias_norm_ci and none.bias_significant == 1
     assert tis.bias_norm < 0.8 * none.bias_norm
@@ -207,9 +270,20 @@ def test_bias_variance_tradeoff_over_length(tmp_path, seed):
     2. token TIS's bias grows: ≥ 2× larger, with disjoint CIs (lo at 32 > hi at 2)."""
     runs = {}
     for T in (2, 32):
-        runs[T], _ = probe(tmp_path, ["mismatch=none", "mismatch.staleness=8", "mismatch.logit_noise=0.3",
-                                      f"rollout.seq_len={T}", "rollout.batch_size=16", f"seed={seed}",
-                                      "probe.repeats=300", f"probe.presets=[tis,{SEQ_IS}]"], name=f"T{T}")
+        runs[T], _ = probe(
+            tmp_path,
+            [
+                "mismatch=none",
+                "mismatch.staleness=8",
+                "mismatch.logit_noise=0.3",
+                f"rollout.seq_len={T}",
+                "rollout.batch_size=16",
+                f"seed={seed}",
+                "probe.repeats=300",
+                f"probe.presets=[tis,{SEQ_IS}]",
+            ],
+            name=f"T{T}",
+        )
     kl = [runs[T].engine_kl.iloc[0] for T in (2, 32)]
     assert 0.05 < min(kl) and max(kl) < 1.5 * min(kl)  # the per-token mismatch is held (roughly) fixed
     seq_growth = row(runs[32], "seq-is").variance / row(runs[2], "seq-is").variance
@@ -246,9 +320,17 @@ def test_bad_probe_config_fails_before_any_file(tmp_path, overrides, message):
 @pytest.mark.slow
 def test_cli_end_to_end_and_bad_config(cli, tmp_path):
     run_dir = tmp_path / "cli-run"
-    code, out, err = cli("run", "study=probe", "probe.repeats=3", "probe.pretrain_steps=1", "rollout.seq_len=4",
-                         "probe.presets=[none,tis,openrlhf-bc71bb1/seq-mask-tis]", "mismatch=outliers",
-                         f"hydra.run.dir={run_dir}", "--quiet")
+    code, out, err = cli(
+        "run",
+        "study=probe",
+        "probe.repeats=3",
+        "probe.pretrain_steps=1",
+        "rollout.seq_len=4",
+        "probe.presets=[none,tis,openrlhf-bc71bb1/seq-mask-tis]",
+        "mismatch=outliers",
+        f"hydra.run.dir={run_dir}",
+        "--quiet",
+    )
     assert code == 0, err
     assert out.strip() == str(run_dir)
     assert (run_dir / "DONE").is_file() and (run_dir / "summary.json").is_file()
@@ -266,7 +348,9 @@ def test_world_theta_is_shared_across_mismatch():
     """θ and ∇J(θ) do not depend on the mismatch: worlds that differ in staleness compare paired."""
     worlds = []
     for extra in (["mismatch=none"], ["mismatch.staleness=3", "mismatch.logit_noise=0.2"]):
-        setup, settings, n = validate(plain_config(compose(["study=probe", "probe.pretrain_steps=3", "rollout.seq_len=5", *extra])))
+        setup, settings, n = validate(
+            plain_config(compose(["study=probe", "probe.pretrain_steps=3", "rollout.seq_len=5", *extra]))
+        )
         worlds.append(build(setup, settings, n))
     a, b = worlds
     assert torch.equal(a.params["theta"], b.params["theta"]) and torch.equal(a.grad, b.grad)
@@ -294,22 +378,31 @@ def test_summarise_golden_values():
     from runner.probe.stats import summarise
 
     nan, inf = math.nan, math.inf
-    est = torch.tensor([[[1.0, 0.0], [0.0, 0.0], [nan, 0.0], [0.5, 1.0]],
-                        [[3.0, 0.0], [nan, 0.0], [nan, 0.0], [0.5, 1.0]],
-                        [[1.0, 2.0], [2.0, 2.0], [nan, 0.0], [0.5, 1.0]],
-                        [[3.0, 2.0], [inf, 1.0], [1.0, 1.0], [0.5, 1.0]]])  # [R=4, K=4, D=2]
+    est = torch.tensor(
+        [
+            [[1.0, 0.0], [0.0, 0.0], [nan, 0.0], [0.5, 1.0]],
+            [[3.0, 0.0], [nan, 0.0], [nan, 0.0], [0.5, 1.0]],
+            [[1.0, 2.0], [2.0, 2.0], [nan, 0.0], [0.5, 1.0]],
+            [[3.0, 2.0], [inf, 1.0], [1.0, 1.0], [0.5, 1.0]],
+        ]
+    )  # [R=4, K=4, D=2]
     grad = torch.tensor([0.5, 1.0])
     s = summarise(est, grad, "clt", 0.9, 500, torch.Generator().manual_seed(0))
     # arm 0: mean (2, 1), bias (1.5, 0); deviations (±1, ±1): tr Cov = 8/3; ‖x − ∇J‖² = 1.25, 7.25, 1.25, 7.25
     # arm 1: mean (1, 1), bias (0.5, 0); tr Cov = (2 + 2)/1; ‖x − ∇J‖² = 1.25, 3.25
     g2 = 1.25  # ‖∇J‖²
     expected = {
-        "bias_norm": [1.5, 0.5, nan, 0.0], "variance": [8 / 3, 4.0, nan, 0.0], "mse": [4.25, 2.25, nan, 0.0],
-        "rel_bias": [1.5 / math.sqrt(g2), 0.5 / math.sqrt(g2), nan, 0.0], "rel_mse": [4.25 / g2, 2.25 / g2, nan, 0.0],
-        "norm_ratio": [2.0, math.sqrt(2 / g2), nan, 1.0], "cosine": [0.8, 1.5 / math.sqrt(2.5), nan, 1.0],
+        "bias_norm": [1.5, 0.5, nan, 0.0],
+        "variance": [8 / 3, 4.0, nan, 0.0],
+        "mse": [4.25, 2.25, nan, 0.0],
+        "rel_bias": [1.5 / math.sqrt(g2), 0.5 / math.sqrt(g2), nan, 0.0],
+        "rel_mse": [4.25 / g2, 2.25 / g2, nan, 0.0],
+        "norm_ratio": [2.0, math.sqrt(2 / g2), nan, 1.0],
+        "cosine": [0.8, 1.5 / math.sqrt(2.5), nan, 1.0],
         "mean_grad_norm": [(1 + 3 + math.sqrt(5) + math.sqrt(13)) / 4, math.sqrt(2), nan, math.sqrt(g2)],
         "bias_norm_debiased": [math.sqrt(2.25 - 2 / 3), 0.0, nan, 0.0],  # sqrt(max(0, bias² − tr Cov / n))
-        "nonfinite_rate": [0.0, 0.5, 0.75, 0.0], "n_finite": [4.0, 2.0, 1.0, 4.0],
+        "nonfinite_rate": [0.0, 0.5, 0.75, 0.0],
+        "n_finite": [4.0, 2.0, 1.0, 4.0],
     }
     for name, values in expected.items():
         assert s[name].tolist() == pytest.approx(values, rel=1e-12, abs=1e-15, nan_ok=True), name
@@ -329,8 +422,9 @@ def test_summarise_golden_values():
     # a small ∇J (norm 0.56 < 1) = half of arm 3's constant estimate: bias = ∇J, so rel_bias = rel_mse = 1,
     # norm_ratio 2, cosine 1
     half = summarise(est, grad / 2, "clt", 0.9, 50, torch.Generator().manual_seed(0))
-    assert [half[k][3].item() for k in ("rel_bias", "rel_mse", "norm_ratio", "cosine")] == \
-        pytest.approx([1.0, 1.0, 2.0, 1.0], rel=1e-12)
+    assert [half[k][3].item() for k in ("rel_bias", "rel_mse", "norm_ratio", "cosine")] == pytest.approx(
+        [1.0, 1.0, 2.0, 1.0], rel=1e-12
+    )
     # ∇J = 0: the relative figures are NaN, the cosine 0 (never 0/0)
     flat = summarise(est, torch.zeros(2), "clt", 0.9, 50, torch.Generator().manual_seed(0))
     assert all(math.isnan(flat[k][0].item()) for k in ("rel_bias", "rel_mse", "norm_ratio"))
@@ -369,6 +463,7 @@ def test_radius_draws_only_from_the_given_generator():
         for global_seed in (0, 1):
             torch.manual_seed(global_seed)
             for ci in ("bootstrap", "clt"):
-                radii.append(summarise(est, torch.zeros(3), ci, 0.9, 300,
-                                       torch.Generator().manual_seed(3))["bias_norm_ci"])
+                radii.append(
+                    summarise(est, torch.zeros(3), ci, 0.9, 300, torch.Generator().manual_seed(3))["bias_norm_ci"]
+                )
     assert torch.equal(radii[0], radii[2]) and torch.equal(radii[1], radii[3])

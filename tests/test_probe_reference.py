@@ -22,8 +22,9 @@ def test_the_split_half_noise_estimates_the_references_own_error():
     whose cosine to ∇J exceeds 0.95, and whose actual error ‖g_ref − ∇J‖ is within a factor 2 of the
     split-half estimate ‖g₁ − g₂‖/2 (both are sums over 136 coordinates: their ratio concentrates
     near 1; observed 0.8–1.2 over seeds 0–4)."""
-    setup = load(plain_config(compose(["policy.init_std=1.0", "rollout.seq_len=8", "task=target-threshold",
-                                       "task.min_count=3"])))
+    setup = load(
+        plain_config(compose(["policy.init_std=1.0", "rollout.seq_len=8", "task=target-threshold", "task.min_count=3"]))
+    )
     params = setup.world.init_params(torch.Generator().manual_seed(0))
     ref = reference_gradient(setup, params, rollouts=8192, chunk=64)
     J, grads = exact_gradient(setup.world.exact, params)
@@ -37,11 +38,31 @@ def test_the_split_half_noise_estimates_the_references_own_error():
 
 def test_the_transformer_probe_says_monte_carlo_and_widens_its_intervals(tmp_path):
     run_dir = tmp_path / "probe"
-    run_study(compose(["study=probe", "policy=transformer", "policy.sft.steps=0", "policy.n_layer=1",
-                       "policy.d_model=16", "policy.n_head=2", "rollout.seq_len=6", "task.values=6", "task.partial_credit=true",
-                       "rollout.batch_size=2", "rollout.group_size=4", "probe.repeats=4", "probe.n_boot=100",
-                       "probe.pretrain_steps=0", "probe.reference_rollouts=64", "mismatch.staleness=1",
-                       "probe.presets=[none,tis]", "log.quiet=true"]), run_dir)
+    run_study(
+        compose(
+            [
+                "study=probe",
+                "policy=transformer",
+                "policy.sft.steps=0",
+                "policy.n_layer=1",
+                "policy.d_model=16",
+                "policy.n_head=2",
+                "rollout.seq_len=6",
+                "task.values=6",
+                "task.partial_credit=true",
+                "rollout.batch_size=2",
+                "rollout.group_size=4",
+                "probe.repeats=4",
+                "probe.n_boot=100",
+                "probe.pretrain_steps=0",
+                "probe.reference_rollouts=64",
+                "mismatch.staleness=1",
+                "probe.presets=[none,tis]",
+                "log.quiet=true",
+            ]
+        ),
+        run_dir,
+    )
     with open(run_dir / "probe.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert [r["preset"] for r in rows] == ["none", "tis"]

@@ -30,16 +30,24 @@ from pathlib import Path
 import pytest
 
 from runner import records
-from runner.sweep.locks import DirLock, Holder, LockBusy
 from runner.errors import UserError
 from runner.sweep.integrity import Damage, check_table
+from runner.sweep.locks import DirLock, Holder, LockBusy
 from tests.helpers.cli import kill_at_first_done, run_cli
 from tests.helpers.repo import REPO
 
 # 4 jobs of 300 steps × 2 updates on a tiny world: long enough (seconds) that a second sweep started
 # with it meets it running, short enough for CI
-SWEEP = ["correction=tis,icepop", "seed=0,1", "train.steps=300", "rollout.batch_size=2", "rollout.group_size=2",
-         "log.quiet=true", "log.timing=false", "log.tokens_every=0"]
+SWEEP = [
+    "correction=tis,icepop",
+    "seed=0,1",
+    "train.steps=300",
+    "rollout.batch_size=2",
+    "rollout.group_size=2",
+    "log.quiet=true",
+    "log.timing=false",
+    "log.tokens_every=0",
+]
 JOBS, ROWS_PER_JOB = 4, 600 + 1  # 300 steps × 2 updates, then the final row (J after the last update)
 TINY = ["train.steps=3", "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.timing=false"]
 
@@ -50,8 +58,13 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 
 
 def _sweep_process(sweep_dir: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "runner", "sweep", *SWEEP, f"hydra.sweep.dir={sweep_dir}", *extra],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "runner", "sweep", *SWEEP, f"hydra.sweep.dir={sweep_dir}", *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +120,10 @@ def test_a_stale_lock_is_taken_over_with_a_note(undisturbed, tmp_path):
 
     code, _, err = run_cli("sweep", *SWEEP, f"hydra.sweep.dir={d}", "--resume")
     assert code == 0, err
-    assert (f"note: took over the lock of a process that stopped without releasing it (host {stale['host']}, "
-            f"pid {proc.pid}, started {stale['started']})") in err
+    assert (
+        f"note: took over the lock of a process that stopped without releasing it (host {stale['host']}, "
+        f"pid {proc.pid}, started {stale['started']})"
+    ) in err
     assert (d / "sweep.csv").read_bytes() == (undisturbed / "sweep.csv").read_bytes()
     manifest = json.loads((d / "sweep.json").read_text())
     assert [r["resume"] for r in manifest["runs"]] == [False, True]
@@ -128,8 +143,10 @@ def test_without_flock_a_dead_holder_on_this_host_is_taken_over(tmp_path, monkey
     dead_pid = int(dead.stdout)
     path.write_bytes(Holder(socket.gethostname(), dead_pid, "2026-01-01T00:00:00").encode())
     with DirLock(path, command="test") as lock:
-        assert lock.note == ("took over the lock of a process that stopped without releasing it "
-                             f"(host {socket.gethostname()}, pid {dead_pid}, started 2026-01-01T00:00:00)")
+        assert lock.note == (
+            "took over the lock of a process that stopped without releasing it "
+            f"(host {socket.gethostname()}, pid {dead_pid}, started 2026-01-01T00:00:00)"
+        )
         assert json.loads(path.read_text())["pid"] == os.getpid()
         with pytest.raises(LockBusy) as busy:  # held: a second taker is refused
             DirLock(path).acquire()
@@ -150,11 +167,19 @@ def test_a_job_locked_by_another_process_is_left_alone(tmp_path):
     assert code == 0, err
     (d / "01" / "DONE").unlink()  # job 1 is "running" elsewhere: no DONE, its lock held by another process
     (d / "01" / "partial-output").write_text("the other writer's file\n")
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\n"
-                               "from runner.sweep.locks import DirLock\n"
-                               f"lock = DirLock({str(d / '01' / '.job.lock')!r}, 'first attempt').acquire()\n"
-                               "print('held', flush=True); time.sleep(120)"],
-                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from runner.sweep.locks import DirLock\n"
+            f"lock = DirLock({str(d / '01' / '.job.lock')!r}, 'first attempt').acquire()\n"
+            "print('held', flush=True); time.sleep(120)",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         code, _, err = run_cli("sweep", *args, "--resume")
@@ -212,9 +237,9 @@ def test_aggregate_reports_damaged_jobs_and_resume_restores_the_exact_table(undi
 
     code, out, err = run_cli("aggregate", str(d))
     assert code == 1, err
-    assert f"DAMAGED job 1 [correction=tis seed=1 " in err and f"({cut})" in err
+    assert "DAMAGED job 1 [correction=tis seed=1 " in err and f"({cut})" in err
     assert "ends in the middle of a line" in err
-    assert f"DAMAGED job 2 [correction=icepop seed=0 " in err and f"({d / '02' / 'metrics.csv'})" in err
+    assert "DAMAGED job 2 [correction=icepop seed=0 " in err and f"({d / '02' / 'metrics.csv'})" in err
     assert f"line {ROWS_PER_JOB + 2} has 1 cell, the header {width}" in err
     assert "rerun them: is-study sweep" in err and "--resume" in err
     assert "(2 done, 0 failed, 0 incomplete, 2 damaged)" in err
@@ -286,8 +311,10 @@ def test_an_alias_bomb_is_refused_fast_in_one_short_line(tmp_path):
     assert code == 2 and not out
     line = err.strip()
     assert len(line.splitlines()) == 1 and len(line) < 300, line
-    assert line == (f"is-study: error: {bomb}: expands to more than 10,000,000 elements, the cap "
-                    f"(is-study case --max-elements N raises it)")
+    assert line == (
+        f"is-study: error: {bomb}: expands to more than 10,000,000 elements, the cap "
+        f"(is-study case --max-elements N raises it)"
+    )
     assert elapsed < 1.0, elapsed
 
     recursive = tmp_path / "recursive.yaml"
@@ -323,15 +350,19 @@ def test_the_cap_is_a_flag_and_applies_to_target_kwargs(tmp_path, monkeypatch):
 
 def test_messages_quote_at_most_about_200_characters(tmp_path):
     huge = tmp_path / "huge-value.yaml"
-    huge.write_text("cases:\n  - name: " + "n" * 100_000 + "\n    log_probs: [['" + "x" * 100_000 + "']]\n"
-                    "    old_log_probs: [[0.0]]\n    rollout_log_probs: [[0.0]]\n    advantages: [[1.0]]\n")
+    huge.write_text(
+        "cases:\n  - name: " + "n" * 100_000 + "\n    log_probs: [['" + "x" * 100_000 + "']]\n"
+        "    old_log_probs: [[0.0]]\n    rollout_log_probs: [[0.0]]\n    advantages: [[1.0]]\n"
+    )
     code, _, err = run_cli("case", str(huge))
     assert code == 2 and len(err.strip().splitlines()) == 1
     assert len(err) < 300 + len(str(huge)) + 250, len(err)
     assert "expected a number or 'nan'/'inf'/'-inf', got 'xxx" in err
     nested = tmp_path / "nested.yaml"
-    nested.write_text("cases:\n  - log_probs: [[" + "[" * 50 + "1" + "]" * 50 + "]]\n    old_log_probs: [[0.0]]\n"
-                      "    rollout_log_probs: [[0.0]]\n    advantages: [[1.0]]\n")
+    nested.write_text(
+        "cases:\n  - log_probs: [[" + "[" * 50 + "1" + "]" * 50 + "]]\n    old_log_probs: [[0.0]]\n"
+        "    rollout_log_probs: [[0.0]]\n    advantages: [[1.0]]\n"
+    )
     code, _, err = run_cli("case", str(nested))
     assert code == 2 and len(err) < 300 + len(str(nested)), err
     # a value echoed by a message built elsewhere (here a config check) is cut in the middle
@@ -385,8 +416,10 @@ def test_a_full_disk_names_the_file_and_says_the_run_is_incomplete(tmp_path, mon
     _disk_fills_on(monkeypatch, "metrics.csv", 3000)
     code, out, err = run_cli("run", *TINY, "train.steps=50", f"hydra.run.dir={run_dir}")
     assert code == 2 and not out
-    assert err.strip() == (f"is-study: error: No space left on device while writing {run_dir / 'metrics.csv'}; "
-                           f"the run dir {run_dir} is incomplete (no DONE)")
+    assert err.strip() == (
+        f"is-study: error: No space left on device while writing {run_dir / 'metrics.csv'}; "
+        f"the run dir {run_dir} is incomplete (no DONE)"
+    )
     assert not (run_dir / "DONE").exists()
     assert (run_dir / "metrics.csv").stat().st_size == 3000  # what fitted, nothing lost before it
 
@@ -394,8 +427,10 @@ def test_a_full_disk_names_the_file_and_says_the_run_is_incomplete(tmp_path, mon
     _disk_fills_on(monkeypatch, ".summary.json.", 10)  # the atomic write's temporary file
     code, _, err = run_cli("run", *TINY, f"hydra.run.dir={run_dir}")
     assert code == 2
-    assert err.strip() == (f"is-study: error: No space left on device while writing {run_dir / 'summary.json'}; "
-                           f"the run dir {run_dir} is incomplete (no DONE)")
+    assert err.strip() == (
+        f"is-study: error: No space left on device while writing {run_dir / 'summary.json'}; "
+        f"the run dir {run_dir} is incomplete (no DONE)"
+    )
     assert not (run_dir / "DONE").exists() and not list(run_dir.glob(".*.tmp"))
 
 
@@ -410,11 +445,13 @@ def test_a_full_disk_in_a_sweep_fails_the_job_and_resume_reruns_it(tmp_path, mon
     # the job is failed, and its table damaged: reported as both, and none of its rows reach sweep.csv
     summary = {r["job"]: r for r in _read_csv(d / "sweep_summary.csv")}
     assert [summary[j]["status"] for j in "01"] == ["done", "failed"]
-    failure = (f"No space left on device while writing {d / '01' / 'metrics.csv'}; the run dir {d / '01'} is "
-               "incomplete (no DONE); metrics.csv: ends in the middle of a line (cut short?), so its rows are "
-               "left out")
+    failure = (
+        f"No space left on device while writing {d / '01' / 'metrics.csv'}; the run dir {d / '01'} is "
+        "incomplete (no DONE); metrics.csv: ends in the middle of a line (cut short?), so its rows are "
+        "left out"
+    )
     assert summary["1"]["error"] == failure
-    assert f"FAILED job 1 [seed=1 " in err and f"]: {failure}  ({d / '01' / 'ERROR'})\n" in err
+    assert "FAILED job 1 [seed=1 " in err and f"]: {failure}  ({d / '01' / 'ERROR'})\n" in err
     rows = _read_csv(d / "sweep.csv")
     assert {r["job"] for r in rows} == {"0"} and len(rows) == 3 * 2 + 1  # job 0's 3 steps × 2 updates, its final J
     assert not (d / "01" / "DONE").exists()
@@ -424,8 +461,10 @@ def test_a_full_disk_in_a_sweep_fails_the_job_and_resume_reruns_it(tmp_path, mon
     _disk_fills_on(monkeypatch, ".sweep.csv.", 100)
     code, _, err = run_cli("aggregate", str(d))
     assert code == 2
-    assert err.strip() == (f"is-study: error: No space left on device while writing {d / 'sweep.csv'}; sweep.csv "
-                           f"was left as it was (free space, then is-study aggregate {d})")
+    assert err.strip() == (
+        f"is-study: error: No space left on device while writing {d / 'sweep.csv'}; sweep.csv "
+        f"was left as it was (free space, then is-study aggregate {d})"
+    )
     assert (d / "sweep.csv").read_bytes() == old and not list(d.glob(".*.tmp"))
 
     monkeypatch.undo()  # space freed

@@ -23,8 +23,15 @@ def sweep(tmp_path_factory):
     holds an outlier (rate 0.2), so the bug preset skips every update and J never leaves its start,
     while tis learns (J 0.25 → about 0.4)."""
     d = tmp_path_factory.mktemp("rep") / "s"
-    code, _, err = run_cli("sweep", f"correction=tis,{BUG}", "mismatch.staleness=2,10", "seed=0,1", *SMALL,
-                           "mismatch.outlier_rate=0.2", f"hydra.sweep.dir={d}")
+    code, _, err = run_cli(
+        "sweep",
+        f"correction=tis,{BUG}",
+        "mismatch.staleness=2,10",
+        "seed=0,1",
+        *SMALL,
+        "mismatch.outlier_rate=0.2",
+        f"hydra.sweep.dir={d}",
+    )
     assert code == 0, err
     return d
 
@@ -40,7 +47,8 @@ def _verdict(text: str, name: str) -> str:
 
 
 def test_a_run_that_never_learned_says_so(sweep):
-    from analysis.load import load_dataset, per_job as per_job_frame
+    from analysis.load import load_dataset
+    from analysis.load import per_job as per_job_frame
 
     per = per_job_frame(load_dataset(sweep))
     bug = per[per["correction"] == BUG]
@@ -59,7 +67,8 @@ def test_a_run_that_never_learned_says_so(sweep):
 
 
 def test_the_worst_cell_is_named_not_pooled(sweep):
-    from analysis.load import load_dataset, per_job as per_job_frame
+    from analysis.load import load_dataset
+    from analysis.load import per_job as per_job_frame
 
     per = per_job_frame(load_dataset(sweep))
     tis = per[per["correction"] == "tis"]

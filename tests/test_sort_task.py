@@ -110,14 +110,17 @@ def test_teacher_accuracy_is_one_minus_fork_error_per_fork():
         assert set(written[:-1]) == set(prompts[i, 1:-1].tolist())
 
 
-@pytest.mark.parametrize("cfg,rollout,message", [
-    ({"values": 1}, ROLLOUT, "task.values must be >= 2"),
-    ({"values": 10, "length": 8}, ROLLOUT, "task.length=8 needs rollout.seq_len >= 9"),
-    ({"values": 10, "length": 0}, ROLLOUT, "task.length must be >= 1"),
-    ({"values": 10, "partial_credit": "yes"}, ROLLOUT, "task.partial_credit must be true or false"),
-    ({"values": 10, "lenght": 3}, ROLLOUT, "did you mean task.length"),
-    ({"values": 10}, {"seq_len": 300}, "rollout.seq_len must be <= 256"),
-])
+@pytest.mark.parametrize(
+    "cfg,rollout,message",
+    [
+        ({"values": 1}, ROLLOUT, "task.values must be >= 2"),
+        ({"values": 10, "length": 8}, ROLLOUT, "task.length=8 needs rollout.seq_len >= 9"),
+        ({"values": 10, "length": 0}, ROLLOUT, "task.length must be >= 1"),
+        ({"values": 10, "partial_credit": "yes"}, ROLLOUT, "task.partial_credit must be true or false"),
+        ({"values": 10, "lenght": 3}, ROLLOUT, "did you mean task.length"),
+        ({"values": 10}, {"seq_len": 300}, "rollout.seq_len must be <= 256"),
+    ],
+)
 def test_bad_task_values_are_one_line_errors(cfg, rollout, message):
     with pytest.raises(UserError) as err:
         make_task({"name": "sort", **cfg}, rollout)

@@ -18,7 +18,11 @@ def test_case_check_command_passes(cli, name):
 
 
 def test_case_check_names_a_mismatch(cli, tmp_path):
-    text = spec_case_file("seed-issue").read_text().replace("{loss: -2.75, grad: [[-2.5, -0.25]]}", "{loss: -2.70, grad: [[-2.5, -0.25]]}", 1)
+    text = (
+        spec_case_file("seed-issue")
+        .read_text()
+        .replace("{loss: -2.75, grad: [[-2.5, -0.25]]}", "{loss: -2.70, grad: [[-2.5, -0.25]]}", 1)
+    )
     path = tmp_path / "wrong.yaml"
     path.write_text(text)
     code, out, err = cli("case", str(path), "correction=tis", "--check")

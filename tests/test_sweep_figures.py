@@ -22,8 +22,14 @@ SIZE = ["train.steps=20", "log.quiet=true", "log.tokens_every=0"]
 def bands(tmp_path_factory):
     """36 jobs: correction=tis,icepop × band=tight,mid,loose × mismatch.staleness=0,2,8 × seed=0,1."""
     d = tmp_path_factory.mktemp("bands") / "s"
-    code, _, err = run_cli("sweep", "experiment=bigram/threshold-tradeoff", "correction=tis,icepop", "seed=0,1", *SIZE,
-                           f"hydra.sweep.dir={d}")
+    code, _, err = run_cli(
+        "sweep",
+        "experiment=bigram/threshold-tradeoff",
+        "correction=tis,icepop",
+        "seed=0,1",
+        *SIZE,
+        f"hydra.sweep.dir={d}",
+    )
     assert code == 0, err
     return d
 
@@ -41,8 +47,11 @@ def _title(fig) -> str:
 
 def _panel_titles(fig) -> list[str]:
     """The panels' titles, centred (layout.Grid) or on the left (the field's rows of panels)."""
-    return [ax.get_title() or ax.get_title(loc="left") for ax in visible_axes(fig)
-            if ax.get_title() or ax.get_title(loc="left")]
+    return [
+        ax.get_title() or ax.get_title(loc="left")
+        for ax in visible_axes(fig)
+        if ax.get_title() or ax.get_title(loc="left")
+    ]
 
 
 def _per(ds):
@@ -83,8 +92,11 @@ def test_arm_spread_ranks_facets_by_the_gap_between_corrections(ds):
     figure's range: 0 where they coincide (k = 0), largest at tight k = 8."""
     from analysis.figures import facets
 
-    per = ds.metrics.groupby(["job", "step"]).agg(objective=("objective", "first"),
-                                                   correction=("correction", "first")).reset_index()
+    per = (
+        ds.metrics.groupby(["job", "step"])
+        .agg(objective=("objective", "first"), correction=("correction", "first"))
+        .reset_index()
+    )
     fs = facets.facets(ds, ds.metrics, limit=None)
     spread = dict(zip([f.title("paper") for f in fs], facets.arm_spread(per, fs, ["objective"])))
     assert all(spread[f"band={b}, staleness=0"] == 0 for b in ("tight", "mid", "loose"))
@@ -93,7 +105,8 @@ def test_arm_spread_ranks_facets_by_the_gap_between_corrections(ds):
     cell = per[per["job"].isin(next(f for f in fs if f.title("paper") == "band=tight, staleness=8").jobs)]
     means = cell.groupby(["correction", "step"])["objective"].mean().unstack(0)
     expected = (means.max(axis=1) - means.min(axis=1)).max() / (
-        per.groupby(["correction", "step"])["objective"].mean().max() - per["objective"].min())
+        per.groupby(["correction", "step"])["objective"].mean().max() - per["objective"].min()
+    )
     assert spread["band=tight, staleness=8"] == pytest.approx(expected, rel=0.05)
 
 
@@ -145,8 +158,9 @@ def test_a_run_without_masking_skips_the_masking_figure(tmp_path):
     from analysis import figures, load_dataset
 
     d = tmp_path / "r"
-    code, _, err = run_cli("run", "correction=icepop", "mismatch.staleness=0", "train.steps=4", "log.quiet=true",
-                           f"hydra.run.dir={d}")
+    code, _, err = run_cli(
+        "run", "correction=icepop", "mismatch.staleness=0", "train.steps=4", "log.quiet=true", f"hydra.run.dir={d}"
+    )
     assert code == 0, err
     ds = load_dataset(d)
     updates = ds.metrics[ds.metrics["reward"].notna()]  # metrics.csv's final row holds J only
@@ -178,14 +192,18 @@ def test_threshold_training_draws_outcomes_against_the_band(ds):
             series = [ln for ln in ax.get_lines() if ln.get_gid() == "series"]
             assert sorted(ln.get_label() for ln in series) == ["icepop", "tis"]
             assert all(len(ln.get_xdata()) == 3 for ln in series)
-        assert not problems(fig, widths=(3.3, 7.0) if style == "paper" else None,
-                            max_rows=3 if style == "paper" else None), style
+        assert not problems(
+            fig, widths=(3.3, 7.0) if style == "paper" else None, max_rows=3 if style == "paper" else None
+        ), style
     fig = figures.figure("threshold-training", ds)
     k8 = [ax for ax in visible_axes(fig) if ax.get_title(loc="left") == "mismatch.staleness=8"][0]
     icepop = next(ln for ln in k8.get_lines() if ln.get_label() == "icepop")
     x, y = np.asarray(icepop.get_xdata(), dtype=float), np.asarray(icepop.get_ydata(), dtype=float)
-    expected = per[(per["correction"] == "icepop") & (per["mismatch.staleness"] == 8)].groupby("band")[
-        "final_objective"].mean()
+    expected = (
+        per[(per["correction"] == "icepop") & (per["mismatch.staleness"] == 8)]
+        .groupby("band")["final_objective"]
+        .mean()
+    )
     assert x.tolist() == [1.25, 2.0, 5.0]  # each band at its upper threshold
     assert y.tolist() == pytest.approx([expected["tight"], expected["mid"], expected["loose"]], abs=1e-12)
     assert [t.get_text() for t in k8.get_xticklabels()] == ["tight\n0.8–1.25", "mid\n0.5–2", "loose\n0.2–5"]
@@ -198,15 +216,15 @@ def test_training_y_labels_do_not_run_into_each_other(ds):
     """6 rows of panels at 1.8 in: the two y labels of each row pair stacked into one string (the
     label with maths was never wrapped). They are wrapped to their row now."""
     from analysis import figures
-
     from tests.helpers.figure_checks import draw
 
     fig = figures.figure("training", ds)
     found = problems(fig)
     assert not found, found
     renderer = draw(fig)
-    boxes = sorted((ax.yaxis.label.get_window_extent(renderer) for ax in visible_axes(fig) if ax.get_ylabel()),
-                   key=lambda b: b.y0)
+    boxes = sorted(
+        (ax.yaxis.label.get_window_extent(renderer) for ax in visible_axes(fig) if ax.get_ylabel()), key=lambda b: b.y0
+    )
     gaps = [(b.y0 - a.y1) / fig.dpi for a, b in zip(boxes, boxes[1:])]
     assert len(gaps) == 5 and min(gaps) >= 0.25, gaps  # inches between one label and the next (it was 0.05)
 
@@ -217,10 +235,21 @@ def test_the_title_keeps_the_config_to_one_line(tmp_path):
     from analysis import figures, load_dataset
 
     d = tmp_path / "r"
-    overrides = ["correction=seq-mask-tis", "train.steps=4", "rollout.batch_size=2", "rollout.group_size=2",
-                 "correction.high=3", "correction.low=0.4", "mismatch.staleness=2", "train.lr=0.05",
-                 "train.updates_per_step=1", "train.grad_clip=2.0", "rollout.seq_len=8", "rollout.vocab_size=12",
-                 "log.quiet=true"]
+    overrides = [
+        "correction=seq-mask-tis",
+        "train.steps=4",
+        "rollout.batch_size=2",
+        "rollout.group_size=2",
+        "correction.high=3",
+        "correction.low=0.4",
+        "mismatch.staleness=2",
+        "train.lr=0.05",
+        "train.updates_per_step=1",
+        "train.grad_clip=2.0",
+        "rollout.seq_len=8",
+        "rollout.vocab_size=12",
+        "log.quiet=true",
+    ]
     code, _, err = run_cli("run", *overrides, f"hydra.run.dir={d}")
     assert code == 0, err
     ds = load_dataset(d)
@@ -324,9 +353,18 @@ def test_zero_gradient_marks_do_not_stretch_a_shared_log_axis(tmp_path):
     from analysis import figures, load_dataset
 
     d = tmp_path / "z"
-    code, _, err = run_cli("sweep", "correction=tis,geo-mask", "mismatch.staleness=0,1,2,4", "seed=0", "train.steps=6",
-                           "rollout.batch_size=2", "rollout.group_size=2", "log.quiet=true", "log.tokens_every=0",
-                           f"hydra.sweep.dir={d}")
+    code, _, err = run_cli(
+        "sweep",
+        "correction=tis,geo-mask",
+        "mismatch.staleness=0,1,2,4",
+        "seed=0",
+        "train.steps=6",
+        "rollout.batch_size=2",
+        "rollout.group_size=2",
+        "log.quiet=true",
+        "log.tokens_every=0",
+        f"hydra.sweep.dir={d}",
+    )
     assert code == 0, err
     ds = load_dataset(d)
     assert (ds.metrics["grad_norm"] == 0).any() and (ds.metrics["grad_norm"] > 0).any()
@@ -334,8 +372,14 @@ def test_zero_gradient_marks_do_not_stretch_a_shared_log_axis(tmp_path):
         fig = figures.figure("grad-norm", ds, style)
         axes = visible_axes(fig)
         assert len(axes) == 4 and any(ln.get_gid() == "zeros" for ax in axes for ln in ax.get_lines())
-        vals = np.concatenate([np.asarray(ln.get_ydata(), dtype=float) for ax in axes for ln in ax.get_lines()
-                               if ln.get_gid() == "series"])
+        vals = np.concatenate(
+            [
+                np.asarray(ln.get_ydata(), dtype=float)
+                for ax in axes
+                for ln in ax.get_lines()
+                if ln.get_gid() == "series"
+            ]
+        )
         vals = vals[np.isfinite(vals) & (vals > 0)]
         lo, hi = axes[0].get_ylim()
         share = math.log10(vals.max() / vals.min()) / math.log10(hi / lo)

@@ -11,10 +11,10 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
+from runner.core.schema import UPDATE_METRICS as METRICS
 from runner.errors import UserError
 from runner.hydra_app.app import compose
 from runner.studies import STUDIES, run_study
-from runner.core.schema import UPDATE_METRICS as METRICS
 from runner.studies.train import NonfiniteError
 
 FAITHFUL = "correction=openrlhf-bc71bb1/seq-mask-tis"
@@ -39,7 +39,13 @@ def update_rows(run_dir):
 
 def test_outputs_and_columns(tmp_path):
     summary, run_dir = train(tmp_path, ["correction=seq-mask-tis", "train.steps=5"])
-    assert sorted(p.name for p in run_dir.iterdir()) == ["DONE", "events.csv", "metrics.csv", "summary.json", "tokens.csv"]
+    assert sorted(p.name for p in run_dir.iterdir()) == [
+        "DONE",
+        "events.csv",
+        "metrics.csv",
+        "summary.json",
+        "tokens.csv",
+    ]
     with open(run_dir / "tokens.csv", newline="") as fh:
         tokens = list(csv.DictReader(fh))
     assert len(tokens) == 8 * 8 * 16  # step 0 only (tokens_every=50): every generated token of the batch
@@ -48,11 +54,28 @@ def test_outputs_and_columns(tmp_path):
     assert float(tokens[0]["roll"]) == -2.765625  # log(1/16) rounded to bf16
     # the run's keys on every token row, as on metrics.csv's, so concatenated runs keep them
     assert {(t["seed"], t["correction"], t["staleness"], t["precision"]) for t in tokens} == {
-        ("0", "seq-mask-tis", "1", "bf16")}
+        ("0", "seq-mask-tis", "1", "bf16")
+    }
     metrics = rows(run_dir)
     assert len(metrics) == 5 * 2 + 1  # one row per update (steps × updates_per_step), then the final row
-    required = ["step", "update", "seed", "correction", "staleness", "reward", "objective", "loss", "grad_norm",
-                "update_norm", "nonfinite_loss", "nonfinite_grad", "skipped", "entropy", "wall_ms", *METRICS]
+    required = [
+        "step",
+        "update",
+        "seed",
+        "correction",
+        "staleness",
+        "reward",
+        "objective",
+        "loss",
+        "grad_norm",
+        "update_norm",
+        "nonfinite_loss",
+        "nonfinite_grad",
+        "skipped",
+        "entropy",
+        "wall_ms",
+        *METRICS,
+    ]
     assert set(required) <= set(metrics[0])
     assert metrics[0]["correction"] == "seq-mask-tis" and metrics[0]["staleness"] == "1"
     assert float(metrics[0]["objective"]) == pytest.approx(0.25)  # uniform θ₀, 4 targets of 16
@@ -61,8 +84,9 @@ def test_outputs_and_columns(tmp_path):
     on_disk = json.loads((run_dir / "summary.json").read_text())
     assert on_disk["steps_run"] == 5 and on_disk["updates_run"] == 10 and not on_disk["collapsed"]
     assert on_disk["final_objective"] == summary["final_objective"] > 0.25
-    assert on_disk["events"] == {k: 0 for k in ("nonfinite_loss", "nonfinite_grad", "all_rejected",
-                                                "nonfinite_params", "collapse")}
+    assert on_disk["events"] == dict.fromkeys(
+        ("nonfinite_loss", "nonfinite_grad", "all_rejected", "nonfinite_params", "collapse"), 0
+    )
     assert summary["run_dir"] == str(run_dir)
 
 
@@ -132,21 +156,24 @@ def test_staleness_shows_in_the_mismatch_metrics(tmp_path):
     assert kl[0] == 0.0 and all(abs(v) > 1e-4 for v in kl[1:])
 
 
-@pytest.mark.parametrize("override,match", [
-    ("mismatch.staleness=-1", "staleness"),
-    ("mismatch.precision=fp4", "precision"),
-    ("mismatch.top_p=1.5", "top_p"),
-    ("mismatch.top_p=0", "top_p"),
-    ("rollout.seq_len=0", "seq_len"),
-    ("rollout.vocab_size=1", "vocab_size"),
-    ("rollout.batch_size=0", "batch_size"),
-    ("rollout.group_size=0", "group_size"),
-    ("train.optimizer=rmsprop", "optimizer"),
-    ("train.on_nonfinite=ignore", "on_nonfinite"),
-    ("train.lr=-1", "lr"),
-    ("train.updates_per_step=65", "updates_per_step"),
-    ("seed=-1", "seed"),
-])
+@pytest.mark.parametrize(
+    "override,match",
+    [
+        ("mismatch.staleness=-1", "staleness"),
+        ("mismatch.precision=fp4", "precision"),
+        ("mismatch.top_p=1.5", "top_p"),
+        ("mismatch.top_p=0", "top_p"),
+        ("rollout.seq_len=0", "seq_len"),
+        ("rollout.vocab_size=1", "vocab_size"),
+        ("rollout.batch_size=0", "batch_size"),
+        ("rollout.group_size=0", "group_size"),
+        ("train.optimizer=rmsprop", "optimizer"),
+        ("train.on_nonfinite=ignore", "on_nonfinite"),
+        ("train.lr=-1", "lr"),
+        ("train.updates_per_step=65", "updates_per_step"),
+        ("seed=-1", "seed"),
+    ],
+)
 def test_config_errors_before_any_file(tmp_path, override, match):
     with pytest.raises(UserError, match=match) as err:
         train(tmp_path, [override])
@@ -242,7 +269,9 @@ def test_one_correction_evaluation_per_step_changes_no_number(tmp_path, monkeypa
 
     args = ["correction=seq-mask-tis", "train.steps=15", "train.updates_per_step=3", "log.timing=false"]
     _, once = train(tmp_path, args, "once")
-    monkeypatch.setattr(train_module, "apply_correction_split", lambda corr, old, roll, mask, groups, **kw: [None] * len(groups))
+    monkeypatch.setattr(
+        train_module, "apply_correction_split", lambda corr, old, roll, mask, groups, **kw: [None] * len(groups)
+    )
     _, each = train(tmp_path, args, "each")
     a, b = rows(once), rows(each)
     assert len(a) == len(b) == 45 + 1
@@ -260,7 +289,9 @@ def test_a_bypass_ratio_is_evaluated_by_each_update(tmp_path, monkeypatch):
 
     calls = []
     split = train_module.apply_correction_split
-    monkeypatch.setattr(train_module, "apply_correction_split", lambda *a, **k: calls.append(a[0].ratio) or split(*a, **k))
+    monkeypatch.setattr(
+        train_module, "apply_correction_split", lambda *a, **k: calls.append(a[0].ratio) or split(*a, **k)
+    )
     summary, run_dir = train(tmp_path, ["correction=tis", "correction.ratio=bypass", "train.steps=10"], "bypass")
     assert calls == [] and summary["status"] == "ok"
     assert summary["final_objective"] > summary["initial_objective"]
@@ -289,8 +320,18 @@ def test_zero_grad_fraction_counts_the_updates_whose_gradient_is_exactly_zero(tm
     8 of 20); the fraction is the count of grad_norm = 0 rows over the updates. The default run: 0.0."""
     alone, _ = train(tmp_path, ["rollout.group_size=1", "train.steps=3"], "alone")
     assert alone["zero_grad_fraction"] == 1.0
-    mixed, run_dir = train(tmp_path, ["rollout.batch_size=1", "rollout.group_size=2", "train.updates_per_step=1",
-                                      "train.steps=20", "task=target-threshold", "task.min_count=4"], "mixed")
+    mixed, run_dir = train(
+        tmp_path,
+        [
+            "rollout.batch_size=1",
+            "rollout.group_size=2",
+            "train.updates_per_step=1",
+            "train.steps=20",
+            "task=target-threshold",
+            "task.min_count=4",
+        ],
+        "mixed",
+    )
     norms = [float(r["grad_norm"]) for r in update_rows(run_dir)]
     assert 0 < mixed["zero_grad_fraction"] < 1
     assert mixed["zero_grad_fraction"] == sum(g == 0.0 for g in norms) / len(norms)
@@ -318,8 +359,11 @@ def test_the_last_logged_j_is_the_summarys_final_j(tmp_path):
     last = df.iloc[-1]
     assert (last["step"], last["update"]) == (7, 0)
     assert last["objective"] == summary["final_objective"] == df["objective"].dropna().iloc[-1]
-    per_update = [c for c in df.columns if c not in ("step", "update", "seed", "correction", "staleness",
-                                                     "precision", "objective")]
+    per_update = [
+        c
+        for c in df.columns
+        if c not in ("step", "update", "seed", "correction", "staleness", "precision", "objective")
+    ]
     assert last[per_update].isna().all()
     assert sorted(df.dropna(subset=["objective"])["step"].unique().tolist()) == [0, 3, 6, 7]
     assert len(df[df["reward"].notna()]) == 7 * 2  # the update rows

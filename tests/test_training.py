@@ -45,9 +45,14 @@ def test_a_sustained_drop_of_30_percent_is_a_collapse_from_its_first_step():
     assert "since step 11" in watch.reason
 
 
-@pytest.mark.parametrize("tail,why", [([0.7] * 40, "exactly 30% below is not more"),
-                                      ([0.69] * 20, "20 steps below, the window needs 21 observations"),
-                                      ([0.69] * 15 + [0.95] + [0.69] * 15, "a recovery restarts the window")])
+@pytest.mark.parametrize(
+    "tail,why",
+    [
+        ([0.7] * 40, "exactly 30% below is not more"),
+        ([0.69] * 20, "20 steps below, the window needs 21 observations"),
+        ([0.69] * 15 + [0.95] + [0.69] * 15, "a recovery restarts the window"),
+    ],
+)
 def test_no_collapse_at_the_edges_of_the_drop_rule(tail, why):
     climb = [0.1 + 0.09 * i for i in range(11)]
     watch, events = _drop_watch(climb + tail)
@@ -74,12 +79,15 @@ def test_three_consecutive_updates_above_ten_times_the_running_median():
     assert "3 consecutive updates from step 5 update 0" in watch.reason and "running median (1)" in watch.reason
 
 
-@pytest.mark.parametrize("norms,why", [
-    ([1.0] * 10 + [10.5, 10.5, 1.0, 10.5, 10.5], "two, a normal one, two: never three in a row"),
-    ([1.0] * 10 + [10.0, 10.0, 10.0], "exactly 10× the median is not above it"),
-    ([1.0] * 9 + [50.0, 50.0, 50.0], "fewer than min_history norms before the run: not judged"),
-    ([1.0] * 10 + [10.5, math.inf, 10.5, 10.5], "a non-finite norm breaks the run (it is a fault, logged apart)"),
-])
+@pytest.mark.parametrize(
+    "norms,why",
+    [
+        ([1.0] * 10 + [10.5, 10.5, 1.0, 10.5, 10.5], "two, a normal one, two: never three in a row"),
+        ([1.0] * 10 + [10.0, 10.0, 10.0], "exactly 10× the median is not above it"),
+        ([1.0] * 9 + [50.0, 50.0, 50.0], "fewer than min_history norms before the run: not judged"),
+        ([1.0] * 10 + [10.5, math.inf, 10.5, 10.5], "a non-finite norm breaks the run (it is a fault, logged apart)"),
+    ],
+)
 def test_no_spike_collapse_at_the_edges(norms, why):
     watch, events = _spike_watch(norms)
     assert events == [] and watch.reason is None, why
@@ -159,9 +167,11 @@ def test_monte_carlo_objective_agrees_with_the_exact_one():
 
 
 def test_train_config_errors(tmp_path):
-    for override, match in (("train.objective_every=0", "objective_every must be >= 1"),
-                            ("train.collapse.drop=0", "train.collapse.drop must be > 0"),
-                            ("train.objective_samples=1", "objective_samples must be >= 2")):
+    for override, match in (
+        ("train.objective_every=0", "objective_every must be >= 1"),
+        ("train.collapse.drop=0", "train.collapse.drop must be > 0"),
+        ("train.objective_samples=1", "objective_samples must be >= 2"),
+    ):
         with pytest.raises(UserError, match=match):
             train(tmp_path, [override])
 
@@ -182,7 +192,9 @@ def test_between_evaluations_the_sampled_reward_shows_a_drop_but_never_sets_the_
     events = [watch.observe_objective(step, 1.5 if step == 25 else 0.2, estimate=True) for step in range(21, 40)]
     assert watch.peak == 1.0 and watch.peak_step == 20  # a lucky batch's reward is no peak
     assert watch.reason is None  # 0.2 from step 26: 13 steps, not yet 20
-    events += [watch.observe_objective(40, 0.2)] + [watch.observe_objective(s, 0.2, estimate=True) for s in range(41, 47)]
+    events += [watch.observe_objective(40, 0.2)] + [
+        watch.observe_objective(s, 0.2, estimate=True) for s in range(41, 47)
+    ]
     assert [e.step for e in events if e is not None] == [26] and watch.step == 26
 
 
@@ -200,9 +212,20 @@ def test_device_names_and_a_missing_gpu_are_one_line_errors():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-@pytest.mark.parametrize("world", [["policy=bigram"], ["policy=mlp", "rollout.seq_len=16"],
-                                   ["policy=transformer", "policy.sft.steps=0", "rollout.seq_len=8",
-                                    "task.length=7", "train.objective_samples=64"]])
+@pytest.mark.parametrize(
+    "world",
+    [
+        ["policy=bigram"],
+        ["policy=mlp", "rollout.seq_len=16"],
+        [
+            "policy=transformer",
+            "policy.sft.steps=0",
+            "rollout.seq_len=8",
+            "task.length=7",
+            "train.objective_samples=64",
+        ],
+    ],
+)
 def test_the_same_seed_on_cuda_gives_the_same_metrics(tmp_path, world):
     args = [*world, "device=cuda", "train.steps=3", "log.timing=false"]
     _, a = train(tmp_path, args, "a")
@@ -216,9 +239,21 @@ def test_the_transformers_monte_carlo_objective_agrees_with_a_ten_times_larger_o
     on another stream: within 3 standard errors of their difference."""
     from runner.studies.train import load
 
-    s = load(compose(["policy=transformer", "policy.sft.steps=0", "policy.n_layer=1", "policy.d_model=16",
-                      "policy.n_head=2", "task.values=8", "task.partial_credit=true", "rollout.seq_len=6",
-                      "device=cpu"]))
+    s = load(
+        compose(
+            [
+                "policy=transformer",
+                "policy.sft.steps=0",
+                "policy.n_layer=1",
+                "policy.d_model=16",
+                "policy.n_head=2",
+                "task.values=8",
+                "task.partial_credit=true",
+                "rollout.seq_len=6",
+                "device=cpu",
+            ]
+        )
+    )
     params = s.world.init_params(torch.Generator().manual_seed(0))
     small, small_se = MonteCarloObjective(s.world, s.task, samples=512, seed=0)(params)
     large, large_se = MonteCarloObjective(s.world, s.task, samples=5120, seed=1)(params)

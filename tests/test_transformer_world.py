@@ -35,8 +35,11 @@ SMALL_SFT = {"steps": 400, "batch_size": 64, "lr": 0.003, "warmup": 50, "fork_er
 
 
 def small_world(cache_dir, policy=None, sft_cfg=None, rollout=SMALL_ROLLOUT, task=SMALL_TASK):
-    policy = {"name": "transformer", **(policy or {}),
-              "sft": {**SMALL_SFT, **(sft_cfg or {}), "cache_dir": str(cache_dir)}}
+    policy = {
+        "name": "transformer",
+        **(policy or {}),
+        "sft": {**SMALL_SFT, **(sft_cfg or {}), "cache_dir": str(cache_dir)},
+    }
     return make_world(policy, rollout, make_task(task, rollout))
 
 
@@ -76,8 +79,13 @@ def _both_routes(world, params, n=16, seed=1):
 @pytest.mark.parametrize("experts", [0, 4])
 def test_cached_sampling_matches_teacher_forced_in_fp32(one_thread, tmp_path, experts):
     # The default initialisation on 32-token responses, every log-prob of the vocabulary.
-    world = small_world(tmp_path, policy={"experts": experts}, sft_cfg={"steps": 0},
-                        rollout={"seq_len": 32}, task={"name": "sort", "values": 64})
+    world = small_world(
+        tmp_path,
+        policy={"experts": experts},
+        sft_cfg={"steps": 0},
+        rollout={"seq_len": 32},
+        task={"name": "sort", "values": 64},
+    )
     params = world.init_params(torch.Generator().manual_seed(0))
     teacher, cached, old, roll, mask = _both_routes(world, params)
     assert (cached - teacher).abs().max().item() < 1e-5
@@ -99,8 +107,13 @@ def test_cached_and_teacher_forced_are_the_same_arithmetic(one_thread, tmp_path,
     # about −20), so what separates them in fp32 is rounding alone. (At the default warm start the
     # fp32 routes differ by up to 1.4e-5 on sampled tokens with p ≈ 0.01–0.4, each being within
     # 1.3e-5 of a float64 forward: that is the fp32 noise floor there, measured in the report.)
-    world = small_world(tmp_path, policy={"experts": experts, "init_std": 0.3}, sft_cfg={"steps": 0},
-                        rollout={"seq_len": 32}, task={"name": "sort", "values": 64})
+    world = small_world(
+        tmp_path,
+        policy={"experts": experts, "init_std": 0.3},
+        sft_cfg={"steps": 0},
+        rollout={"seq_len": 32},
+        task={"name": "sort", "values": 64},
+    )
     params = {k: v.double() for k, v in world.init_params(torch.Generator().manual_seed(0)).items()}
     teacher, cached, _, _, _ = _both_routes(world, params)
     assert teacher.dtype == torch.float64 and teacher.min() < -10
@@ -158,8 +171,13 @@ def test_mismatch_concentrates_on_low_probability_tokens(one_thread, warm):
 def test_routing_replay_removes_expert_flips(one_thread, tmp_path):
     # Near-tie routers (router weights 1e-3 × N(0,1), the rest N(0, 0.1²)): bf16 flips experts and a
     # flip changes the token's distribution; replaying the fp32 choices leaves only the rounding.
-    world = small_world(tmp_path, policy={"experts": 4, "init_std": 0.1}, sft_cfg={"steps": 0},
-                        rollout={"seq_len": 32}, task={"name": "sort", "values": 64})
+    world = small_world(
+        tmp_path,
+        policy={"experts": 4, "init_std": 0.1},
+        sft_cfg={"steps": 0},
+        rollout={"seq_len": 32},
+        task={"name": "sort", "values": 64},
+    )
     gen = torch.Generator().manual_seed(4)
     params = world.init_params(gen)
     for name in params:
@@ -175,7 +193,9 @@ def test_routing_replay_removes_expert_flips(one_thread, tmp_path):
     free, replay = max_dp(Precision("bf16")), max_dp(Precision("bf16", router_fp32=True))
     assert free > 10 * replay, (free, replay)
     # the sampler (KV cache) replays the same choices as the teacher-forced pass
-    cached = torch.softmax(_sampled_logits(world, params, prompts, tokens, Precision("bf16", router_fp32=True)).float(), -1)
+    cached = torch.softmax(
+        _sampled_logits(world, params, prompts, tokens, Precision("bf16", router_fp32=True)).float(), -1
+    )
     assert (cached - p32).abs().max().item() < 10 * replay + 0.05
 
 
@@ -221,8 +241,11 @@ def test_the_cache_key_follows_what_determines_the_checkpoint(tmp_path):
     key = sft.cache_key(sft.cache_identity(base, torch.device("cpu")))
     same = small_world(tmp_path / "elsewhere")  # the cache folder is not part of the key
     assert sft.cache_key(sft.cache_identity(same, torch.device("cpu"))) == key
-    for other in (small_world(tmp_path, sft_cfg={"fork_error": 0.3}), small_world(tmp_path, policy={"d_model": 32}),
-                  small_world(tmp_path, task={**SMALL_TASK, "values": 17})):
+    for other in (
+        small_world(tmp_path, sft_cfg={"fork_error": 0.3}),
+        small_world(tmp_path, policy={"d_model": 32}),
+        small_world(tmp_path, task={**SMALL_TASK, "values": 17}),
+    ):
         assert sft.cache_key(sft.cache_identity(other, torch.device("cpu"))) != key
 
 
@@ -243,8 +266,14 @@ _WARM_START_SCRIPT = textwrap.dedent("""
 
 def _spawn(steps, cache_dir):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.Popen([sys.executable, "-c", _WARM_START_SCRIPT, str(steps), str(cache_dir)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    return subprocess.Popen(
+        [sys.executable, "-c", _WARM_START_SCRIPT, str(steps), str(cache_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
 
 
 @pytest.mark.slow
@@ -279,8 +308,11 @@ def test_killed_sft_leaves_no_checkpoint(tmp_path):
     # a job killed while writing leaves its temporary file (never the checkpoint's name); plant one
     # for the next job's checkpoint, which must remove it once it holds that checkpoint's lock
     rollout = {"seq_len": 8}
-    nxt = make_world({"name": "transformer", "sft": {"steps": 20, "eval_samples": 64, "cache_dir": str(tmp_path)}},
-                     rollout, make_task({"name": "sort", "values": 16}, rollout))
+    nxt = make_world(
+        {"name": "transformer", "sft": {"steps": 20, "eval_samples": 64, "cache_dir": str(tmp_path)}},
+        rollout,
+        make_task({"name": "sort", "values": 16}, rollout),
+    )
     stale = folder / f".{sft.cache_key(sft.cache_identity(nxt, torch.device('cpu')))}.pt.99999.tmp"
     stale.write_bytes(b"half a checkpoint")
     # the next job takes the (released) lock, removes the stale file and trains
@@ -338,22 +370,35 @@ def test_cuda_matches_cpu(tmp_path):
 
 
 # ------------------------------------------------------------------------------------- validation
-@pytest.mark.parametrize("policy,rollout,task,message", [
-    ({"d_model": 60, "n_head": 8}, SMALL_ROLLOUT, SMALL_TASK, "policy.d_model (60) must be divisible by policy.n_head (8)"),
-    ({"n_layer": 0}, SMALL_ROLLOUT, SMALL_TASK, "policy.n_layer must be >= 1"),
-    ({"experts": 1}, SMALL_ROLLOUT, SMALL_TASK, "policy.experts must be 0"),
-    ({"experts": -2}, SMALL_ROLLOUT, SMALL_TASK, "policy.experts must be >= 0"),
-    ({"context": 12}, SMALL_ROLLOUT, SMALL_TASK, "exceeds policy.context (12)"),
-    ({"d_modl": 64}, SMALL_ROLLOUT, SMALL_TASK, "did you mean policy.d_model"),
-    ({"init_std": -1}, SMALL_ROLLOUT, SMALL_TASK, "policy.init_std must be >= 0"),
-    ({"sft": {"fork_error": 1.5}}, SMALL_ROLLOUT, SMALL_TASK, "policy.sft.fork_error must be <= 1"),
-    ({"sft": {"steps": -1}}, SMALL_ROLLOUT, SMALL_TASK, "policy.sft.steps must be >= 0"),
-    ({"sft": {"lr": 0}}, SMALL_ROLLOUT, SMALL_TASK, "policy.sft.lr must be > 0"),
-    ({"sft": {"cache_dir": 3}}, SMALL_ROLLOUT, SMALL_TASK, "policy.sft.cache_dir must be a path or null"),
-    ({"sft": {"stepz": 3}}, SMALL_ROLLOUT, SMALL_TASK, "did you mean policy.sft.steps"),
-    ({}, {"seq_len": 8}, {**SMALL_TASK, "length": 3}, None),
-    ({}, {"seq_len": 16, "vocab_size": 16}, {"name": "target-count", "targets": [0]}, "needs a task with its own vocabulary"),
-])
+@pytest.mark.parametrize(
+    "policy,rollout,task,message",
+    [
+        (
+            {"d_model": 60, "n_head": 8},
+            SMALL_ROLLOUT,
+            SMALL_TASK,
+            "policy.d_model (60) must be divisible by policy.n_head (8)",
+        ),
+        ({"n_layer": 0}, SMALL_ROLLOUT, SMALL_TASK, "policy.n_layer must be >= 1"),
+        ({"experts": 1}, SMALL_ROLLOUT, SMALL_TASK, "policy.experts must be 0"),
+        ({"experts": -2}, SMALL_ROLLOUT, SMALL_TASK, "policy.experts must be >= 0"),
+        ({"context": 12}, SMALL_ROLLOUT, SMALL_TASK, "exceeds policy.context (12)"),
+        ({"d_modl": 64}, SMALL_ROLLOUT, SMALL_TASK, "did you mean policy.d_model"),
+        ({"init_std": -1}, SMALL_ROLLOUT, SMALL_TASK, "policy.init_std must be >= 0"),
+        ({"sft": {"fork_error": 1.5}}, SMALL_ROLLOUT, SMALL_TASK, "policy.sft.fork_error must be <= 1"),
+        ({"sft": {"steps": -1}}, SMALL_ROLLOUT, SMALL_TASK, "policy.sft.steps must be >= 0"),
+        ({"sft": {"lr": 0}}, SMALL_ROLLOUT, SMALL_TASK, "policy.sft.lr must be > 0"),
+        ({"sft": {"cache_dir": 3}}, SMALL_ROLLOUT, SMALL_TASK, "policy.sft.cache_dir must be a path or null"),
+        ({"sft": {"stepz": 3}}, SMALL_ROLLOUT, SMALL_TASK, "did you mean policy.sft.steps"),
+        ({}, {"seq_len": 8}, {**SMALL_TASK, "length": 3}, None),
+        (
+            {},
+            {"seq_len": 16, "vocab_size": 16},
+            {"name": "target-count", "targets": [0]},
+            "needs a task with its own vocabulary",
+        ),
+    ],
+)
 def test_bad_values_are_one_line_errors(tmp_path, policy, rollout, task, message):
     policy = {"name": "transformer", **policy}
     policy["sft"] = {"cache_dir": str(tmp_path), **policy.get("sft", {})}
@@ -376,8 +421,13 @@ def test_rollout_shorter_than_the_answer_is_an_error(tmp_path):
 def test_bench_runs_at_tiny_size(tmp_path):
     # CI proves the bench runs; its figures are measured by `python scripts/bench_transformer.py`.
     out = tmp_path / "bench.json"
-    res = subprocess.run([sys.executable, "scripts/bench_transformer.py", "--tiny", "--out", str(out)],
-                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, "scripts/bench_transformer.py", "--tiny", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     rows = json.loads(out.read_text())
     names = " | ".join(r["name"] for r in rows)
@@ -396,11 +446,29 @@ def test_a_joblib_sweep_trains_one_shared_warm_start_once(tmp_path):
 
     cache = tmp_path / "cache"
     sweep_dir = tmp_path / "sweep"
-    code, _, err = run_cli("sweep", "policy=transformer", "seed=0,1,2,3", "policy.n_layer=1", "policy.d_model=16",
-                           "policy.n_head=2", "task.values=8", "rollout.seq_len=6", "rollout.batch_size=2",
-                           "rollout.group_size=2", "train.steps=2", "train.objective_samples=16",
-                           "policy.sft.steps=30", "policy.sft.eval_samples=32", f"policy.sft.cache_dir={cache}",
-                           "device=cpu", f"hydra.sweep.dir={sweep_dir}", "--launcher", "joblib", "--jobs", "2")
+    code, _, err = run_cli(
+        "sweep",
+        "policy=transformer",
+        "seed=0,1,2,3",
+        "policy.n_layer=1",
+        "policy.d_model=16",
+        "policy.n_head=2",
+        "task.values=8",
+        "rollout.seq_len=6",
+        "rollout.batch_size=2",
+        "rollout.group_size=2",
+        "train.steps=2",
+        "train.objective_samples=16",
+        "policy.sft.steps=30",
+        "policy.sft.eval_samples=32",
+        f"policy.sft.cache_dir={cache}",
+        "device=cpu",
+        f"hydra.sweep.dir={sweep_dir}",
+        "--launcher",
+        "joblib",
+        "--jobs",
+        "2",
+    )
     assert code == 0, err
     summaries = [json.loads(p.read_text()) for p in sorted(sweep_dir.glob("*/summary.json"))]
     assert len(summaries) == 4
@@ -418,13 +486,25 @@ def test_mismatch_summary_and_probability_bins_golden_values():
     sd/√5 = √2.5/√5 = √0.5; |Δp| 0.5, 0.1, 0.3, 0.2, 0.3: max 0.5, mean 0.28; |Δ log p| = |old − roll|."""
     p_old = torch.tensor([0.05, 0.1, 0.3, 0.5, 1.0], dtype=torch.float64)
     shift = torch.tensor([0.5, -0.25, 0.75, 0.125, -1.0], dtype=torch.float64)
-    tok = {"p_old": p_old, "old": p_old.log(), "roll": p_old.log() + shift,
-           "k3": torch.tensor([0.0, 1, 2, 4, 3], dtype=torch.float64),
-           "abs_dp": torch.tensor([0.5, 0.1, 0.3, 0.2, 0.3], dtype=torch.float64),
-           "entropy": torch.tensor([1.0, 2, 3, 4, 5], dtype=torch.float64)}
-    assert mismatch.summarize(tok) == pytest.approx({
-        "tokens": 5, "kl_k3": 2.0, "kl_k3_se": math.sqrt(0.5), "max_abs_prob_diff": 0.5,
-        "mean_abs_prob_diff": 0.28, "mean_entropy": 3.0}, abs=1e-12)
+    tok = {
+        "p_old": p_old,
+        "old": p_old.log(),
+        "roll": p_old.log() + shift,
+        "k3": torch.tensor([0.0, 1, 2, 4, 3], dtype=torch.float64),
+        "abs_dp": torch.tensor([0.5, 0.1, 0.3, 0.2, 0.3], dtype=torch.float64),
+        "entropy": torch.tensor([1.0, 2, 3, 4, 5], dtype=torch.float64),
+    }
+    assert mismatch.summarize(tok) == pytest.approx(
+        {
+            "tokens": 5,
+            "kl_k3": 2.0,
+            "kl_k3_se": math.sqrt(0.5),
+            "max_abs_prob_diff": 0.5,
+            "mean_abs_prob_diff": 0.28,
+            "mean_entropy": 3.0,
+        },
+        abs=1e-12,
+    )
     rows = mismatch.by_probability(tok)
     assert [(r["p_low"], r["p_high"]) for r in rows] == [(0.0, 0.1), (0.1, 0.5), (0.5, 0.9), (0.9, 0.99), (0.99, 1.0)]
     assert [r["share"] for r in rows] == [0.2, 0.4, 0.2, 0.0, 0.2]
@@ -464,7 +544,8 @@ def test_learning_rate_warms_up_linearly_then_decays_by_a_cosine():
     cfg = sft.SFTConfig(steps=12, lr=0.01, warmup=4)
     assert [sft._lr(cfg, s) for s in range(4)] == pytest.approx([0.0025, 0.005, 0.0075, 0.01], abs=1e-15)
     assert [sft._lr(cfg, s) for s in (4, 8, 11)] == pytest.approx(
-        [0.01, 0.005, 0.005 * (1 + math.cos(7 * math.pi / 8))], abs=1e-15)
+        [0.01, 0.005, 0.005 * (1 + math.cos(7 * math.pi / 8))], abs=1e-15
+    )
     assert sft._lr(sft.SFTConfig(steps=5, lr=0.01, warmup=0), 0) == 0.01  # no warm-up: the decay from the start
     assert sft._lr(sft.SFTConfig(steps=3, lr=0.01, warmup=3), 3) == 0.01  # a warm-up as long as the run
 
@@ -492,19 +573,32 @@ def test_kv_cache_writes_each_layer_and_refuses_past_its_length():
 def test_sft_config_defaults_edges_and_errors(tmp_path, monkeypatch):
     """Defaults as documented; each bound's edge accepted, one past it refused; the cache folder."""
     d = sft.SFTConfig.from_config({})
-    assert d == sft.SFTConfig(steps=1000, batch_size=64, lr=3e-3, warmup=100, fork_error=0.1, seed=0,
-                              eval_samples=512, cache_dir=None)
-    edge = sft.SFTConfig.from_config({"steps": 0, "batch_size": 1, "lr": 1e-9, "warmup": 0, "fork_error": 1.0,
-                                      "seed": 0, "eval_samples": 1, "cache_dir": "~/sft"})
+    assert d == sft.SFTConfig(
+        steps=1000, batch_size=64, lr=3e-3, warmup=100, fork_error=0.1, seed=0, eval_samples=512, cache_dir=None
+    )
+    edge = sft.SFTConfig.from_config(
+        {
+            "steps": 0,
+            "batch_size": 1,
+            "lr": 1e-9,
+            "warmup": 0,
+            "fork_error": 1.0,
+            "seed": 0,
+            "eval_samples": 1,
+            "cache_dir": "~/sft",
+        }
+    )
     assert edge == sft.SFTConfig(0, 1, 1e-9, 0, 1.0, 0, 1, "~/sft")
     assert sft.SFTConfig.from_config({"fork_error": 0.0}).fork_error == 0.0
-    for key, value, message in [("batch_size", 0, "policy.sft.batch_size must be >= 1"),
-                                ("warmup", -1, "policy.sft.warmup must be >= 0"),
-                                ("seed", -1, "policy.sft.seed must be >= 0"),
-                                ("eval_samples", 0, "policy.sft.eval_samples must be >= 1"),
-                                ("fork_error", -0.1, "policy.sft.fork_error must be >= 0"),
-                                ("lr", -1.0, "policy.sft.lr must be > 0"),
-                                ("cache_dir", "", "policy.sft.cache_dir must be a path or null")]:
+    for key, value, message in [
+        ("batch_size", 0, "policy.sft.batch_size must be >= 1"),
+        ("warmup", -1, "policy.sft.warmup must be >= 0"),
+        ("seed", -1, "policy.sft.seed must be >= 0"),
+        ("eval_samples", 0, "policy.sft.eval_samples must be >= 1"),
+        ("fork_error", -0.1, "policy.sft.fork_error must be >= 0"),
+        ("lr", -1.0, "policy.sft.lr must be > 0"),
+        ("cache_dir", "", "policy.sft.cache_dir must be a path or null"),
+    ]:
         with pytest.raises(UserError, match=message.replace(".", r"\.")):
             sft.SFTConfig.from_config({key: value})
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
@@ -519,14 +613,29 @@ def test_summary_reports_the_shape_and_counts_the_parameters(tmp_path):
     """task=sort with 16 values: V = 19 (BOS, SEP, EOS = 18), prompts of 9 tokens. 1 layer, d 16, 2 heads,
     2 experts of width 32, context 40: wte 19·16 + wpe 40·16 + ln1 32 + qkv 16·48 + 48 + out 16·16 + 16
     + ln2 32 + router 16·2 + w_in 2·16·32 + b_in 64 + w_out 2·32·16 + b_out 32 + ln_f 32 = 4304."""
-    world = small_world(tmp_path, sft_cfg={"steps": 0},
-                        policy={"n_layer": 1, "d_model": 16, "n_head": 2, "experts": 2, "context": 40, "mlp_ratio": 2})
+    world = small_world(
+        tmp_path,
+        sft_cfg={"steps": 0},
+        policy={"n_layer": 1, "d_model": 16, "n_head": 2, "experts": 2, "context": 40, "mlp_ratio": 2},
+    )
     world.warm_start = {"cache": "hit"}  # left from an earlier init with a warm start: a random init clears it
     world.init_params(torch.Generator().manual_seed(0))
     assert world.warm_start == {}
-    assert world.summary() == {"policy": "transformer", "vocab_size": 19, "seq_len": 8, "prompt_len": 9,
-                               "eos_token": 18, "n_layer": 1, "n_head": 2, "d_model": 16, "mlp_ratio": 2,
-                               "context": 40, "experts": 2, "task": "sort", "n_params": 4304}
+    assert world.summary() == {
+        "policy": "transformer",
+        "vocab_size": 19,
+        "seq_len": 8,
+        "prompt_len": 9,
+        "eos_token": 18,
+        "n_layer": 1,
+        "n_head": 2,
+        "d_model": 16,
+        "mlp_ratio": 2,
+        "context": 40,
+        "experts": 2,
+        "task": "sort",
+        "n_params": 4304,
+    }
     world.warm_start = {"cache": "hit"}  # what init_params records after an SFT warm start
     assert world.summary()["warm_start"] == {"cache": "hit"}
 
@@ -542,18 +651,37 @@ def test_policy_defaults_and_edges_are_accepted(tmp_path):
     default = make_world({"name": "transformer", "sft": {"cache_dir": str(tmp_path)}}, SMALL_ROLLOUT, task)
     assert default.shape == Shape(vocab_size=19, context=512, n_layer=2, n_head=4, d_model=64, mlp_ratio=4, experts=0)
     assert default.init_std == 0.02 and default.sft.steps == 1000 and default.warm_start == {}
-    edge = make_world({"name": "transformer", "n_layer": 1, "n_head": 1, "d_model": 1, "mlp_ratio": 1, "context": 17,
-                       "experts": 0, "init_std": 0.0, "sft": {"steps": 0}}, SMALL_ROLLOUT, task)
+    edge = make_world(
+        {
+            "name": "transformer",
+            "n_layer": 1,
+            "n_head": 1,
+            "d_model": 1,
+            "mlp_ratio": 1,
+            "context": 17,
+            "experts": 0,
+            "init_std": 0.0,
+            "sft": {"steps": 0},
+        },
+        SMALL_ROLLOUT,
+        task,
+    )
     assert edge.shape == Shape(vocab_size=19, context=17, n_layer=1, n_head=1, d_model=1, mlp_ratio=1, experts=0)
     assert edge.init_std == 0.0
-    assert make_world({"name": "transformer", "context": 65536, "experts": 2, "sft": {"steps": 0}},
-                      SMALL_ROLLOUT, task).shape.context == 65536
-    for policy, message in [({"context": 16}, r"prompt \(9\) \+ rollout.seq_len \(8\) exceeds policy.context \(16\)"),
-                            ({"context": 65537}, "policy.context must be <= 65536, got 65537"),
-                            ({"context": 1}, "policy.context must be >= 2, got 1"),
-                            ({"mlp_ratio": 0}, "policy.mlp_ratio must be >= 1, got 0"),
-                            ({"d_model": 0}, "policy.d_model must be >= 1, got 0"),
-                            ({"n_head": 0}, "policy.n_head must be >= 1, got 0")]:
+    assert (
+        make_world(
+            {"name": "transformer", "context": 65536, "experts": 2, "sft": {"steps": 0}}, SMALL_ROLLOUT, task
+        ).shape.context
+        == 65536
+    )
+    for policy, message in [
+        ({"context": 16}, r"prompt \(9\) \+ rollout.seq_len \(8\) exceeds policy.context \(16\)"),
+        ({"context": 65537}, "policy.context must be <= 65536, got 65537"),
+        ({"context": 1}, "policy.context must be >= 2, got 1"),
+        ({"mlp_ratio": 0}, "policy.mlp_ratio must be >= 1, got 0"),
+        ({"d_model": 0}, "policy.d_model must be >= 1, got 0"),
+        ({"n_head": 0}, "policy.n_head must be >= 1, got 0"),
+    ]:
         with pytest.raises(UserError, match=message):
             make_world({"name": "transformer", "sft": {"steps": 0}, **policy}, SMALL_ROLLOUT, task)
     direct = TransformerWorld(edge.shape, 8, task)  # built without an SFT config: no warm start
@@ -596,7 +724,7 @@ def test_fp32_forward_is_nanogpt(one_thread, tmp_path, experts):
     prompts = world.sample_prompts(8, g)
     tokens = torch.randint(world.vocab_size, (8, world.seq_len), generator=g)
     idx = torch.cat([prompts, tokens[:, :-1]], 1)
-    expected = _reference_logits(world.shape, params, idx)[:, prompts.shape[1] - 1:]
+    expected = _reference_logits(world.shape, params, idx)[:, prompts.shape[1] - 1 :]
     got = world.logits(params, prompts, tokens)
     assert got.dtype == torch.float64 and float(got.std()) > 1.0
     torch.testing.assert_close(got, expected, atol=1e-10, rtol=0)
@@ -615,8 +743,14 @@ def test_init_is_nanogpts(experts):
     stds = {"wte": ((19, 16), 0.05), "wpe": ((40, 16), 0.05)}
     for i in range(2):
         h = f"h{i}."
-        stds.update({h + "attn.w_qkv": ((16, 48), 0.05), h + "attn.w_out": ((16, 16), 0.025),
-                     h + "mlp.w_in": (E + (16, 64), 0.05), h + "mlp.w_out": (E + (64, 16), 0.025)})
+        stds.update(
+            {
+                h + "attn.w_qkv": ((16, 48), 0.05),
+                h + "attn.w_out": ((16, 16), 0.025),
+                h + "mlp.w_in": (E + (16, 64), 0.05),
+                h + "mlp.w_out": (E + (64, 16), 0.025),
+            }
+        )
         if experts:
             stds[h + "mlp.router"] = ((16, experts), 0.05)
         for name, size in (("ln1.b", 16), ("attn.b_qkv", 48), ("attn.b_out", 16), ("ln2.b", 16)):
@@ -645,8 +779,18 @@ def test_a_trained_warm_start_records_its_cost_and_writes_checkpoint_and_sidecar
     start, cpu_start = time.perf_counter(), time.process_time()
     params, record = sft._train_and_save(world, torch.device("cpu"), identity, path)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    assert set(record) == {"sft_seconds", "sft_cpu_seconds", "sft_steps", "accuracy", "accuracy_se",
-                           "confident_fraction", "mean_entropy", "fork_fraction", "mean_response_len", "eval_samples"}
+    assert set(record) == {
+        "sft_seconds",
+        "sft_cpu_seconds",
+        "sft_steps",
+        "accuracy",
+        "accuracy_se",
+        "confident_fraction",
+        "mean_entropy",
+        "fork_fraction",
+        "mean_response_len",
+        "eval_samples",
+    }
     assert record["sft_steps"] == 5 and record["eval_samples"] == 16
     for key, bound in (("sft_seconds", wall), ("sft_cpu_seconds", cpu)):
         assert type(record[key]) is float and 0 <= record[key] <= bound + 0.01, (key, record[key], bound)
@@ -673,8 +817,13 @@ def test_sft_progress_bar_only_on_a_terminal(monkeypatch):
     advance = progress.__enter__()
     bar = progress.bar
     assert bar.live.is_started and bar.live.transient and bar.console.stderr
-    assert [type(c).__name__ for c in bar.columns] == ["TextColumn", "BarColumn", "MofNCompleteColumn", "TextColumn",
-                                                      "TimeRemainingColumn"]
+    assert [type(c).__name__ for c in bar.columns] == [
+        "TextColumn",
+        "BarColumn",
+        "MofNCompleteColumn",
+        "TextColumn",
+        "TimeRemainingColumn",
+    ]
     assert bar.columns[0].text_format == "SFT warm start" and bar.columns[3].text_format == "{task.fields[loss]}"
     task = bar.tasks[0]
     assert (task.description, task.total, task.completed, task.fields) == ("sft", 3, 0, {"loss": ""})
@@ -711,8 +860,9 @@ def test_warm_start_cache_layout(one_thread, tmp_path):
 
     out = []
     with FileLock(str(folder / f"{key}.lock")):
-        job = threading.Thread(target=lambda: out.append(again.init_params(torch.Generator().manual_seed(1))),
-                               daemon=True)
+        job = threading.Thread(
+            target=lambda: out.append(again.init_params(torch.Generator().manual_seed(1))), daemon=True
+        )
         job.start()
         job.join(timeout=10)
         waited = job.is_alive()
@@ -773,7 +923,9 @@ def test_cache_key_golden_value():
     """The first 20 hex digits of the SHA-256 of the identity as JSON with sorted keys, so the order the
     identity was built in does not matter."""
     key = sft.cache_key({"b": {"d": [3], "c": 1}, "a": 2})
-    assert key == sft.cache_key({"a": 2, "b": {"c": 1, "d": [3]}}) == "e8a2879119dac3bd7595"  # sha256('{"a": 2, "b": {"c": 1, "d": [3]}}')
+    assert (
+        key == sft.cache_key({"a": 2, "b": {"c": 1, "d": [3]}}) == "e8a2879119dac3bd7595"
+    )  # sha256('{"a": 2, "b": {"c": 1, "d": [3]}}')
 
 
 def test_cache_identity_holds_what_determines_the_checkpoint(tmp_path, monkeypatch):
@@ -783,12 +935,31 @@ def test_cache_identity_holds_what_determines_the_checkpoint(tmp_path, monkeypat
     monkeypatch.setattr(torch, "__version__", "2.13.1+cu128")
     world = small_world(tmp_path)
     assert sft.cache_identity(world, torch.device("cuda", 1)) == {
-        "version": 1, "torch": "2.13", "device": "cuda",
-        "shape": {"vocab_size": 19, "context": 512, "n_layer": 2, "n_head": 4, "d_model": 64, "mlp_ratio": 4,
-                  "experts": 0},
-        "init_std": 0.02, "task": {"name": "sort", "length": 7, "values": 16}, "seq_len": 8,
-        "sft": {"steps": 400, "batch_size": 64, "lr": 0.003, "warmup": 50, "fork_error": 0.4, "seed": 0,
-                "eval_samples": 512}}
+        "version": 1,
+        "torch": "2.13",
+        "device": "cuda",
+        "shape": {
+            "vocab_size": 19,
+            "context": 512,
+            "n_layer": 2,
+            "n_head": 4,
+            "d_model": 64,
+            "mlp_ratio": 4,
+            "experts": 0,
+        },
+        "init_std": 0.02,
+        "task": {"name": "sort", "length": 7, "values": 16},
+        "seq_len": 8,
+        "sft": {
+            "steps": 400,
+            "batch_size": 64,
+            "lr": 0.003,
+            "warmup": 50,
+            "fork_error": 0.4,
+            "seed": 0,
+            "eval_samples": 512,
+        },
+    }
     assert world.sft.cache_dir == str(tmp_path)  # popped from the identity's copy only
     assert sft.cache_identity(world, "cpu")["device"] == "cpu"
     monkeypatch.setattr(torch, "__version__", "2.14+cpu")  # a build suffix right after the minor version
@@ -803,14 +974,17 @@ def test_sft_is_adamw_on_the_masked_mean_cross_entropy(one_thread, tmp_path, mon
     count and the loss at steps 0, 50, 100, ... (52 steps: 0 and 50)."""
     from runner.worlds.transformer.model import init_params
 
-    world = small_world(tmp_path, policy={"n_layer": 1, "d_model": 16, "n_head": 2, "init_std": 0.5},
-                        sft_cfg={"steps": 3, "batch_size": 8, "lr": 0.05, "warmup": 2, "fork_error": 0.4, "seed": 3})
+    world = small_world(
+        tmp_path,
+        policy={"n_layer": 1, "d_model": 16, "n_head": 2, "init_std": 0.5},
+        sft_cfg={"steps": 3, "batch_size": 8, "lr": 0.05, "warmup": 2, "fork_error": 0.4, "seed": 3},
+    )
     got = sft.train(world)
     cfg, task = world.sft, world.task
     gen = torch.Generator().manual_seed(3)
     params = {k: v.requires_grad_(True) for k, v in init_params(world.shape, gen, 0.5).items()}
     opt = torch.optim.AdamW(params.values(), lr=cfg.lr, betas=(0.9, 0.99), weight_decay=0.0)
-    for step, lr in enumerate([0.025, 0.05, 0.05]):  # warm-up (s + 1)/2 · lr, then the cosine's first value
+    for _step, lr in enumerate([0.025, 0.05, 0.05]):  # warm-up (s + 1)/2 · lr, then the cosine's first value
         for group in opt.param_groups:
             group["lr"] = lr
         prompts = task.sample_prompts(8, gen)
@@ -837,7 +1011,9 @@ def test_sft_is_adamw_on_the_masked_mean_cross_entropy(one_thread, tmp_path, mon
             return False
 
     monkeypatch.setattr(sft, "_progress", Recorder)
-    tiny = small_world(tmp_path, policy={"n_layer": 1, "d_model": 8, "n_head": 1}, sft_cfg={"steps": 52, "batch_size": 1})
+    tiny = small_world(
+        tmp_path, policy={"n_layer": 1, "d_model": 8, "n_head": 1}, sft_cfg={"steps": 52, "batch_size": 1}
+    )
     sft.train(tiny)
     assert calls[0] == ("total", 52) and [i for i, shown in enumerate(calls[1:]) if shown] == [0, 50]
     assert len(calls) == 53
@@ -849,16 +1025,22 @@ def test_the_task_must_bring_vocabulary_and_eos_and_the_rollout_a_length(tmp_pat
     from types import SimpleNamespace
 
     for task in (SimpleNamespace(name="bare"), SimpleNamespace(name="no-eos", vocab_size=8)):
-        with pytest.raises(UserError, match=f"policy=transformer needs a task with its own vocabulary, prompts and EOS "
-                                            f"\\(e.g. task=sort\\); task='{task.name}' has none"):
+        with pytest.raises(
+            UserError,
+            match=f"policy=transformer needs a task with its own vocabulary, prompts and EOS "
+            f"\\(e.g. task=sort\\); task='{task.name}' has none",
+        ):
             make_world({"name": "transformer", "sft": {"steps": 0}}, SMALL_ROLLOUT, task)
     task = make_task(SMALL_TASK, SMALL_ROLLOUT)
     with pytest.raises(UserError, match=r"^rollout.seq_len must be >= 1, got 0$"):
         make_world({"name": "transformer", "sft": {"steps": 0}}, {"seq_len": 0}, task)
     one = SimpleNamespace(name="one-token", vocab_size=4, eos=3, prompt_len=1, response_len=1)  # answers in 1 token
     assert make_world({"name": "transformer", "sft": {"steps": 0}}, {"seq_len": 1}, one).seq_len == 1
-    with pytest.raises(UserError, match=r"policy.sft.steps > 0 needs a task with a teacher \(e.g. task=sort\); "
-                                        r"task='one-token' has none \(set policy.sft.steps=0\)"):
+    with pytest.raises(
+        UserError,
+        match=r"policy.sft.steps > 0 needs a task with a teacher \(e.g. task=sort\); "
+        r"task='one-token' has none \(set policy.sft.steps=0\)",
+    ):
         make_world({"name": "transformer", "sft": {"steps": 1}}, {"seq_len": 1}, one)
 
 

@@ -27,12 +27,29 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 ROLLOUT = {"vocab_size": 8, "seq_len": 6, "prompt_len": 2, "eos_token": None, "batch_size": 4, "group_size": 4}
 WORLD_CONFIGS = {
-    "bigram": ({"name": "bigram", "init_std": 1.0}, {**ROLLOUT, "eos_token": 5},
-               {"name": "target-threshold", "targets": [0, 1, 2], "min_count": 2}),
-    "mlp": ({"name": "mlp", "layers": 2, "hidden": 16, "experts": 2, "init_std": 0.5}, {**ROLLOUT, "eos_token": 5},
-            {"name": "count-exact", "targets": [0, 1], "k": 2}),
-    "transformer": ({"name": "transformer", "n_layer": 1, "n_head": 2, "d_model": 16, "experts": 2, "init_std": 0.5,
-                     "sft": {"steps": 0}}, ROLLOUT, {"name": "sort", "values": 6}),
+    "bigram": (
+        {"name": "bigram", "init_std": 1.0},
+        {**ROLLOUT, "eos_token": 5},
+        {"name": "target-threshold", "targets": [0, 1, 2], "min_count": 2},
+    ),
+    "mlp": (
+        {"name": "mlp", "layers": 2, "hidden": 16, "experts": 2, "init_std": 0.5},
+        {**ROLLOUT, "eos_token": 5},
+        {"name": "count-exact", "targets": [0, 1], "k": 2},
+    ),
+    "transformer": (
+        {
+            "name": "transformer",
+            "n_layer": 1,
+            "n_head": 2,
+            "d_model": 16,
+            "experts": 2,
+            "init_std": 0.5,
+            "sft": {"steps": 0},
+        },
+        ROLLOUT,
+        {"name": "sort", "values": 6},
+    ),
 }
 
 
@@ -175,7 +192,8 @@ def test_outliers_are_injected_on_generated_tokens_only(name):
     prompts = world.sample_prompts(64, torch.Generator().manual_seed(5))
     clean = Engine(world, Mismatch()).sample(params, prompts, torch.Generator().manual_seed(6))
     faulty = Engine(world, Mismatch(outlier_rate=1.0, outlier_shift=-7.0)).sample(
-        params, prompts, torch.Generator().manual_seed(6))
+        params, prompts, torch.Generator().manual_seed(6)
+    )
     padding = faulty.mask == 0
     assert padding.any() and (~padding).any()  # EOS made some padding, and not only padding
     assert torch.equal(faulty.tokens, clean.tokens) and torch.equal(faulty.mask, clean.mask)
@@ -224,14 +242,21 @@ def test_engine_processing_golden_values():
         engine.mismatch, engine.dtype = Mismatch(**mismatch), torch.float32
         return engine.process(logits, generator).tolist()
 
-    assert process(top_p=0.75) == [-inf, -inf, pytest.approx(math.log(1 / 3), abs=1e-6),
-                                   pytest.approx(math.log(2 / 3), abs=1e-6)]
+    assert process(top_p=0.75) == [
+        -inf,
+        -inf,
+        pytest.approx(math.log(1 / 3), abs=1e-6),
+        pytest.approx(math.log(2 / 3), abs=1e-6),
+    ]
     assert process(top_p=0.01) == [-inf, -inf, -inf, 0.0]
     assert process(temperature=2.0) == pytest.approx(torch.log_softmax(logits / 2, -1).tolist(), abs=1e-6)
-    assert process(temperature=2.0)[3] == pytest.approx(math.log(math.sqrt(0.5) / (2 * math.sqrt(0.125) + 0.5 + math.sqrt(0.5))), abs=1e-6)
+    assert process(temperature=2.0)[3] == pytest.approx(
+        math.log(math.sqrt(0.5) / (2 * math.sqrt(0.125) + 0.5 + math.sqrt(0.5))), abs=1e-6
+    )
     z = torch.randn(4, generator=torch.Generator().manual_seed(0))
-    assert process(torch.Generator().manual_seed(0), logit_noise=0.5) == \
-        pytest.approx(torch.log_softmax(logits + 0.5 * z, -1).tolist(), abs=1e-6)
+    assert process(torch.Generator().manual_seed(0), logit_noise=0.5) == pytest.approx(
+        torch.log_softmax(logits + 0.5 * z, -1).tolist(), abs=1e-6
+    )
     assert process(top_p=1.0, temperature=1.0) == pytest.approx(torch.log_softmax(logits, -1).tolist(), abs=0)
     # top_p = 1 drops nothing, not even a token whose probability underflows to 0 in float32 (e^−200)
     engine = Engine.__new__(Engine)

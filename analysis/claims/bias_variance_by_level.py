@@ -12,7 +12,8 @@ figure, `evaluate`.
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -43,8 +44,19 @@ def level_frame(ds: Dataset):
     pr = required(ds.probe, "probe results (probe.csv)", ds.path).copy()
     if "seq_len" not in pr.columns:
         pr = with_keys(ds, pr, seq_len="rollout.seq_len")
-    for c in ("bias_norm", "bias_norm_lo", "bias_norm_hi", "variance", "exact_grad_norm", "mean_ess", "cosine",
-              "norm_ratio", "mean_masked_fraction", "engine_kl", "reference_noise"):
+    for c in (
+        "bias_norm",
+        "bias_norm_lo",
+        "bias_norm_hi",
+        "variance",
+        "exact_grad_norm",
+        "mean_ess",
+        "cosine",
+        "norm_ratio",
+        "mean_masked_fraction",
+        "engine_kl",
+        "reference_noise",
+    ):
         if c in pr.columns:
             pr[c] = pr[c].astype(float)
     if "degenerate" not in pr.columns:
@@ -64,8 +76,10 @@ def reference_text(pr) -> str:
         return "reference: the exact ∇J"
     n = pr["reference_rollouts"].dropna()
     noise = (pr["reference_noise"] / pr["exact_grad_norm"]).replace([np.inf], np.nan)
-    return (f"reference: a Monte Carlo ∇J_MC ({int(n.iloc[0]) if len(n) else '?'} on-policy rollouts; its own error "
-            f"≈ {_range(noise.min(), noise.max())} of its norm, added to every CI), an estimate of ∇J, not ∇J itself")
+    return (
+        f"reference: a Monte Carlo ∇J_MC ({int(n.iloc[0]) if len(n) else '?'} on-policy rollouts; its own error "
+        f"≈ {_range(noise.min(), noise.max())} of its norm, added to every CI), an estimate of ∇J, not ∇J itself"
+    )
 
 
 def _range(lo: float, hi: float) -> str:
@@ -79,7 +93,7 @@ def _r2(x, y) -> float:
     coef = np.polyfit(x, y, 1)
     res = y - np.polyval(coef, x)
     tot = np.sum((y - y.mean()) ** 2)
-    return float(1 - np.sum(res ** 2) / tot) if tot > 0 else 1.0
+    return float(1 - np.sum(res**2) / tot) if tot > 0 else 1.0
 
 
 def level_verdict(probe) -> Verdict:
@@ -101,9 +115,15 @@ def level_verdict(probe) -> Verdict:
     The statement also gives the reference (exact or Monte Carlo), the engine's measured per-token mismatch,
     and the bias split into direction (cosine) and size (norm ratio) at the smallest and largest T."""
     pr = probe.copy()
-    for col, default in (("cosine", math.nan), ("norm_ratio", math.nan), ("degenerate", 0),
-                         ("mean_masked_fraction", 0.0), ("reference", "exact"), ("reference_noise", 0.0),
-                         ("reference_rollouts", None)):
+    for col, default in (
+        ("cosine", math.nan),
+        ("norm_ratio", math.nan),
+        ("degenerate", 0),
+        ("mean_masked_fraction", 0.0),
+        ("reference", "exact"),
+        ("reference_noise", 0.0),
+        ("reference_rollouts", None),
+    ):
         if col not in pr.columns:
             pr[col] = default
     present = set(pr["preset"])
@@ -123,20 +143,30 @@ def level_verdict(probe) -> Verdict:
     hi1, lo0 = rel(TOKEN_IS, t1, "bias_norm_hi"), rel(TOKEN_IS, t0, "bias_norm_lo")
     va = UNSURE if len(Ts) < 2 else HOLDS if lo1 > hi0 else FAILS if hi1 < lo0 else UNSURE
     parts["a"] = va
-    text_a = (f"(a) token-IS relative bias {sig(rel(TOKEN_IS, t0))} [{sig(lo0)}, {sig(hi0)}] at T={t0} → "
-              f"{sig(rel(TOKEN_IS, t1))} [{sig(lo1)}, {sig(hi1)}] at T={t1}: {va}")
+    text_a = (
+        f"(a) token-IS relative bias {sig(rel(TOKEN_IS, t0))} [{sig(lo0)}, {sig(hi0)}] at T={t0} → "
+        f"{sig(rel(TOKEN_IS, t1))} [{sig(lo1)}, {sig(hi1)}] at T={t1}: {va}"
+    )
     # A token-IS estimate that has shrunk to almost nothing has a relative bias near 1 for that reason alone:
     # (a) can then "hold" on a vanished gradient, not a misdirected one. The verdict stays as the rule says;
     # the text and the key name it.
     token_dead = [T for T in (t0, t1) if int(getattr(by[(TOKEN_IS, T)], "degenerate", 0) or 0)]
     parts["token_is_degenerate"] = token_dead
     if token_dead:
-        text_a += (" (token-IS itself degenerate at T=" + ", ".join(str(T) for T in token_dead) + ": its mean estimate is "
-                   + ", ".join(f"{sig(by[(TOKEN_IS, T)].norm_ratio, 2)} of ‖∇J‖" for T in token_dead)
-                   + ", so its relative bias there is mostly shrinkage toward 0)")
+        text_a += (
+            " (token-IS itself degenerate at T="
+            + ", ".join(str(T) for T in token_dead)
+            + ": its mean estimate is "
+            + ", ".join(f"{sig(by[(TOKEN_IS, T)].norm_ratio, 2)} of ‖∇J‖" for T in token_dead)
+            + ", so its relative bias there is mostly shrinkage toward 0)"
+        )
     # (b)
-    q = np.array([by[(SEQ_IS, T)].variance / by[(TOKEN_IS, T)].variance if by[(TOKEN_IS, T)].variance > EPS
-                  else math.nan for T in Ts])
+    q = np.array(
+        [
+            by[(SEQ_IS, T)].variance / by[(TOKEN_IS, T)].variance if by[(TOKEN_IS, T)].variance > EPS else math.nan
+            for T in Ts
+        ]
+    )
     growth = float(q[-1] / q[0]) if q[0] > 0 else math.nan
     ok = np.isfinite(q) & (q > 0)
     r2_exp = _r2(np.asarray(Ts)[ok], np.log(q[ok])) if ok.all() else math.nan
@@ -151,10 +181,10 @@ def level_verdict(probe) -> Verdict:
         vb = UNSURE
     parts["b"] = vb
     parts["variance_ratio"] = dict(zip(Ts, q.tolist()))
-    shape = (f"; log-ratio fit R² {sig(r2_exp, 2)} in T vs {sig(r2_pow, 2)} in log T"
-             if math.isfinite(r2_exp) else "")
-    text_b = (f"(b) variance seq-IS/token-IS {sig(q[0])} at T={t0} → {sig(q[-1])} at T={t1} "
-              f"({sig(growth)}×{shape}): {vb}")
+    shape = f"; log-ratio fit R² {sig(r2_exp, 2)} in T vs {sig(r2_pow, 2)} in log T" if math.isfinite(r2_exp) else ""
+    text_b = (
+        f"(b) variance seq-IS/token-IS {sig(q[0])} at T={t0} → {sig(q[-1])} at T={t1} ({sig(growth)}×{shape}): {vb}"
+    )
     # (c), on the cells where the arm is not degenerate (a band that rejects almost everything estimates ~0:
     # its variance is small for that reason alone, so "between" would reward it)
     fails: list[str] = []
@@ -165,46 +195,66 @@ def level_verdict(probe) -> Verdict:
         dead = [T for T in Ts if int(getattr(by[(m, T)], "degenerate", 0) or 0)]
         if dead:
             worst = max(dead, key=lambda T: by[(m, T)].mean_masked_fraction)
-            degenerate.append(f"{m} at {len(dead)}/{len(Ts)} T (T={_span(dead)}; rejects up to "
-                              f"{pct(by[(m, worst)].mean_masked_fraction)})")
+            degenerate.append(
+                f"{m} at {len(dead)}/{len(Ts)} T (T={_span(dead)}; rejects up to "
+                f"{pct(by[(m, worst)].mean_masked_fraction)})"
+            )
         live = [T for T in Ts if T not in dead]
         judged += len(live)
         biased = [T for T in live if by[(m, T)].bias_norm_lo > by[(TOKEN_IS, T)].bias_norm_hi]
         noisy = [T for T in live if by[(m, T)].variance > by[(SEQ_IS, T)].variance]
         if biased:
             tb = biased[-1]
-            fails.append(f"{m} more biased than token-IS at {len(biased)}/{len(live)} live T (T={_span(biased)}; "
-                         f"{sig(rel(m, tb))} vs {sig(rel(TOKEN_IS, tb))} at T={tb}, {_failure(by[(m, tb)])})")
+            fails.append(
+                f"{m} more biased than token-IS at {len(biased)}/{len(live)} live T (T={_span(biased)}; "
+                f"{sig(rel(m, tb))} vs {sig(rel(TOKEN_IS, tb))} at T={tb}, {_failure(by[(m, tb)])})"
+            )
         if noisy:
             fails.append(f"{m} noisier than seq-IS at {len(noisy)}/{len(live)} live T")
     vc = (FAILS if fails else HOLDS) if judged else UNSURE
     parts["c"] = vc
     parts["degenerate"] = degenerate
-    text_c = "(c) " + ("; ".join(fails) if fails else
-                       (f"{', '.join(mids)} between at every live T" if judged else "no live arm to judge")) + f": {vc}"
+    text_c = (
+        "(c) "
+        + (
+            "; ".join(fails)
+            if fails
+            else (f"{', '.join(mids)} between at every live T" if judged else "no live arm to judge")
+        )
+        + f": {vc}"
+    )
     if degenerate:
-        text_c += (" (left out as degenerate, probe.csv's flag: ≥ 90% of tokens masked or a mean estimate under "
-                   "10% of ‖∇J‖: " + "; ".join(degenerate) + ")")
+        text_c += (
+            " (left out as degenerate, probe.csv's flag: ≥ 90% of tokens masked or a mean estimate under "
+            "10% of ‖∇J‖: " + "; ".join(degenerate) + ")"
+        )
     # the bias split: direction (cosine) and size (norm ratio) at both ends of the T range
     split = []
     for m in [TOKEN_IS, *mids]:
         a0, a1 = by[(m, t0)], by[(m, t1)]
-        split.append(f"{m} cos {sig(a0.cosine, 3)}→{sig(a1.cosine, 3)}, size {sig(a0.norm_ratio, 2)}→"
-                     f"{sig(a1.norm_ratio, 2)}")
+        split.append(
+            f"{m} cos {sig(a0.cosine, 3)}→{sig(a1.cosine, 3)}, size {sig(a0.norm_ratio, 2)}→{sig(a1.norm_ratio, 2)}"
+        )
         parts.setdefault("split", {})[m] = {T: (float(by[(m, T)].cosine), float(by[(m, T)].norm_ratio)) for T in Ts}
     g = "∇J" if set(pr["reference"].astype(str)) <= {"exact"} else "∇J_MC"
     text_d = f"bias split T={t0}→{t1} (direction: cosine of E ĝ to {g}; size: ‖E ĝ‖/‖{g}‖): " + "; ".join(split)
     kl = pr.groupby("seq_len")["engine_kl"].mean() if "engine_kl" in pr.columns else None
-    world = (f"{reference_text(pr)}; the engine's measured mismatch {_range(kl.min(), kl.max())} nats per token "
-             f"(probe.csv engine_kl), T × KL {_range(t0 * kl[t0], t1 * kl[t1])}"
-             if kl is not None and kl.notna().all() else reference_text(pr))
+    world = (
+        f"{reference_text(pr)}; the engine's measured mismatch {_range(kl.min(), kl.max())} nats per token "
+        f"(probe.csv engine_kl), T × KL {_range(t0 * kl[t0], t1 * kl[t1])}"
+        if kl is not None and kl.notna().all()
+        else reference_text(pr)
+    )
     flat = [T for T in Ts if not by[(TOKEN_IS, T)].exact_grad_norm > 0]
     if flat:
         world += f"; ‖∇J‖ = 0 at T={_span(flat)} (no reward signal there: nothing to estimate)"
     verdict = all_of([va, vb, vc])
-    key = (f"token-IS rel. bias {sig(rel(TOKEN_IS, t0), 2)}→{sig(rel(TOKEN_IS, t1), 2)} (a {va}); var ratio "
-           f"{sig(growth, 2)}× (b {vb}); (c) {vc}" + (f", {len(degenerate)} degenerate" if degenerate else "")
-           + (f"; token-IS degenerate at T={', '.join(str(T) for T in token_dead)}" if token_dead else ""))
+    key = (
+        f"token-IS rel. bias {sig(rel(TOKEN_IS, t0), 2)}→{sig(rel(TOKEN_IS, t1), 2)} (a {va}); var ratio "
+        f"{sig(growth, 2)}× (b {vb}); (c) {vc}"
+        + (f", {len(degenerate)} degenerate" if degenerate else "")
+        + (f"; token-IS degenerate at T={', '.join(str(T) for T in token_dead)}" if token_dead else "")
+    )
     return Verdict(verdict, f"{world}. {text_a}; {text_b}; {text_c}; {text_d}.", parts, key=key)
 
 
@@ -242,13 +292,12 @@ def level_figure(pr, verdict: Verdict, style: str, world: str = ""):
         any_dead |= bool(dead.any())
         kw = dict(color=lk.color, linestyle=lk.linestyle)
         # a variance of exactly 0 (every estimate 0: no sampled reward at that T) has no place on a log axis
-        variance = (cur["variance"] / g ** 2).where(cur["variance"] > 0)
+        variance = (cur["variance"] / g**2).where(cur["variance"] > 0)
         for ax, y in ((ax_b, cur["bias_norm"] / g), (ax_c, cur["cosine"]), (ax_n, cur["norm_ratio"]), (ax_v, variance)):
             ax.plot(T, y, **kw)
             ax.scatter(T[~dead], y[~dead], color=lk.color, marker=lk.marker, s=16, zorder=3)
             ax.scatter(T[dead], y[dead], facecolors="white", edgecolors=lk.color, marker=lk.marker, s=22, zorder=3)
-        ax_b.fill_between(T, cur["bias_norm_lo"] / g, cur["bias_norm_hi"] / g, color=lk.color, alpha=0.15,
-                          linewidth=0)
+        ax_b.fill_between(T, cur["bias_norm_lo"] / g, cur["bias_norm_hi"] / g, color=lk.color, alpha=0.15, linewidth=0)
         handles.append(Line2D([], [], marker=lk.marker, markersize=4, **kw))
         band = ""
         if name not in (TOKEN_IS, SEQ_IS) and "high" in cur.columns:

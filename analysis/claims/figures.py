@@ -10,8 +10,13 @@ from analysis import style as st
 from analysis.claims.stats import Verdict
 
 
-def new_figure(ncols: int, nrows: int = 1, style: str = "default", panel: tuple[float, float] | None = None,
-               sharey: bool | str = False):
+def new_figure(
+    ncols: int,
+    nrows: int = 1,
+    style: str = "default",
+    panel: tuple[float, float] | None = None,
+    sharey: bool | str = False,
+):
     """Panels plus room for the headline (top) and the legend (bottom)."""
     from matplotlib.figure import Figure
 
@@ -41,8 +46,11 @@ def headline(fig, title: str, source: str, verdict: Verdict, style: str, note: s
     chars = max(int(width * 13.5), 50)
     head = textwrap.fill(f"{title} ({source})", chars, break_on_hyphens=False)
     # the key numbers; every number behind the verdict is in figures/VERDICTS.md
-    numbers = (f"{verdict.key}{'. ' + note if note else ''} (all numbers: VERDICTS.md)" if verdict.key
-               else " ".join(x for x in (verdict.statement, note) if x))
+    numbers = (
+        f"{verdict.key}{'. ' + note if note else ''} (all numbers: VERDICTS.md)"
+        if verdict.key
+        else " ".join(x for x in (verdict.statement, note) if x)
+    )
     n = f" ({verdict.n_text()})" if verdict.n_text() else ""
     body = textwrap.fill(f"Verdict: {verdict.verdict.upper()}{n}. {numbers}", chars, break_on_hyphens=False)
     fig.suptitle(f"{head}\n{body}", x=0.01, ha="left", fontsize=9.5)
@@ -53,8 +61,14 @@ def legend_below(fig, handles, labels, style: str, ncol: int | None = None) -> N
     if not handles:
         return
     most = 3 if style == "paper" else 5
-    fig.legend(handles, labels, loc="outside lower center", ncol=ncol or min(len(labels), most),
-               handlelength=2.6, columnspacing=1.6)
+    fig.legend(
+        handles,
+        labels,
+        loc="outside lower center",
+        ncol=ncol or min(len(labels), most),
+        handlelength=2.6,
+        columnspacing=1.6,
+    )
 
 
 def line_handle(name: str, marker: bool = False):
@@ -62,8 +76,14 @@ def line_handle(name: str, marker: bool = False):
     from matplotlib.lines import Line2D
 
     lk = st.look(name)
-    return Line2D([], [], color=lk.color, linestyle=lk.linestyle, marker=lk.marker if marker else None,
-                  markersize=4 if marker else None)
+    return Line2D(
+        [],
+        [],
+        color=lk.color,
+        linestyle=lk.linestyle,
+        marker=lk.marker if marker else None,
+        markersize=4 if marker else None,
+    )
 
 
 def ordered_presets(names) -> list[str]:

@@ -40,8 +40,10 @@ def world_of(ds: Dataset) -> str:
     """The policy world the experiment ran in (policy.name of its jobs): bigram | mlp | transformer."""
     names = {str(j.value("policy.name") or "bigram") for j in ds.jobs}
     if len(names) != 1:
-        raise UserError(f"{ds.path}: the jobs ran in {len(names)} worlds ({', '.join(sorted(names))}); a claim's "
-                        "experiment runs in one")
+        raise UserError(
+            f"{ds.path}: the jobs ran in {len(names)} worlds ({', '.join(sorted(names))}); a claim's "
+            "experiment runs in one"
+        )
     return names.pop()
 
 
@@ -95,10 +97,16 @@ def run_frame(ds: Dataset, **keys: str):
     df = required(ds.metrics, "training metrics (metrics.csv)", ds.path)
     summ = {j.index: (j.summary or {}) for j in ds.jobs}
     # a band counts only where the preset uses one (a weight or a filter): plain PPO ignores correction.low/high
-    uses = {j.index: str(j.value("correction.weight")) != "none" or str(j.value("correction.filter")) != "none"
-            for j in ds.jobs}
-    band = {j.index: (as_float(j.value("correction.low")), as_float(j.value("correction.high"))) if uses[j.index]
-            else (math.nan, math.nan) for j in ds.jobs}
+    uses = {
+        j.index: str(j.value("correction.weight")) != "none" or str(j.value("correction.filter")) != "none"
+        for j in ds.jobs
+    }
+    band = {
+        j.index: (as_float(j.value("correction.low")), as_float(j.value("correction.high")))
+        if uses[j.index]
+        else (math.nan, math.nan)
+        for j in ds.jobs
+    }
     values = {col: _job_map(ds, key) for col, key in keys.items()}
     df = df.assign(_t=update_index(df)).sort_values(["job", "_t"])
 
@@ -118,23 +126,36 @@ def run_frame(ds: Dataset, **keys: str):
         moving = g[gn != 0]  # updates whose gradient is not exactly 0
         bad = (g.get("nonfinite_loss", 0) + g.get("nonfinite_grad", 0)) > 0
         step = s.get("collapse_step")
-        row = {"job": job, **{col: values[col].get(job) for col in keys},
-               "collapsed": float(bool(s.get("collapsed", False))),
-               "collapse_step": as_float(step) if step is not None else math.nan,
-               "collapse_kind": collapse_kind(s.get("collapse_reason")),
-               "nan_params": float(bool(s.get("nonfinite_params", False))),
-               "initial": as_float(s.get("initial_objective", ev["objective"].iloc[0] if len(ev) else None)),
-               "skipped": int(s.get("updates_skipped", 0) or 0), "updates": int(s.get("updates_run", len(g)) or 0),
-               "peak": peak, "peak_step": peak_step, "final": final, "drop": relative_drop(peak, final),
-               "j_se": float(ev["objective_se"].mean()) if ev["objective_se"].notna().any() else math.nan,
-               "evaluations": len(ev), "ess": mean_of(moving, "ess"), "rejected": mean_of(g, "token_masked_fraction"),
-               "seq_rejected": mean_of(g, "seq_masked_fraction"), "clamped": mean_of(g, "clamped_fraction"),
-               "kl_k3": mean_of(g, "kl_k3"),
-               "max_grad_norm": float(gn[np.isfinite(gn)].max()) if np.isfinite(gn).any() else math.nan,
-               "grad_norm_early": float(early.median()) if len(early) else math.nan,
-               "spikes": spikes_of(gn), "nonfinite": int(np.asarray(bad).sum()), "steps": int(g["step"].max()),
-               "zero_grad": as_float(s.get("zero_grad_fraction", float((gn == 0).mean()) if len(gn) else math.nan)),
-               "low": band[job][0], "high": band[job][1]}
+        row = {
+            "job": job,
+            **{col: values[col].get(job) for col in keys},
+            "collapsed": float(bool(s.get("collapsed", False))),
+            "collapse_step": as_float(step) if step is not None else math.nan,
+            "collapse_kind": collapse_kind(s.get("collapse_reason")),
+            "nan_params": float(bool(s.get("nonfinite_params", False))),
+            "initial": as_float(s.get("initial_objective", ev["objective"].iloc[0] if len(ev) else None)),
+            "skipped": int(s.get("updates_skipped", 0) or 0),
+            "updates": int(s.get("updates_run", len(g)) or 0),
+            "peak": peak,
+            "peak_step": peak_step,
+            "final": final,
+            "drop": relative_drop(peak, final),
+            "j_se": float(ev["objective_se"].mean()) if ev["objective_se"].notna().any() else math.nan,
+            "evaluations": len(ev),
+            "ess": mean_of(moving, "ess"),
+            "rejected": mean_of(g, "token_masked_fraction"),
+            "seq_rejected": mean_of(g, "seq_masked_fraction"),
+            "clamped": mean_of(g, "clamped_fraction"),
+            "kl_k3": mean_of(g, "kl_k3"),
+            "max_grad_norm": float(gn[np.isfinite(gn)].max()) if np.isfinite(gn).any() else math.nan,
+            "grad_norm_early": float(early.median()) if len(early) else math.nan,
+            "spikes": spikes_of(gn),
+            "nonfinite": int(np.asarray(bad).sum()),
+            "steps": int(g["step"].max()),
+            "zero_grad": as_float(s.get("zero_grad_fraction", float((gn == 0).mean()) if len(gn) else math.nan)),
+            "low": band[job][0],
+            "high": band[job][1],
+        }
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -169,8 +190,11 @@ def band_text(runs, setting_cols=()) -> tuple[str, list[str]]:
     for name in ordered_presets(banded["correction"].unique()):
         cur = banded[banded["correction"] == name]
         cols = [c for c in setting_cols if c in cur.columns and c != "correction"]
-        per = cur.groupby(cols, dropna=False)[["rejected", "clamped", "kl_k3"]].mean() if cols else \
-            cur[["rejected", "clamped", "kl_k3"]].mean().to_frame().T
+        per = (
+            cur.groupby(cols, dropna=False)[["rejected", "clamped", "kl_k3"]].mean()
+            if cols
+            else cur[["rejected", "clamped", "kl_k3"]].mean().to_frame().T
+        )
         lo, hi = cur["low"].iloc[0], cur["high"].iloc[0]
         band = f"[{'—' if not math.isfinite(lo) else sig(lo, 4)}, {'—' if not math.isfinite(hi) else sig(hi, 4)}]"
 
@@ -194,6 +218,7 @@ def band_text(runs, setting_cols=()) -> tuple[str, list[str]]:
             label = f"{name} ({', '.join(w for w in where if w) or 'every setting'})"
             degenerate.append(label)
             text += f": DEGENERATE where it rejects ≥ {pct(DEGENERATE_REJECTED)}" + (
-                f" ({', '.join(w for w in where if w)})" if cols else "")
+                f" ({', '.join(w for w in where if w)})" if cols else ""
+            )
         parts.append(text)
     return ("bands at this world's mismatch: " + "; ".join(parts)) if parts else "", degenerate

@@ -17,8 +17,7 @@ import numpy as np
 from analysis import style as st
 from analysis.claims.figures import headline, legend_below, new_figure
 from analysis.claims.frames import required, with_keys, world_of
-from analysis.claims.stats import (EPS, FAILS, HOLDS, SIGMAS, UNSURE, UNTESTABLE, Verdict, all_of, mean_se, pct,
-                                   sig)
+from analysis.claims.stats import EPS, FAILS, HOLDS, SIGMAS, UNSURE, UNTESTABLE, Verdict, all_of, mean_se, pct, sig
 from analysis.load import Dataset
 from runner.errors import UserError
 
@@ -69,8 +68,18 @@ def lowprob_bins(tok, by=("precision",)):
         total = len(g)
         for b, cur in g.groupby("bin", sort=True):
             m, se, n = mean_se(cur["abs_dlogp"])
-            rows.append({**dict(zip(by, key)), "bin": int(b), "name": BIN_NAMES[int(b)], "mean": m, "se": se,
-                         "n": n, "share": n / total, "judged": n >= MIN_TOKENS})
+            rows.append(
+                {
+                    **dict(zip(by, key)),
+                    "bin": int(b),
+                    "name": BIN_NAMES[int(b)],
+                    "mean": m,
+                    "se": se,
+                    "n": n,
+                    "share": n / total,
+                    "judged": n >= MIN_TOKENS,
+                }
+            )
     return pd.DataFrame(rows, columns=[*by, "bin", "name", "mean", "se", "n", "share", "judged"])
 
 
@@ -133,8 +142,7 @@ def lowprob_verdict(tok) -> Verdict:
             v, ratios = UNTESTABLE, []
         else:
             low = judged.iloc[0]
-            ratios = [(r["name"], *_log_ratio(low["mean"], low["se"], r["mean"], r["se"]))
-                      for _, r in high.iterrows()]
+            ratios = [(r["name"], *_log_ratio(low["mean"], low["se"], r["mean"], r["se"])) for _, r in high.iterrows()]
             if all(r - SIGMAS * s > 0 and r >= margin for _, r, s in ratios):
                 v = HOLDS
             elif any(r + SIGMAS * s < margin for _, r, s in ratios):
@@ -144,20 +152,31 @@ def lowprob_verdict(tok) -> Verdict:
         verdicts.append(v)
         shape = shape_of(b)
         closest = min(ratios, key=lambda x: x[1]) if ratios else None
-        parts[str(prec)] = {"verdict": v, "bins": b[["name", "mean", "se", "n", "share"]].to_dict("records"),
-                            "shape": shape, "closest": closest}
+        parts[str(prec)] = {
+            "verdict": v,
+            "bins": b[["name", "mean", "se", "n", "share"]].to_dict("records"),
+            "shape": shape,
+            "closest": closest,
+        }
         mass = (b["mean"] * b["n"]).to_numpy(float)
         curve = ", ".join(f"{r['name']}: {sig(r['mean'], 2)} ({pct(r['share'])})" for _, r in b.iterrows())
         if closest is not None:
             low = judged.iloc[0]
             held = pct(mass[b["bin"] == low["bin"]].sum() / mass.sum())
-            lead = (f"lowest judged bin p {low['name']} {sig(low['mean'], 2)} ± {sig(low['se'], 2)}, "
-                    f"{sig(math.exp(closest[1]), 2)}× the closest bin from p = {HIGH_FROM:g} on (p {closest[0]}); "
-                    f"it holds {pct(low['share'])} of the tokens and {held} of the summed |Δ log p|")
+            lead = (
+                f"lowest judged bin p {low['name']} {sig(low['mean'], 2)} ± {sig(low['se'], 2)}, "
+                f"{sig(math.exp(closest[1]), 2)}× the closest bin from p = {HIGH_FROM:g} on (p {closest[0]}); "
+                f"it holds {pct(low['share'])} of the tokens and {held} of the summed |Δ log p|"
+            )
         else:
-            lead = (f"no judged bin (≥ {MIN_TOKENS} tokens) below p = {HIGH_FROM:g}" if len(judged) == len(high)
-                    else f"no judged bin from p = {HIGH_FROM:g} on")
-        texts.append(f"{prec}: {shape}; {lead + '; ' if lead else ''}mean |Δ log p| (share of tokens) per bin: {curve} [{v}]")
+            lead = (
+                f"no judged bin (≥ {MIN_TOKENS} tokens) below p = {HIGH_FROM:g}"
+                if len(judged) == len(high)
+                else f"no judged bin from p = {HIGH_FROM:g} on"
+            )
+        texts.append(
+            f"{prec}: {shape}; {lead + '; ' if lead else ''}mean |Δ log p| (share of tokens) per bin: {curve} [{v}]"
+        )
     steps = sorted(late["step"].unique())
     rise = ""
     per_step = tok.groupby(["precision", "step"])["abs_dlogp"].mean()
@@ -166,12 +185,20 @@ def lowprob_verdict(tok) -> Verdict:
         if len(s) > 1 and s.iloc[0] > 0:
             rise += f"{'; ' if rise else ''}{prec} {sig(s.iloc[-1] / s.iloc[0])}×"
     window = f"logged steps {steps[0]}–{steps[-1]}" if len(steps) > 1 else f"logged step {steps[0]}"
-    statement = (f"{len(late):,} sampled tokens in the late window ({window}, of {len(tok):,} logged)"
-                 + (f"; the per-step mean |Δ log p| from the first to the last logged step: {rise}" if rise
-                    else "") + "; " + "; ".join(texts) + ".")
-    key = "; ".join(f"{prec} {p['shape'].split(' (')[0]}, lowest bin {sig(math.exp(p['closest'][1]), 2)}× the "
-                    f"closest bin at p ≥ {HIGH_FROM:g}" if p["closest"] else f"{prec} untestable (too few bins)"
-                    for prec, p in parts.items())
+    statement = (
+        f"{len(late):,} sampled tokens in the late window ({window}, of {len(tok):,} logged)"
+        + (f"; the per-step mean |Δ log p| from the first to the last logged step: {rise}" if rise else "")
+        + "; "
+        + "; ".join(texts)
+        + "."
+    )
+    key = "; ".join(
+        f"{prec} {p['shape'].split(' (')[0]}, lowest bin {sig(math.exp(p['closest'][1]), 2)}× the "
+        f"closest bin at p ≥ {HIGH_FROM:g}"
+        if p["closest"]
+        else f"{prec} untestable (too few bins)"
+        for prec, p in parts.items()
+    )
     verdict = FAILS if FAILS in verdicts else UNTESTABLE if UNTESTABLE in verdicts else all_of(verdicts)
     return Verdict(verdict, statement, parts, key=key + " (late window, fixed bins of p)")
 
@@ -203,10 +230,16 @@ def lowprob_figure(tok, verdict: Verdict, style: str, world: str = ""):
         for x, (_, r) in zip(xs, b.iterrows()):
             if r["mean"] <= 0:
                 continue
-            ax_b.errorbar([x], [r["mean"]], yerr=[[min(SIGMAS * np.nan_to_num(r["se"]), 0.9 * r["mean"])],
-                                                  [SIGMAS * np.nan_to_num(r["se"])]],
-                          color=color, marker="o", markersize=4.5, capsize=2.5,
-                          markerfacecolor=color if r["judged"] else "white")
+            ax_b.errorbar(
+                [x],
+                [r["mean"]],
+                yerr=[[min(SIGMAS * np.nan_to_num(r["se"]), 0.9 * r["mean"])], [SIGMAS * np.nan_to_num(r["se"])]],
+                color=color,
+                marker="o",
+                markersize=4.5,
+                capsize=2.5,
+                markerfacecolor=color if r["judged"] else "white",
+            )
         ax_n.bar(b["bin"].to_numpy(float) + off, b["share"], width=width, color=color)
         handles.append(Line2D([], [], color=color, marker="o", markersize=4))
         n = int((late["precision"].astype(str) == prec).sum())
@@ -221,8 +254,16 @@ def lowprob_figure(tok, verdict: Verdict, style: str, world: str = ""):
         ax.set_xlabel(r"token probability $p_{\mathrm{train}}$ (trainer, fp32)")
     # the bins the lowest one is compared with
     ax_b.axvspan(EDGES.index(HIGH_FROM) - 0.5, nb - 0.5, color="0.93", zorder=0, linewidth=0)
-    ax_b.text(nb - 0.55, 0.98, f"compared with the lowest\njudged bin (p ≥ {HIGH_FROM:g})", transform=ax_b.get_xaxis_transform(),
-              ha="right", va="top", fontsize="x-small", color="0.35")
+    ax_b.text(
+        nb - 0.55,
+        0.98,
+        f"compared with the lowest\njudged bin (p ≥ {HIGH_FROM:g})",
+        transform=ax_b.get_xaxis_transform(),
+        ha="right",
+        va="top",
+        fontsize="x-small",
+        color="0.35",
+    )
     ax_b.set_yscale("log")
     ax_b.set_ylabel(r"mean $|\log p_{\mathrm{train}} - \log p_{\mathrm{rollout}}|$ (nats)")
     ax_b.set_title(f"(a) mean per bin, late window ({window}; ± 2 SE)", fontsize="medium")
@@ -238,8 +279,9 @@ def lowprob_figure(tok, verdict: Verdict, style: str, world: str = ""):
         cmap = colormaps["viridis"]
         for step in all_steps:
             cur = per[(per["step"] == step) & (per["mean"] > 0)].sort_values("bin")
-            ax_t.plot(cur["bin"], cur["mean"], color=cmap(norm(step)), marker="o", markersize=3, linewidth=1.0,
-                      alpha=0.9)
+            ax_t.plot(
+                cur["bin"], cur["mean"], color=cmap(norm(step)), marker="o", markersize=3, linewidth=1.0, alpha=0.9
+            )
         bar = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), ax=ax_t, pad=0.02)
         bar.set_label("training step")
         bar.locator = MaxNLocator(integer=True)

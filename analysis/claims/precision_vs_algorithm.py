@@ -18,8 +18,20 @@ import numpy as np
 from analysis import style as st
 from analysis.claims.figures import headline, legend_below, new_figure, ordered_presets
 from analysis.claims.frames import band_text, required, run_frame, update_index, with_keys, world_of
-from analysis.claims.stats import (FAILS, FINAL_FRACTION, HOLDS, SIGMAS, UNSURE, UNTESTABLE, Verdict, all_of,
-                                   effect, mean_se, plus_minus, sig)
+from analysis.claims.stats import (
+    FAILS,
+    FINAL_FRACTION,
+    HOLDS,
+    SIGMAS,
+    UNSURE,
+    UNTESTABLE,
+    Verdict,
+    all_of,
+    effect,
+    mean_se,
+    plus_minus,
+    sig,
+)
 from analysis.load import Dataset
 from runner.errors import UserError
 
@@ -43,13 +55,15 @@ def precision_frame(ds: Dataset):
     0 = the seed's own), t (global update index), step, objective, objective_se (NaN where J is exact)."""
     df = required(ds.metrics, "training metrics (sweep.csv)", ds.path)
     df = df[df["reward"].notna()] if "reward" in df.columns else df  # the updates' J, as before metrics.csv's final row
-    df = with_keys(ds, df, precision="mismatch.precision", correction="correction", seed="seed",
-                   stream="mismatch.sampling_stream")
+    df = with_keys(
+        ds, df, precision="mismatch.precision", correction="correction", seed="seed", stream="mismatch.sampling_stream"
+    )
     df["stream"] = df["stream"].fillna(0).astype(int)  # a dataset from before the key: every run on stream 0
     if "objective_se" not in df.columns:
         df["objective_se"] = np.nan
-    df = df.assign(t=update_index(df))[["precision", "correction", "seed", "stream", "t", "step", "objective",
-                                        "objective_se"]]
+    df = df.assign(t=update_index(df))[
+        ["precision", "correction", "seed", "stream", "t", "step", "objective", "objective_se"]
+    ]
     return df.dropna(subset=["objective"])  # the updates of the steps where J was evaluated
 
 
@@ -67,8 +81,7 @@ def precision_stats(traj, baseline: str = "none", reference: str = "fp32"):
     import pandas as pd
 
     own = traj[traj["stream"] == 0]
-    piv = own.pivot_table(index=["seed", "t"], columns=["precision", "correction"], values="objective",
-                          aggfunc="first")
+    piv = own.pivot_table(index=["seed", "t"], columns=["precision", "correction"], values="objective", aggfunc="first")
     rows = []
     precs = sorted({p for p, _ in piv.columns})
     for prec in precs:
@@ -79,8 +92,15 @@ def precision_stats(traj, baseline: str = "none", reference: str = "fp32"):
         else:
             gap = spread * np.nan
         for seed in spread.index:
-            rows.append({"precision": prec, "seed": seed, "gap": float(gap.get(seed, np.nan)),
-                         "spread": float(spread[seed]), "corrections": len(cols)})
+            rows.append(
+                {
+                    "precision": prec,
+                    "seed": seed,
+                    "gap": float(gap.get(seed, np.nan)),
+                    "spread": float(spread[seed]),
+                    "corrections": len(cols),
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -99,8 +119,10 @@ def chaos_floor(traj, baseline: str = "none", reference: str = "fp32"):
     """Per seed: the mean over updates of chaos_gaps, the floor of a precision's gap to the reference."""
     gaps = chaos_gaps(traj, baseline, reference)
     if gaps is None:
-        raise UserError("precision-vs-algorithm: no chaos-floor arm (an fp32 plain-PPO run with another sampling "
-                        "stream, mismatch=none-stream1); run the experiment as shipped")
+        raise UserError(
+            "precision-vs-algorithm: no chaos-floor arm (an fp32 plain-PPO run with another sampling "
+            "stream, mismatch=none-stream1); run the experiment as shipped"
+        )
     return gaps.groupby(level="seed").mean()
 
 
@@ -116,8 +138,9 @@ def judge_part(low, high, floor, factor: float) -> tuple[str, float, float]:
     return effect(d, 0.0), mean_se(c)[0], mean_se(d)[0]
 
 
-def precision_verdict(traj, baseline: str = "none", reference: str = "fp32", low: str = "bf16",
-                      high: str = "fp16") -> Verdict:
+def precision_verdict(
+    traj, baseline: str = "none", reference: str = "fp32", low: str = "bf16", high: str = "fp16"
+) -> Verdict:
     """Claim 4 (Qi et al. 2025) on per-update objectives (precision, correction, seed, stream, t, objective),
     paired per seed. Per seed: gap_p = mean_t |J_none,p − J_none,fp32| and spread_p = mean_t (max_c J_c,p −
     min_c J_c,p) over the k corrections (precision_stats, the seed's own stream); the chaos floor f = mean_t
@@ -163,13 +186,16 @@ def precision_verdict(traj, baseline: str = "none", reference: str = "fp32", low
         va, vb = (v, vb) if part == "a" else (va, v)
         noise += f"{'; ' if noise else ''}({part}) {sig(mc, 2)}"
     if noise:
-        noise = (f" Monte Carlo J: the noise floor (expected |difference| or range of estimates of one J) is {noise}"
-                 + (f"; ({', '.join(unresolved)}) at bf16 within {RESOLVED:g}× it: unresolved" if unresolved else "")
-                 + "; an fp16 value within it makes a 'does not hold' inconclusive.")
+        noise = (
+            f" Monte Carlo J: the noise floor (expected |difference| or range of estimates of one J) is {noise}"
+            + (f"; ({', '.join(unresolved)}) at bf16 within {RESOLVED:g}× it: unresolved" if unresolved else "")
+            + "; an fp16 value within it makes a 'does not hold' inconclusive."
+        )
     ref = s[s["precision"] == reference]
     n = len(seeds)
     piv = traj[(traj["precision"] == low) & (traj["stream"] == 0)].pivot_table(
-        index=["seed", "t"], columns="correction", values="objective", aggfunc="first")
+        index=["seed", "t"], columns="correction", values="objective", aggfunc="first"
+    )
     far = ""
     if baseline in piv.columns and len(piv.columns) > 1:
         dev = piv.drop(columns=[baseline]).sub(piv[baseline], axis=0).abs().mean()
@@ -179,21 +205,36 @@ def precision_verdict(traj, baseline: str = "none", reference: str = "fp32", low
         return {p: mean_se((x[col] - fl).to_numpy(float)) for p, x in ((low, a), (high, b))}
 
     ea, eb = excess("gap", f2), excess("spread", fk)
-    statement = (f"(a) gap to fp32 of plain PPO's J (mean over updates, n = {n} seeds): {high} {sig(b['gap'].mean())}, "
-                 f"{low} {sig(a['gap'].mean())}, against a chaos floor (fp32 on another sampling stream) of "
-                 f"{sig(f2.mean())}; beyond it {high} {plus_minus(*ea[high][:2])}, {low} {plus_minus(*ea[low][:2])}"
-                 f"{'' if va != UNTESTABLE or unresolved else ' (bf16 not beyond the floor)'}: {va}; "
-                 f"(b) spread of J across {k} corrections: {reference} {sig(ref['spread'].mean())}, "
-                 f"{high} {sig(b['spread'].mean())}, {low} {sig(a['spread'].mean())}{far}, against a floor of "
-                 f"{sig(fk.mean())}; beyond it {high} {plus_minus(*eb[high][:2])}, {low} {plus_minus(*eb[low][:2])}"
-                 f"{'' if vb != UNTESTABLE or 'b' in unresolved else ' (bf16 not beyond the floor)'}: {vb}.{noise}")
-    key = (f"gap to fp32 {high} {sig(b['gap'].mean(), 2)}, {low} {sig(a['gap'].mean(), 2)} vs chaos floor "
-           f"{sig(f2.mean(), 2)} (a {va}); spread {high} {sig(b['spread'].mean(), 2)}, {low} "
-           f"{sig(a['spread'].mean(), 2)} vs {sig(fk.mean(), 2)} (b {vb}); n = {n}")
+    statement = (
+        f"(a) gap to fp32 of plain PPO's J (mean over updates, n = {n} seeds): {high} {sig(b['gap'].mean())}, "
+        f"{low} {sig(a['gap'].mean())}, against a chaos floor (fp32 on another sampling stream) of "
+        f"{sig(f2.mean())}; beyond it {high} {plus_minus(*ea[high][:2])}, {low} {plus_minus(*ea[low][:2])}"
+        f"{'' if va != UNTESTABLE or unresolved else ' (bf16 not beyond the floor)'}: {va}; "
+        f"(b) spread of J across {k} corrections: {reference} {sig(ref['spread'].mean())}, "
+        f"{high} {sig(b['spread'].mean())}, {low} {sig(a['spread'].mean())}{far}, against a floor of "
+        f"{sig(fk.mean())}; beyond it {high} {plus_minus(*eb[high][:2])}, {low} {plus_minus(*eb[low][:2])}"
+        f"{'' if vb != UNTESTABLE or 'b' in unresolved else ' (bf16 not beyond the floor)'}: {vb}.{noise}"
+    )
+    key = (
+        f"gap to fp32 {high} {sig(b['gap'].mean(), 2)}, {low} {sig(a['gap'].mean(), 2)} vs chaos floor "
+        f"{sig(f2.mean(), 2)} (a {va}); spread {high} {sig(b['spread'].mean(), 2)}, {low} "
+        f"{sig(a['spread'].mean(), 2)} vs {sig(fk.mean(), 2)} (b {vb}); n = {n}"
+    )
     parts = [va, vb]
     verdict = FAILS if FAILS in parts else UNTESTABLE if UNTESTABLE in parts else all_of(parts)
-    return Verdict(verdict, statement, {"a": va, "b": vb, "chaos_floor": (float(f2.mean()), float(fk.mean())),
-                                        "control": (ca, cb), "test": (da, db), "noise_floor": floors}, key=key)
+    return Verdict(
+        verdict,
+        statement,
+        {
+            "a": va,
+            "b": vb,
+            "chaos_floor": (float(f2.mean()), float(fk.mean())),
+            "control": (ca, cb),
+            "test": (da, db),
+            "noise_floor": floors,
+        },
+        key=key,
+    )
 
 
 # The colours every figure gives an engine precision (analysis/style.py), so bf16 here is bf16 in the gallery.
@@ -206,8 +247,15 @@ def _by_step(ax, series, per: int, color, linestyle: str = "-", marker: str = "o
     only a few times (a Monte Carlo J every 10 steps): otherwise a lone evaluation is an invisible line."""
     by_step = series.groupby(series.index // per).first()
     few = by_step.dropna().nunique() <= 25
-    ax.plot(by_step.index, by_step.where(by_step > 0), color=color, linewidth=1.1, linestyle=linestyle,
-            marker=marker if few else None, markersize=4)
+    ax.plot(
+        by_step.index,
+        by_step.where(by_step > 0),
+        color=color,
+        linewidth=1.1,
+        linestyle=linestyle,
+        marker=marker if few else None,
+        markersize=4,
+    )
 
 
 def precision_figure(traj, verdict: Verdict, style: str, world: str = "", baseline: str = "none"):
@@ -219,8 +267,9 @@ def precision_figure(traj, verdict: Verdict, style: str, world: str = "", baseli
     chaos = chaos_gaps(traj, baseline)
     other = traj[traj["stream"] != 0]
     traj = traj[traj["stream"] == 0]
-    piv = traj.pivot_table(index=["seed", "t"], columns=["precision", "correction"], values="objective",
-                           aggfunc="first")
+    piv = traj.pivot_table(
+        index=["seed", "t"], columns=["precision", "correction"], values="objective", aggfunc="first"
+    )
     present = {c[0] for c in piv.columns}
     precs = [p for p in ("fp32", "fp16", "bf16", "fp8") if p in present]
     handles, labels = [], []
@@ -249,8 +298,15 @@ def precision_figure(traj, verdict: Verdict, style: str, world: str = "", baseli
     for ax, floor in ((ax_g, noise_floor(traj, 2)), (ax_s, noise_floor(traj, n_corr))):
         if math.isfinite(floor) and floor > 0:
             ax.axhline(floor, color="0.4", linestyle="--", linewidth=0.9)
-            ax.text(0.02, floor, " Monte Carlo noise floor", transform=ax.get_yaxis_transform(), va="bottom",
-                    fontsize="x-small", color="0.35")
+            ax.text(
+                0.02,
+                floor,
+                " Monte Carlo noise floor",
+                transform=ax.get_yaxis_transform(),
+                va="bottom",
+                fontsize="x-small",
+                color="0.35",
+            )
     from matplotlib.ticker import MaxNLocator
 
     last_step = int(traj["step"].max()) if len(traj) else 0
@@ -266,8 +322,16 @@ def precision_figure(traj, verdict: Verdict, style: str, world: str = "", baseli
     ax_s.set_ylabel(r"$\max_c J_c - \min_c J_c$ over the corrections")
     ax_s.set_title("(b) spread across corrections", fontsize="medium")
     if "fp32" in present:
-        ax_s.text(0.98, 0.02, "fp32: every correction is plain PPO (spread 0)", transform=ax_s.transAxes,
-                  ha="right", va="bottom", fontsize="x-small", color="0.35")
+        ax_s.text(
+            0.98,
+            0.02,
+            "fp32: every correction is plain PPO (spread 0)",
+            transform=ax_s.transAxes,
+            ha="right",
+            va="bottom",
+            fontsize="x-small",
+            color="0.35",
+        )
     # (c) final J by correction and precision, relative to fp32 plain PPO of the same seed
     last = traj[traj["t"] >= traj["t"].max() * (1 - FINAL_FRACTION)]
     fin = last.groupby(["precision", "correction", "seed"])["objective"].mean().reset_index()
@@ -280,17 +344,39 @@ def precision_figure(traj, verdict: Verdict, style: str, world: str = "", baseli
         xs = np.arange(len(names)) + (i - (len(precs) - 1) / 2) * width
         ys = [cur["mean"].get(n, np.nan) for n in names]
         es = [SIGMAS * cur["sem"].get(n, np.nan) for n in names]
-        ax_c.errorbar(xs, ys, yerr=np.nan_to_num(es), color=PRECISION_COLORS[prec], marker="o", markersize=4,
-                      linestyle="none", capsize=2)
+        ax_c.errorbar(
+            xs,
+            ys,
+            yerr=np.nan_to_num(es),
+            color=PRECISION_COLORS[prec],
+            marker="o",
+            markersize=4,
+            linestyle="none",
+            capsize=2,
+        )
     floor_arm = other[(other["precision"] == "fp32") & (other["correction"] == baseline)]
     if len(floor_arm) and baseline in names:
         last = floor_arm[floor_arm["t"] >= floor_arm["t"].max() * (1 - FINAL_FRACTION)]
         delta = last.groupby("seed")["objective"].mean() - ref
         x = names.index(baseline) + ((len(precs) - 1) / 2 + 0.5) * width  # right of the precisions' points
-        ax_c.errorbar([x], [delta.mean()], yerr=[np.nan_to_num(SIGMAS * delta.sem())], color=CHAOS_COLOR,
-                      marker="D", markersize=4, linestyle="none", capsize=2)
-        ax_c.annotate("chaos floor arm", (x, delta.mean()), textcoords="offset points", xytext=(4, 4),
-                      fontsize="x-small", color=CHAOS_COLOR)
+        ax_c.errorbar(
+            [x],
+            [delta.mean()],
+            yerr=[np.nan_to_num(SIGMAS * delta.sem())],
+            color=CHAOS_COLOR,
+            marker="D",
+            markersize=4,
+            linestyle="none",
+            capsize=2,
+        )
+        ax_c.annotate(
+            "chaos floor arm",
+            (x, delta.mean()),
+            textcoords="offset points",
+            xytext=(4, 4),
+            fontsize="x-small",
+            color=CHAOS_COLOR,
+        )
     ax_c.axhline(0, color="0.4", linewidth=0.8)
     ax_c.set_xticks(range(len(names)), names, rotation=30, ha="right")
     ax_c.set_ylabel(r"final $J$ − final $J$ of fp32 plain PPO")
@@ -303,8 +389,7 @@ def precision_figure(traj, verdict: Verdict, style: str, world: str = "", baseli
 def evaluate(ds: Dataset, style: str):
     traj = precision_frame(ds)
     v = precision_verdict(traj)
-    bands, degenerate = band_text(run_frame(ds, correction="correction", precision="mismatch.precision"),
-                                  ["precision"])
+    bands, degenerate = band_text(run_frame(ds, correction="correction", precision="mismatch.precision"), ["precision"])
     if bands:
         v.statement += f" {bands[0].upper()}{bands[1:]}."
     v.parts["degenerate"] = degenerate

@@ -11,16 +11,30 @@ from types import ModuleType
 from typing import Any
 
 from analysis import style as st
-from analysis.claims import (bias_variance_by_level, mismatch_low_prob_tokens, precision_vs_algorithm,
-                             seed_bug_end_to_end, staleness_breaks_tis, tis_tames_mismatch)
+from analysis.claims import (
+    bias_variance_by_level,
+    mismatch_low_prob_tokens,
+    precision_vs_algorithm,
+    seed_bug_end_to_end,
+    staleness_breaks_tis,
+    tis_tames_mismatch,
+)
 from analysis.claims.stats import Verdict
 from analysis.load import load_dataset
 from runner.errors import UserError
 from runner.worlds.registry import WORLDS as WORLD_REGISTRY
 
-CLAIMS: dict[str, ModuleType] = {m.NAME: m for m in (
-    tis_tames_mismatch, bias_variance_by_level, mismatch_low_prob_tokens, precision_vs_algorithm,
-    staleness_breaks_tis, seed_bug_end_to_end)}
+CLAIMS: dict[str, ModuleType] = {
+    m.NAME: m
+    for m in (
+        tis_tames_mismatch,
+        bias_variance_by_level,
+        mismatch_low_prob_tokens,
+        precision_vs_algorithm,
+        staleness_breaks_tis,
+        seed_bug_end_to_end,
+    )
+}
 WORLDS = tuple(WORLD_REGISTRY)  # its names, in its order: bigram, mlp, transformer
 
 

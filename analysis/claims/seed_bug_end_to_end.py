@@ -38,12 +38,21 @@ def seedbug_runs(ds: Dataset):
     rows = []
     for _, s in summ.iterrows():
         ev = float(s.get("events.nonfinite_loss", 0) or 0) + float(s.get("events.nonfinite_grad", 0) or 0)
-        rows.append({"job": int(s["job"]), "correction": str(s["correction"]), "mode": str(s["mode"]),
-                     "seed": int(s["seed"]), "nan_params": float(bool(s.get("nonfinite_params", False))),
-                     "skipped": int(s.get("updates_skipped", 0) or 0), "updates": int(s.get("updates_run", 0) or 0),
-                     "nonfinite_events": ev, "collapsed": float(bool(s.get("collapsed", False))),
-                     "initial_objective": as_float(s.get("initial_objective")),
-                     "final_objective": as_float(s.get("final_objective"))})
+        rows.append(
+            {
+                "job": int(s["job"]),
+                "correction": str(s["correction"]),
+                "mode": str(s["mode"]),
+                "seed": int(s["seed"]),
+                "nan_params": float(bool(s.get("nonfinite_params", False))),
+                "skipped": int(s.get("updates_skipped", 0) or 0),
+                "updates": int(s.get("updates_run", 0) or 0),
+                "nonfinite_events": ev,
+                "collapsed": float(bool(s.get("collapsed", False))),
+                "initial_objective": as_float(s.get("initial_objective")),
+                "final_objective": as_float(s.get("final_objective")),
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -59,8 +68,10 @@ def seedbug_verdict(runs) -> Verdict:
     the fixed preset has any fault, or it is significantly more than 0.05 below PPO. Else inconclusive."""
     shipped = sorted(c for c in set(runs["correction"]) if c.startswith(SHIPPED_PREFIX))
     if len(shipped) != 1 or FIXED not in set(runs["correction"]):
-        raise UserError(f"seed-bug-end-to-end: needs one {SHIPPED_PREFIX}* preset and {FIXED}, "
-                        f"got {sorted(set(runs['correction']))}")
+        raise UserError(
+            f"seed-bug-end-to-end: needs one {SHIPPED_PREFIX}* preset and {FIXED}, "
+            f"got {sorted(set(runs['correction']))}"
+        )
     bug = shipped[0]
     ap = runs[(runs["correction"] == bug) & (runs["mode"] == "apply")]
     sk = runs[(runs["correction"] == bug) & (runs["mode"] == "skip")]
@@ -92,22 +103,31 @@ def seedbug_verdict(runs) -> Verdict:
     else:
         verdict = UNSURE
     frac_skipped = float((sk["skipped"] / sk["updates"].clip(lower=1)).mean())
-    statement = (f"{bug}: NaN parameters under apply in {int(ap['nan_params'].sum())}/{len(ap)} seeds (i); under "
-                 f"skip {int(sk_ok.sum())}/{len(sk)} seeds skip updates ({sig(100 * frac_skipped, 3)}% of them) with "
-                 f"finite parameters (ii); fixed {FIXED}: {faults} faulty runs of {len(fx)}, final J "
-                 f"{sig(fx['final_objective'].mean(), 3)} vs plain PPO "
-                 f"{sig(runs[runs['correction'] == 'none']['final_objective'].mean(), 3)} "
-                 f"(paired Δ {plus_minus(m, se)}, 95% t CI [{sig(lo, 2)}, {sig(hi, 2)}], n = {n}) (iii) {v_iii}.")
-    key = (f"as shipped: NaN θ {int(ap['nan_params'].sum())}/{len(ap)} (apply), caught {int(sk_ok.sum())}/{len(sk)} "
-           f"(skip); fixed: {faults} faults, ΔJ {sig(m, 2)}")
+    statement = (
+        f"{bug}: NaN parameters under apply in {int(ap['nan_params'].sum())}/{len(ap)} seeds (i); under "
+        f"skip {int(sk_ok.sum())}/{len(sk)} seeds skip updates ({sig(100 * frac_skipped, 3)}% of them) with "
+        f"finite parameters (ii); fixed {FIXED}: {faults} faulty runs of {len(fx)}, final J "
+        f"{sig(fx['final_objective'].mean(), 3)} vs plain PPO "
+        f"{sig(runs[runs['correction'] == 'none']['final_objective'].mean(), 3)} "
+        f"(paired Δ {plus_minus(m, se)}, 95% t CI [{sig(lo, 2)}, {sig(hi, 2)}], n = {n}) (iii) {v_iii}."
+    )
+    key = (
+        f"as shipped: NaN θ {int(ap['nan_params'].sum())}/{len(ap)} (apply), caught {int(sk_ok.sum())}/{len(sk)} "
+        f"(skip); fixed: {faults} faults, ΔJ {sig(m, 2)}"
+    )
     return Verdict(verdict, statement, {"i": f_i, "ii": f_ii, "iii": v_iii, "bug": bug}, key=key)
 
 
 def seedbug_figure(ds: Dataset, runs, verdict: Verdict, style: str):
     from matplotlib.lines import Line2D
 
-    df = with_keys(ds, required(ds.metrics, "training metrics", ds.path), correction="correction",
-                   mode="train.on_nonfinite", seed="seed")
+    df = with_keys(
+        ds,
+        required(ds.metrics, "training metrics", ds.path),
+        correction="correction",
+        mode="train.on_nonfinite",
+        seed="seed",
+    )
     df = df.assign(_t=update_index(df))
     per = int(df["update"].max()) + 1 if "update" in df.columns else 1
     fig, axes = new_figure(3, 1, style, panel=(3.7, 3.1))
@@ -127,15 +147,23 @@ def seedbug_figure(ds: Dataset, runs, verdict: Verdict, style: str):
             nanp = runs[(runs["correction"] == name) & (runs["mode"] == mode) & (runs["nan_params"] > 0)]
             if len(nanp):
                 last = cur[cur["job"].isin(nanp["job"])].groupby("job")["_t"].max() / per
-                ax.plot(last, np.full(len(last), stats["mean"].iloc[-1] if len(stats) else 0), linestyle="none",
-                        marker="X", markersize=9, color=lk.color, markeredgecolor="black", markeredgewidth=0.6,
-                        zorder=5)
+                ax.plot(
+                    last,
+                    np.full(len(last), stats["mean"].iloc[-1] if len(stats) else 0),
+                    linestyle="none",
+                    marker="X",
+                    markersize=9,
+                    color=lk.color,
+                    markeredgecolor="black",
+                    markeredgewidth=0.6,
+                    zorder=5,
+                )
         ax.set_xlabel("training step")
         ax.set_ylim(-0.03, 1.03)
         ax.set_title(f"train.on_nonfinite={mode}", fontsize="medium")
     axes[0][0].set_ylabel(r"objective $J(\theta)$ (mean, band: min–max)")
     ax = axes[0][2]
-    order = [n for n in names]
+    order = list(names)
     xs = np.arange(len(order))
     w = 0.38
     sk = runs[runs["mode"] == "skip"].assign(frac=lambda f: f["skipped"] / f["updates"].clip(lower=1))
@@ -154,8 +182,19 @@ def seedbug_figure(ds: Dataset, runs, verdict: Verdict, style: str):
     ax.set_title("faults, by preset", fontsize="medium")
     ax.legend(loc="upper left", fontsize="small", frameon=False)
     handles = [line_handle(n) for n in names]
-    labels = [n + (" (as shipped)" if n.startswith(SHIPPED_PREFIX) else " (fixed)" if n == FIXED else
-                   " (plain PPO)" if n == "none" else "") for n in names]
+    labels = [
+        n
+        + (
+            " (as shipped)"
+            if n.startswith(SHIPPED_PREFIX)
+            else " (fixed)"
+            if n == FIXED
+            else " (plain PPO)"
+            if n == "none"
+            else ""
+        )
+        for n in names
+    ]
     handles.append(Line2D([], [], linestyle="none", marker="X", markersize=8, color="0.5", markeredgecolor="black"))
     labels.append("NaN parameters: the run stops")
     legend_below(fig, handles, labels, style)

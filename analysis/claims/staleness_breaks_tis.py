@@ -39,9 +39,25 @@ from analysis import style as st
 from analysis import zero_grad
 from analysis.claims.figures import headline, legend_below, new_figure
 from analysis.claims.frames import band_text, objective_series, required, run_frame, update_index, world_of
-from analysis.claims.stats import (ALPHA, FAILS, HOLDS, SPIKE_FACTOR, SPIKE_WINDOW, UNSURE, UNTESTABLE, Verdict,
-                                   all_of, collapse_effect, count_text, fisher_exact, pct, rate, sig, sign_test,
-                                   steps_text)
+from analysis.claims.stats import (
+    ALPHA,
+    FAILS,
+    HOLDS,
+    SPIKE_FACTOR,
+    SPIKE_WINDOW,
+    UNSURE,
+    UNTESTABLE,
+    Verdict,
+    all_of,
+    collapse_effect,
+    count_text,
+    fisher_exact,
+    pct,
+    rate,
+    sig,
+    sign_test,
+    steps_text,
+)
 from analysis.load import Dataset
 from runner.errors import UserError
 
@@ -53,7 +69,9 @@ SOURCE = "VCPO (arXiv 2602.17616); M2PO (arXiv 2510.01161); AReaL PR #1218"
 VCPO_LAG = 2  # V is judged at k = 2, the lag VCPO reports
 MAJORITY = 0.5  # M's prosperity then collapse in at least half of the seeds, V's precursors in half of its collapses
 PRECURSOR_STEPS = 10  # the window before a collapse (and at a run's start) in which precursors are looked for
-ESS_DROP = 0.05  # the ESS "falls ahead": its mean over the window before the collapse is ≥ 0.05 below the first window's
+ESS_DROP = (
+    0.05  # the ESS "falls ahead": its mean over the window before the collapse is ≥ 0.05 below the first window's
+)
 PROSPERITY = 0.5  # M: before collapsing, the untrusted run gains at least half of what the clipped run gains
 EXPLODE = 10.0  # A: the grad norm "explodes" when its maximum exceeds 10× the run's early median
 CONTROL_FACTOR = 2.0  # A2: ... and that ratio is at least 2× the shuffled control's (same seed)
@@ -63,8 +81,12 @@ UNTRUSTED_EPS = 100.0  # loss.eps_high at or above this (or loss=reinforce) is "
 SEQ_TIS, TOKEN_MIS, GEO_RS, PLAIN = "seq-tis", "icepop", "geo-mask", "none"
 GEO_CONTROL = "geo-mask-shuffled"
 M2PO_CLIP, M2PO_FREE = "m2po-clip", "m2po-free"
-ARM_TEXT = {M2PO_CLIP: "clip vs behaviour", M2PO_FREE: "no trust region", GEO_CONTROL: "geo-mask shuffled",
-            PLAIN: "none (clip vs old)"}
+ARM_TEXT = {
+    M2PO_CLIP: "clip vs behaviour",
+    M2PO_FREE: "no trust region",
+    GEO_CONTROL: "geo-mask shuffled",
+    PLAIN: "none (clip vs old)",
+}
 
 
 def arm_of(correction: str, against: str, trust: str, shuffled: bool) -> str:
@@ -88,15 +110,25 @@ def staleness_runs(ds: Dataset):
     ess_early (mean ESS over its first PRECURSOR_STEPS steps), ess_before (over the PRECURSOR_STEPS steps before
     the collapse step), spike_before (a grad-norm spike, > 5× the trailing 20-update median, in that window or
     at the collapse step, or a collapse by the spike rule itself), explode (max grad norm / early median)."""
-    runs = run_frame(ds, correction="correction", staleness="mismatch.staleness", seed="seed", loss="loss.name",
-                     eps_high="loss.eps_high", against="loss.ratio_against", shuffled="correction.filter_shuffle",
-                     per_step="train.updates_per_step")
+    runs = run_frame(
+        ds,
+        correction="correction",
+        staleness="mismatch.staleness",
+        seed="seed",
+        loss="loss.name",
+        eps_high="loss.eps_high",
+        against="loss.ratio_against",
+        shuffled="correction.filter_shuffle",
+        per_step="train.updates_per_step",
+    )
     runs["staleness"] = runs["staleness"].astype(int)
     eps = runs["eps_high"].astype(float)
     runs["trust"] = np.where((runs["loss"].astype(str) == "reinforce") | (eps >= UNTRUSTED_EPS), "none", "clip")
     runs["against"] = [("behaviour" if str(a) == "behaviour" else "old") for a in runs["against"]]
-    runs["arm"] = [arm_of(c, a, t, _flag(s)) for c, a, t, s in
-                   zip(runs["correction"], runs["against"], runs["trust"], runs["shuffled"])]
+    runs["arm"] = [
+        arm_of(c, a, t, _flag(s))
+        for c, a, t, s in zip(runs["correction"], runs["against"], runs["trust"], runs["shuffled"])
+    ]
     per_step = runs["per_step"].map(lambda v: int(float(v)) if v is not None and str(v) != "nan" else 1)
     runs["staleness_updates"] = runs["staleness"] * per_step
     df = required(ds.metrics, "training metrics (metrics.csv)", ds.path)
@@ -143,8 +175,11 @@ def _collapses(f, label: str) -> str:
     interval, the time to each collapse and the run length."""
     n = int(f["collapsed"].sum())
     kinds = sorted({x for x in f.loc[f["collapsed"] > 0, "collapse_kind"] if x})
-    return (f"{label} {count_text(n, len(f))}{steps_text(f.loc[f['collapsed'] > 0, 'collapse_step'])}"
-            + (f" ({', '.join(kinds)})" if kinds else "") + f" in {int(f['steps'].max()) + 1 if len(f) else 0} steps")
+    return (
+        f"{label} {count_text(n, len(f))}{steps_text(f.loc[f['collapsed'] > 0, 'collapse_step'])}"
+        + (f" ({', '.join(kinds)})" if kinds else "")
+        + f" in {int(f['steps'].max()) + 1 if len(f) else 0} steps"
+    )
 
 
 def more_often(k_a: int, n_a: int, k_b: int, n_b: int, a: str, b: str, event: str = "collapses") -> tuple[str, str]:
@@ -155,8 +190,10 @@ def more_often(k_a: int, n_a: int, k_b: int, n_b: int, a: str, b: str, event: st
     if not (n_a and n_b):
         return UNSURE, f"no Fisher test of {a} against {b} (an arm without runs)"
     p_more, p_less = fisher_exact(k_a, n_a, k_b, n_b, "greater"), fisher_exact(k_a, n_a, k_b, n_b, "less")
-    return (collapse_effect(k_a, n_a, k_b, n_b),
-            f"Fisher p = {sig(p_more, 2)} that {a} {event} more often than {b} ({sig(p_less, 2)} the other way)")
+    return (
+        collapse_effect(k_a, n_a, k_b, n_b),
+        f"Fisher p = {sig(p_more, 2)} that {a} {event} more often than {b} ({sig(p_less, 2)} the other way)",
+    )
 
 
 def _count(f) -> tuple[int, int]:
@@ -225,10 +262,15 @@ def vcpo_part(runs) -> tuple[str, str, dict]:
         ess += f", {sig(fell['ess_before'].mean(), 2)} before the collapses"
     spikes = f"{int(fell['spike_before'].sum())}/{len(fell)}" if len(fell) else "— (no collapse)"
     control = f"; {_collapses(plain, 'plain PPO')}; {fisher}" if len(plain) else ""
-    why = " (neither seq-tis nor plain PPO collapses at this lag: the world shows no collapse to explain)" \
-        if v == UNTESTABLE else ""
-    text = (f"V (VCPO, {_units(runs, VCPO_LAG)}): {_collapses(f, SEQ_TIS)}{_zero_text(f)}; a spike before the "
-            f"collapse in {spikes}; {ess}{control}: {v}{why}")
+    why = (
+        " (neither seq-tis nor plain PPO collapses at this lag: the world shows no collapse to explain)"
+        if v == UNTESTABLE
+        else ""
+    )
+    text = (
+        f"V (VCPO, {_units(runs, VCPO_LAG)}): {_collapses(f, SEQ_TIS)}{_zero_text(f)}; a spike before the "
+        f"collapse in {spikes}; {ess}{control}: {v}{why}"
+    )
     key = f"V: {SEQ_TIS} k={VCPO_LAG} {int(f['collapsed'].sum())}/{len(f)} collapsed"
     return v, text, {"verdict": v, "collapsed": c, "spike_before": spiked, "ess_fell": ess_rate, "key": key}
 
@@ -245,8 +287,14 @@ def m2po_part(runs, k: int) -> tuple[str, str, dict]:
     update)."""
     free, clip = _arm(runs, M2PO_FREE, k).set_index("seed"), _arm(runs, M2PO_CLIP, k).set_index("seed")
     if free.empty or clip.empty:
-        return "n/a", (f"M (M2PO, k={k}): no runs of {M2PO_CLIP} and {M2PO_FREE} (PPO against the behaviour "
-                       "policy, with and without its clip): n/a"), {"verdict": "n/a"}
+        return (
+            "n/a",
+            (
+                f"M (M2PO, k={k}): no runs of {M2PO_CLIP} and {M2PO_FREE} (PPO against the behaviour "
+                "policy, with and without its clip): n/a"
+            ),
+            {"verdict": "n/a"},
+        )
     seeds = free.index.intersection(clip.index)
     free, clip = free.loc[seeds], clip.loc[seeds]
     gain_free = free["peak"] - free["initial"]
@@ -265,19 +313,33 @@ def m2po_part(runs, k: int) -> tuple[str, str, dict]:
     else:
         v = UNSURE
     old = _arm(runs, PLAIN, k)
-    old_clip = (f"; PPO against old ({PLAIN}): clip fraction {pct(old['clip_fraction'].mean())}"
-                if len(old) and old["clip_fraction"].notna().any() else "")
+    old_clip = (
+        f"; PPO against old ({PLAIN}): clip fraction {pct(old['clip_fraction'].mean())}"
+        if len(old) and old["clip_fraction"].notna().any()
+        else ""
+    )
     why = " (neither arm collapses: the world cannot show this collapse)" if v == UNTESTABLE else ""
-    text = (f"M (M2PO, {_units(runs, k)}, ratio against the behaviour policy): "
-            f"{_collapses(free.reset_index(), 'no trust region')}, peak J {sig(free['peak'].mean(), 3)} (gain "
-            f"{sig(gain_free.mean(), 2)} vs {sig((clip['peak'] - clip['initial']).mean(), 2)} clipped), final "
-            f"{sig(free['final'].mean(), 3)}; {_collapses(clip.reset_index(), 'clipped')}, clip fraction "
-            f"{pct(clip['clip_fraction'].mean())}, final {sig(clip['final'].mean(), 3)}{old_clip}; {fisher}; prosperity "
-            f"then collapse in {int(both.sum())}/{len(both)}: {v}{why}")
+    text = (
+        f"M (M2PO, {_units(runs, k)}, ratio against the behaviour policy): "
+        f"{_collapses(free.reset_index(), 'no trust region')}, peak J {sig(free['peak'].mean(), 3)} (gain "
+        f"{sig(gain_free.mean(), 2)} vs {sig((clip['peak'] - clip['initial']).mean(), 2)} clipped), final "
+        f"{sig(free['final'].mean(), 3)}; {_collapses(clip.reset_index(), 'clipped')}, clip fraction "
+        f"{pct(clip['clip_fraction'].mean())}, final {sig(clip['final'].mean(), 3)}{old_clip}; {fisher}; prosperity "
+        f"then collapse in {int(both.sum())}/{len(both)}: {v}{why}"
+    )
     key = f"M: no-TR {int(free['collapsed'].sum())}/{len(free)} vs clip {int(clip['collapsed'].sum())}/{len(clip)} collapsed"
-    return v, text, {"verdict": v, "collapsed_free": c_free, "collapsed_clip": c_clip,
-                     "prosper_then_collapse": rate(both), "clip_fraction": float(clip["clip_fraction"].mean()),
-                     "key": key}
+    return (
+        v,
+        text,
+        {
+            "verdict": v,
+            "collapsed_free": c_free,
+            "collapsed_clip": c_clip,
+            "prosper_then_collapse": rate(both),
+            "clip_fraction": float(clip["clip_fraction"].mean()),
+            "key": key,
+        },
+    )
 
 
 def _a1(runs, k: int):
@@ -312,15 +374,18 @@ def _a2(runs, k: int):
     plain_booms = (plain["explode"].astype(float) >= EXPLODE) | (plain["collapse_kind"] == "spike")
     quiet = not booms.any() and not plain_booms.any()
     span = f"{sig(ratio.min(), 2)}–{sig(ratio.max(), 2)}×"
-    plain_text = (f"; plain PPO {sig(plain['explode'].min(), 2)}–{sig(plain['explode'].max(), 2)}×"
-                  if len(plain) else "")
-    why = {"frozen": " (its gradient is never non-zero)",
-           "quiet": " (neither geo-mask nor plain PPO explodes: the world shows no explosion)"}
+    plain_text = f"; plain PPO {sig(plain['explode'].min(), 2)}–{sig(plain['explode'].max(), 2)}×" if len(plain) else ""
+    why = {
+        "frozen": " (its gradient is never non-zero)",
+        "quiet": " (neither geo-mask nor plain PPO explodes: the world shows no explosion)",
+    }
     if ctrl.empty:
         v = UNTESTABLE if quiet or not np.isfinite(ratio).any() else UNSURE
-        text = (f"A2 geo-RS ({GEO_RS}): max grad norm / early median {span} (explodes: ≥ {EXPLODE:g}×) in "
-                f"{int(booms.sum())}/{len(geo)}{_zero_text(geo.reset_index())}{plain_text}; no shuffled control "
-                f"({GEO_CONTROL}) to tell its selection from the few tokens it keeps: {v}")
+        text = (
+            f"A2 geo-RS ({GEO_RS}): max grad norm / early median {span} (explodes: ≥ {EXPLODE:g}×) in "
+            f"{int(booms.sum())}/{len(geo)}{_zero_text(geo.reset_index())}{plain_text}; no shuffled control "
+            f"({GEO_CONTROL}) to tell its selection from the few tokens it keeps: {v}"
+        )
         return v, text, f"{GEO_RS} grad ×{sig(ratio.max(), 2)}"
     seeds = geo.index.intersection(ctrl.index)
     geo, ctrl, ratio, booms = geo.loc[seeds], ctrl.loc[seeds], ratio.loc[seeds], booms.loc[seeds]
@@ -329,8 +394,9 @@ def _a2(runs, k: int):
     beyond = booms & (excess >= CONTROL_FACTOR)
     ctrl_booms = (control >= EXPLODE) | (ctrl["collapse_kind"] == "spike")
     n = len(seeds)
-    v_beyond, fisher = more_often(int(beyond.sum()), n, int(ctrl_booms.sum()), n, GEO_RS, "its control",
-                                  "explodes (beyond its control)")
+    v_beyond, fisher = more_often(
+        int(beyond.sum()), n, int(ctrl_booms.sum()), n, GEO_RS, "its control", "explodes (beyond its control)"
+    )
     v_plain, _ = more_often(int(plain_booms.sum()), len(plain), int(booms.sum()), n, "plain PPO", GEO_RS, "explodes")
     below = int((excess < 1).sum())
     p_below = sign_test(below, n) if n else math.nan
@@ -345,14 +411,16 @@ def _a2(runs, k: int):
         v = FAILS
     else:
         v = UNSURE
-    text = (f"A2 geo-RS ({GEO_RS}): max grad norm / early median {span} (explodes: ≥ {EXPLODE:g}×) in "
-            f"{int(booms.sum())}/{len(geo)}, rejecting {pct(geo['rejected'].mean())} of tokens"
-            f"{_zero_text(geo.reset_index())}; its shuffled control (as many rejected at random) "
-            f"{sig(control.min(), 2)}–{sig(control.max(), 2)}×, rejecting {pct(ctrl['rejected'].mean())}"
-            f"{_zero_text(ctrl.reset_index())}{plain_text}; geo-mask ≥ {CONTROL_FACTOR:g}× its control and exploding "
-            f"in {int(beyond.sum())}/{len(geo)}, the control exploding in {int(ctrl_booms.sum())}/{n}: {fisher}; "
-            f"below its control in {below}/{n} (sign test p = {sig(p_below, 2)}); "
-            f"{_collapses(geo.reset_index(), GEO_RS)}: {v}{reason}")
+    text = (
+        f"A2 geo-RS ({GEO_RS}): max grad norm / early median {span} (explodes: ≥ {EXPLODE:g}×) in "
+        f"{int(booms.sum())}/{len(geo)}, rejecting {pct(geo['rejected'].mean())} of tokens"
+        f"{_zero_text(geo.reset_index())}; its shuffled control (as many rejected at random) "
+        f"{sig(control.min(), 2)}–{sig(control.max(), 2)}×, rejecting {pct(ctrl['rejected'].mean())}"
+        f"{_zero_text(ctrl.reset_index())}{plain_text}; geo-mask ≥ {CONTROL_FACTOR:g}× its control and exploding "
+        f"in {int(beyond.sum())}/{len(geo)}, the control exploding in {int(ctrl_booms.sum())}/{n}: {fisher}; "
+        f"below its control in {below}/{n} (sign test p = {sig(p_below, 2)}); "
+        f"{_collapses(geo.reset_index(), GEO_RS)}: {v}{reason}"
+    )
     return v, text, f"{GEO_RS} grad ×{sig(ratio.max(), 2)} vs control ×{sig(control.max(), 2)}"
 
 
@@ -390,8 +458,16 @@ def staleness_verdict(runs) -> Verdict:
     v_a, t_a, p_a = areal_part(runs, kmax)
     verdict = combine([v_v, v_m, v_a])
     # every other arm's collapses, so nothing is hidden
-    shown = {(SEQ_TIS, VCPO_LAG), (PLAIN, VCPO_LAG), (M2PO_FREE, kmax), (M2PO_CLIP, kmax), (TOKEN_MIS, kmax),
-             (GEO_RS, kmax), (GEO_CONTROL, kmax), (PLAIN, kmax)}
+    shown = {
+        (SEQ_TIS, VCPO_LAG),
+        (PLAIN, VCPO_LAG),
+        (M2PO_FREE, kmax),
+        (M2PO_CLIP, kmax),
+        (TOKEN_MIS, kmax),
+        (GEO_RS, kmax),
+        (GEO_CONTROL, kmax),
+        (PLAIN, kmax),
+    }
     rest = []
     for (arm, k), f in runs.groupby(["arm", "staleness"], sort=True):
         if (arm, k) in shown:
@@ -399,11 +475,16 @@ def staleness_verdict(runs) -> Verdict:
         n = int(f["collapsed"].sum())
         rest.append(f"{arm} k={k} {n}/{len(f)}{steps_text(f.loc[f['collapsed'] > 0, 'collapse_step'])}")
     bands, degenerate = band_text(runs, ["staleness", "arm"])
-    statement = (f"{t_v}; {t_m}; {t_a}. Other arms (collapsed/seeds): {', '.join(rest) or 'none'}."
-                 + (f" {bands[0].upper()}{bands[1:]}." if bands else ""))
+    statement = f"{t_v}; {t_m}; {t_a}. Other arms (collapsed/seeds): {', '.join(rest) or 'none'}." + (
+        f" {bands[0].upper()}{bands[1:]}." if bands else ""
+    )
     key = "; ".join(p["key"] for p in (p_v, p_m, p_a) if "key" in p)
-    return Verdict(verdict, statement, {"V": v_v, "M": v_m, "A": v_a, "vcpo": p_v, "m2po": p_m, "areal": p_a,
-                                        "degenerate": degenerate, "kmax": kmax}, key=key)
+    return Verdict(
+        verdict,
+        statement,
+        {"V": v_v, "M": v_m, "A": v_a, "vcpo": p_v, "m2po": p_m, "areal": p_a, "degenerate": degenerate, "kmax": kmax},
+        key=key,
+    )
 
 
 # ----------------------------------------------------------------------------------------- the figure
@@ -435,8 +516,10 @@ def staleness_figure(ds: Dataset, runs, verdict: Verdict, style: str):
     from matplotlib.lines import Line2D
 
     df = ds.metrics.assign(_t=update_index(ds.metrics))
-    df["arm"], df["k"] = df["job"].map(dict(zip(runs["job"], runs["arm"]))), df["job"].map(
-        dict(zip(runs["job"], runs["staleness"])))
+    df["arm"], df["k"] = (
+        df["job"].map(dict(zip(runs["job"], runs["arm"]))),
+        df["job"].map(dict(zip(runs["job"], runs["staleness"]))),
+    )
     per = int(df["update"].max()) + 1 if "update" in df.columns else 1
     df["x"] = df["_t"] / per
     kmax = int(runs["staleness"].max())
@@ -444,10 +527,20 @@ def staleness_figure(ds: Dataset, runs, verdict: Verdict, style: str):
     # per column: the part, its k, the arms whose J is drawn, the lower panel's metric and its (arm, k, line style)
     columns = [
         ("V", VCPO_LAG, [SEQ_TIS, "tis", PLAIN], "ess", [(a, VCPO_LAG, None) for a in (SEQ_TIS, "tis", PLAIN)]),
-        ("M", kmax, [M2PO_CLIP, M2PO_FREE, PLAIN], "ppo_clip_fraction",
-         [(M2PO_CLIP, kmax, None), (M2PO_CLIP, VCPO_LAG, other), (PLAIN, kmax, None)]),
-        ("A", kmax, [TOKEN_MIS, GEO_RS, GEO_CONTROL, PLAIN], "grad_norm",
-         [(a, kmax, None) for a in (TOKEN_MIS, GEO_RS, GEO_CONTROL)]),
+        (
+            "M",
+            kmax,
+            [M2PO_CLIP, M2PO_FREE, PLAIN],
+            "ppo_clip_fraction",
+            [(M2PO_CLIP, kmax, None), (M2PO_CLIP, VCPO_LAG, other), (PLAIN, kmax, None)],
+        ),
+        (
+            "A",
+            kmax,
+            [TOKEN_MIS, GEO_RS, GEO_CONTROL, PLAIN],
+            "grad_norm",
+            [(a, kmax, None) for a in (TOKEN_MIS, GEO_RS, GEO_CONTROL)],
+        ),
     ]
     fig, axes = new_figure(3, 2, style, panel=(4.2, 2.7))
     handles, shaded = {}, False
@@ -472,8 +565,9 @@ def staleness_figure(ds: Dataset, runs, verdict: Verdict, style: str):
             _median_line(ax_y, cur, y, color, ls_k or ls)
             shaded |= zero_grad.shade(ax_y, cur, color, x="x")
             if ls_k is not None:
-                handles.setdefault(f"{ARM_TEXT.get(arm, arm)}, {_units(runs, kk)}", Line2D([], [], color=color,
-                                                                                         linestyle=ls_k))
+                handles.setdefault(
+                    f"{ARM_TEXT.get(arm, arm)}, {_units(runs, kk)}", Line2D([], [], color=color, linestyle=ls_k)
+                )
         ax_j.set_title(f"({'abc'[col]}) {part}, {_units(runs, k)}: J", fontsize="medium")
         ax_j.set_ylabel(r"objective $J(\theta)$ (mean over seeds)")
         ax_y.set_xlabel("training step")

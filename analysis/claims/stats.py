@@ -26,8 +26,9 @@ bf16 OR a noise mismatch"); how they treat "untestable here" is in their docstri
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -142,8 +143,10 @@ def betainc(a: float, b: float, x: float) -> float:
     d = 1.0 / (d if abs(d) > tiny else tiny)
     f = d
     for m in range(1, 500):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+        for num in (
+            m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+            -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1)),
+        ):
             d = 1.0 + num * d
             d = 1.0 / (d if abs(d) > tiny else tiny)
             c = 1.0 + num / c
@@ -281,7 +284,7 @@ def fisher_exact(k_a: int, n_a: int, k_b: int, n_b: int, alternative: str = "gre
 
 
 def collapse_effect(k_more: int, n_more: int, k_less: int, n_less: int) -> str:
-    """"Arm 1 collapses more often than arm 2", from collapse counts by Fisher's exact test: holds at a one-sided
+    """ "Arm 1 collapses more often than arm 2", from collapse counts by Fisher's exact test: holds at a one-sided
     p < 0.05; does not hold when arm 2 collapses significantly more often (p < 0.05 the other way); else
     inconclusive: 0/2 against 0/2 (or any count too small to show a difference) is not evidence of no effect."""
     if n_more == 0 or n_less == 0:
@@ -298,7 +301,7 @@ def sign_test(m: int, n: int) -> float:
     likely, Σ_{i ≥ m} C(n, i) / 2ⁿ (every one of n seeds below needs n ≥ 5 for p < 0.05)."""
     if not 0 <= m <= n:
         raise ValueError(f"sign_test: {m} of {n}")
-    return sum(math.comb(n, i) for i in range(m, n + 1)) / 2 ** n
+    return sum(math.comb(n, i) for i in range(m, n + 1)) / 2**n
 
 
 def count_text(k: int, n: int) -> str:
@@ -441,4 +444,3 @@ def pct(v: float) -> str:
         return "nan"
     p = 100 * v
     return f"{p:.0f}%" if p >= 9.5 or p == 0 else f"{p:.1g}%"
-

@@ -30,16 +30,34 @@ import numpy as np
 from analysis import style as st
 from analysis.claims.figures import headline, legend_below, line_handle, new_figure, ordered_presets
 from analysis.claims.frames import band_text, run_frame, setting_label, with_keys, world_of
-from analysis.claims.stats import (FAILS, HOLDS, UNSURE, UNTESTABLE, Verdict, any_of, collapse_effect, count_text,
-                                   effect, fisher_exact, interval_text, kaplan_meier, logrank, mean_se, sig,
-                                   steps_text, t_interval)
+from analysis.claims.stats import (
+    FAILS,
+    HOLDS,
+    UNSURE,
+    UNTESTABLE,
+    Verdict,
+    any_of,
+    collapse_effect,
+    count_text,
+    effect,
+    fisher_exact,
+    interval_text,
+    kaplan_meier,
+    logrank,
+    mean_se,
+    sig,
+    steps_text,
+    t_interval,
+)
 from analysis.load import Dataset
 from runner.errors import UserError
 
 NAME = "tis-tames-mismatch"  # = conf/experiment/WORLD/NAME.yaml and the figure's file name
 TITLE = "1. Token TIS recovers the training–inference mismatch's cost"
-SOURCE = ("Yao et al. 2025, “Your efficient RL framework secretly brings you off-policy RL training”; "
-          "FlashRL (Yao et al. 2025)")
+SOURCE = (
+    "Yao et al. 2025, “Your efficient RL framework secretly brings you off-policy RL training”; "
+    "FlashRL (Yao et al. 2025)"
+)
 
 # Thresholds of the rule (named in the module docstring and the experiments' headers).
 J_MARGIN = 0.01  # final J (J ∈ [0, 1]): 0.01 is a practical difference, for the control's gap and TIS's gain
@@ -82,14 +100,18 @@ def tis_verdict(runs, baseline: str = "none") -> Verdict:
     95% t interval and n, and every banded arm's rejection at the measured mismatch."""
     others = sorted(set(runs["correction"]) - {baseline})
     if baseline not in set(runs["correction"]) or len(others) != 1:
-        raise UserError(f"tis-tames-mismatch: needs runs of {baseline!r} and exactly one correction to compare, "
-                        f"got {sorted(set(runs['correction']))}")
+        raise UserError(
+            f"tis-tames-mismatch: needs runs of {baseline!r} and exactly one correction to compare, "
+            f"got {sorted(set(runs['correction']))}"
+        )
     treat = others[0]
     ref_mask = is_reference(runs)
     ref = runs[ref_mask & (runs["correction"] == baseline)].set_index("seed")
     if ref.empty:
-        raise UserError(f"tis-tames-mismatch: needs the control arm, plain PPO ({baseline}) with an fp32 engine "
-                        f"and no logit noise (mismatch.precision={REFERENCE} in the sweep)")
+        raise UserError(
+            f"tis-tames-mismatch: needs the control arm, plain PPO ({baseline}) with an fp32 engine "
+            f"and no logit noise (mismatch.precision={REFERENCE} in the sweep)"
+        )
     settings, texts, keys, parts = [], [], [], {}
     for setting, w in runs[~ref_mask].groupby("setting", sort=False):
         a = w[w["correction"] == baseline].set_index("seed")
@@ -117,44 +139,72 @@ def tis_verdict(runs, baseline: str = "none") -> Verdict:
         settings.append(v)
         chi2, p_lr = logrank(_times(a), a["collapsed"], _times(b), b["collapsed"])
         p_fell = fisher_exact(k_a, n, k_r, n) if n else math.nan
-        parts[setting] = {"verdict": v, "control": control, "control_j": v_gap, "control_collapse": v_fell,
-                          "gain": v_gain, "n": n, "recovered": recovered,
-                          "gap": t_interval(gap), "gain_ci": t_interval(gain), "fisher_p": p_fell,
-                          "logrank": (chi2, p_lr), "collapsed": {"fp32": k_r, "ppo": k_a, "tis": k_b},
-                          "steps_ppo": a.loc[a["collapsed"] > 0, "collapse_step"].tolist(),
-                          "steps_tis": b.loc[b["collapsed"] > 0, "collapse_step"].tolist(),
-                          "j": {"fp32": float(r["final"].mean()), "ppo": float(a["final"].mean()),
-                                "tis": float(b["final"].mean())}}
+        parts[setting] = {
+            "verdict": v,
+            "control": control,
+            "control_j": v_gap,
+            "control_collapse": v_fell,
+            "gain": v_gain,
+            "n": n,
+            "recovered": recovered,
+            "gap": t_interval(gap),
+            "gain_ci": t_interval(gain),
+            "fisher_p": p_fell,
+            "logrank": (chi2, p_lr),
+            "collapsed": {"fp32": k_r, "ppo": k_a, "tis": k_b},
+            "steps_ppo": a.loc[a["collapsed"] > 0, "collapse_step"].tolist(),
+            "steps_tis": b.loc[b["collapsed"] > 0, "collapse_step"].tolist(),
+            "j": {"fp32": float(r["final"].mean()), "ppo": float(a["final"].mean()), "tis": float(b["final"].mean())},
+        }
 
         def arm(f, label):
             k = int(f["collapsed"].sum())
             kinds = sorted({x for x in f.loc[f["collapsed"] > 0, "collapse_kind"] if x})
-            return (f"{label} final J {sig(f['final'].mean(), 4)}, {count_text(k, len(f))}"
-                    f"{steps_text(f.loc[f['collapsed'] > 0, 'collapse_step'])}"
-                    f"{' (' + ', '.join(kinds) + ')' if kinds else ''}")
-        why = (f"control: gap J_fp32 − J_PPO {interval_text(gap)} [{v_gap}], collapses PPO vs fp32 Fisher "
-               f"p = {sig(p_fell, 2)} [{v_fell}]")
-        claim = ("" if control == UNTESTABLE else
-                 f"; TIS gain J_TIS − J_PPO {interval_text(gain)} [{v_gain}], {_recovered_text(recovered)} of the gap")
+            return (
+                f"{label} final J {sig(f['final'].mean(), 4)}, {count_text(k, len(f))}"
+                f"{steps_text(f.loc[f['collapsed'] > 0, 'collapse_step'])}"
+                f"{' (' + ', '.join(kinds) + ')' if kinds else ''}"
+            )
+
+        why = (
+            f"control: gap J_fp32 − J_PPO {interval_text(gap)} [{v_gap}], collapses PPO vs fp32 Fisher "
+            f"p = {sig(p_fell, 2)} [{v_fell}]"
+        )
+        claim = (
+            ""
+            if control == UNTESTABLE
+            else f"; TIS gain J_TIS − J_PPO {interval_text(gain)} [{v_gain}], {_recovered_text(recovered)} of the gap"
+        )
         delay = f"; time to collapse PPO vs TIS: log-rank χ² {sig(chi2, 2)}, p = {sig(p_lr, 2)}" if k_a + k_b else ""
         texts.append(f"{setting}: {arm(r, 'fp32 PPO')}; {arm(a, 'PPO')}; {arm(b, 'TIS')}; {why}{claim}{delay} → {v}")
-        keys.append(f"{setting}: gap {sig(m_gap, 2)}" + (f", TIS wins back {_recovered_text(recovered)}"
-                                                          if control != UNTESTABLE else " (no cost)"))
+        keys.append(
+            f"{setting}: gap {sig(m_gap, 2)}"
+            + (f", TIS wins back {_recovered_text(recovered)}" if control != UNTESTABLE else " (no cost)")
+        )
     verdict = any_of(settings)
     n = max((p["n"] for p in parts.values() if isinstance(p, dict)), default=0)
     bands, degenerate = band_text(runs[~ref_mask], ["setting"])
-    statement = (f"{_ARM_NAMES.get(baseline, baseline)} with an {REFERENCE} engine (no mismatch) → "
-                 f"{_ARM_NAMES.get(baseline, baseline)} and {_ARM_NAMES.get(treat, treat)} under each mismatch "
-                 f"(paired over n = {n} seed{'s' if n != 1 else ''}; final J; intervals: 95% Student-t with n − 1 df, collapse counts: "
-                 f"exact Clopper–Pearson and Fisher; collapse = the runner's relative rules): "
-                 + "; ".join(texts) + "." + (f" {bands[0].upper()}{bands[1:]}." if bands else ""))
+    statement = (
+        f"{_ARM_NAMES.get(baseline, baseline)} with an {REFERENCE} engine (no mismatch) → "
+        f"{_ARM_NAMES.get(baseline, baseline)} and {_ARM_NAMES.get(treat, treat)} under each mismatch "
+        f"(paired over n = {n} seed{'s' if n != 1 else ''}; final J; intervals: 95% Student-t with n − 1 df, collapse counts: "
+        f"exact Clopper–Pearson and Fisher; collapse = the runner's relative rules): "
+        + "; ".join(texts)
+        + "."
+        + (f" {bands[0].upper()}{bands[1:]}." if bands else "")
+    )
     parts["degenerate"] = degenerate
     untestable = [s for s in parts if isinstance(parts[s], dict) and parts[s]["control"] == UNTESTABLE]
-    key = "; ".join(keys) if len(keys) <= 3 or len(untestable) < len(keys) else (
-        f"no setting costs plain PPO a measurable J against fp32 (gap J_fp32 − J_PPO "
-        f"{sig(min(p['gap'][0] for p in _rows(parts)), 2)} to {sig(max(p['gap'][0] for p in _rows(parts)), 2)}); "
-        f"collapsed PPO "
-        f"{sum(p['collapsed']['ppo'] for p in _rows(parts))}/{n * len(keys)}, fp32 {int(ref['collapsed'].sum())}/{len(ref)}")
+    key = (
+        "; ".join(keys)
+        if len(keys) <= 3 or len(untestable) < len(keys)
+        else (
+            f"no setting costs plain PPO a measurable J against fp32 (gap J_fp32 − J_PPO "
+            f"{sig(min(p['gap'][0] for p in _rows(parts)), 2)} to {sig(max(p['gap'][0] for p in _rows(parts)), 2)}); "
+            f"collapsed PPO "
+            f"{sum(p['collapsed']['ppo'] for p in _rows(parts))}/{n * len(keys)}, fp32 {int(ref['collapsed'].sum())}/{len(ref)}"
+        )
+    )
     return Verdict(verdict, statement, parts, key=key, n=n)
 
 
@@ -186,7 +236,7 @@ def tis_figure(ds: Dataset, runs, verdict: Verdict, style: str):
     ref_mask = is_reference(runs)
     ref_setting = runs.loc[ref_mask, "setting"].iloc[0] if ref_mask.any() else None
     settings = list(dict.fromkeys(runs.loc[~ref_mask, "setting"]))
-    names = [n for n in ordered_presets(df["correction"].unique())]
+    names = list(ordered_presets(df["correction"].unique()))
     mc = runs["j_se"].notna().any()
     last = float(runs["steps"].max())
     survival = bool((runs["collapsed"] > 0).any())
@@ -196,8 +246,13 @@ def tis_figure(ds: Dataset, runs, verdict: Verdict, style: str):
     for c, setting in enumerate(settings):
         ax_j, ax_s = axes[0][c], (axes[1][c] if survival else None)
         arms = [("fp32", ref_j, ref_runs)] + [
-            (name, df[(df["setting"] == setting) & (df["correction"] == name)],
-             runs[(runs["setting"] == setting) & (runs["correction"] == name)]) for name in names]
+            (
+                name,
+                df[(df["setting"] == setting) & (df["correction"] == name)],
+                runs[(runs["setting"] == setting) & (runs["correction"] == name)],
+            )
+            for name in names
+        ]
         for name, cur, fr in arms:
             color, ls = (st.FP32_GREY, "--") if name == "fp32" else (st.look(name).color, st.look(name).linestyle)
             ev = cur.dropna(subset=["objective"]).groupby(["job", "step"])["objective"].first().reset_index()
@@ -213,13 +268,27 @@ def tis_figure(ds: Dataset, runs, verdict: Verdict, style: str):
         p = verdict.parts.get(setting, {})
         if p and style != "paper":  # a paper's narrow panels leave the numbers to the caption (VERDICTS.md)
             m, lo, hi, n = p["gap"]
-            ax_j.text(0.97, 0.04, f"gap J_fp32 − J_PPO (final, n = {n}):\n{sig(m, 2)}, 95% t CI [{sig(lo, 2)}, {sig(hi, 2)}]",
-                      transform=ax_j.transAxes, ha="right", va="bottom", fontsize="x-small")
+            ax_j.text(
+                0.97,
+                0.04,
+                f"gap J_fp32 − J_PPO (final, n = {n}):\n{sig(m, 2)}, 95% t CI [{sig(lo, 2)}, {sig(hi, 2)}]",
+                transform=ax_j.transAxes,
+                ha="right",
+                va="bottom",
+                fontsize="x-small",
+            )
         if p and style != "paper" and survival:
             fell, n = p["collapsed"], p["n"]
-            ax_s.text(0.03, 0.06, f"collapsed: fp32 {fell['fp32']}/{n}, PPO {fell['ppo']}/{n}, TIS {fell['tis']}/{n}"
-                      + (f"\nlog-rank p = {sig(p['logrank'][1], 2)}" if math.isfinite(p["logrank"][1]) else ""),
-                      transform=ax_s.transAxes, ha="left", va="bottom", fontsize="x-small")
+            ax_s.text(
+                0.03,
+                0.06,
+                f"collapsed: fp32 {fell['fp32']}/{n}, PPO {fell['ppo']}/{n}, TIS {fell['tis']}/{n}"
+                + (f"\nlog-rank p = {sig(p['logrank'][1], 2)}" if math.isfinite(p["logrank"][1]) else ""),
+                transform=ax_s.transAxes,
+                ha="left",
+                va="bottom",
+                fontsize="x-small",
+            )
         ax_j.set_title(f"engine {setting}" + (f"\n[{p['verdict']}]" if p else ""), fontsize="medium")
         (ax_s if survival else ax_j).set_xlabel("training step")
         if c == 0:
@@ -230,7 +299,8 @@ def tis_figure(ds: Dataset, runs, verdict: Verdict, style: str):
                 ax_s.set_ylabel("runs not yet collapsed\n(Kaplan–Meier)")
     handles = [Line2D([], [], color=st.FP32_GREY, linestyle="--")] + [line_handle(n) for n in names]
     labels = ["plain PPO, fp32 engine (no mismatch)"] + [
-        ("token TIS, min(ρ, 2)" if n == "tis" else "plain PPO" if n == "none" else n) for n in names]
+        ("token TIS, min(ρ, 2)" if n == "tis" else "plain PPO" if n == "none" else n) for n in names
+    ]
     if survival:
         handles.append(Line2D([], [], linestyle="none", marker="x", color="0.3"))
         labels.append("a run's collapse (at 70% of its peak J)")

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from analysis.claims.registry import CLAIMS, WORLDS, claim, evaluate, experiment, world
 from analysis.claims.stats import Verdict
@@ -52,8 +53,9 @@ def world_dir(root: Path, in_world: str, size: str = "default") -> Path:
     return Path(root) / in_world if size == "default" else Path(root) / "full" / in_world
 
 
-def check(directory: Path, names: list[str], every: bool, out: Path | None,
-          style: str = "default") -> Iterator[tuple[str, Verdict]]:
+def check(
+    directory: Path, names: list[str], every: bool, out: Path | None, style: str = "default"
+) -> Iterator[tuple[str, Verdict]]:
     """Evaluate each claim on its experiment's dir (`directory`, or with `every` DIRECTORY/<name>), writing
     its figure into `out` if given; yields (name, verdict) as each one finishes."""
     from analysis.figures import layout
@@ -69,16 +71,24 @@ def check(directory: Path, names: list[str], every: bool, out: Path | None,
         yield n, v
 
 
-def check_all(directory: Path, names: list[str], worlds: list[str], out: Path | None, style: str = "default",
-              size: str = "default") -> Iterator[str]:
+def check_all(
+    directory: Path,
+    names: list[str],
+    worlds: list[str],
+    out: Path | None,
+    style: str = "default",
+    size: str = "default",
+) -> Iterator[str]:
     """`is-study claims --all`: every claim in every world, from DIRECTORY/WORLD/NAME; with `out`, each
     world's figures and verdicts.json, then VERDICTS.md. Every experiment dir is checked before anything
     is read or written; yields each verdict's line as it finishes."""
     for w in worlds:
         for name in names:
             if not (Path(directory) / w / name).is_dir():
-                raise UserError(f"{Path(directory) / w / name}: no experiment output here; run "
-                                f"`bash scripts/figures.sh` (FIGURES_WORLDS='{w}' FIGURES_ONLY='{name}') first")
+                raise UserError(
+                    f"{Path(directory) / w / name}: no experiment output here; run "
+                    f"`bash scripts/figures.sh` (FIGURES_WORLDS='{w}' FIGURES_ONLY='{name}') first"
+                )
     for w in worlds:
         results = []
         dest = world_dir(out, w, size) if out is not None else None
@@ -116,10 +126,15 @@ def write_world(root: Path, in_world: str, size: str, results: list[tuple[str, V
     path = d / "verdicts.json"
     data = read_json(path) or {"world": in_world, "size": size, "claims": {}}
     for name, v in results:
-        data["claims"][name] = {"verdict": v.verdict, "n": v.n_text(), "key": v.key, "statement": v.statement,
-                                "figure": str((d / f"{name}.png").relative_to(root)),
-                                "experiment": f"experiment={experiment(name, in_world)}",
-                                "written": time.strftime("%Y-%m-%d")}
+        data["claims"][name] = {
+            "verdict": v.verdict,
+            "n": v.n_text(),
+            "key": v.key,
+            "statement": v.statement,
+            "figure": str((d / f"{name}.png").relative_to(root)),
+            "experiment": f"experiment={experiment(name, in_world)}",
+            "written": time.strftime("%Y-%m-%d"),
+        }
     if command:
         data["command"] = command
     path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -165,18 +180,23 @@ def verdicts_markdown(root: Path) -> str:
     if not cols:
         raise UserError(f"{root}: no verdicts.json under it; run scripts/figures.sh first")
     head = ["claim", *(f"{w} ({size} size)" for w, size, _ in cols)]
-    out = ["# Verdicts: the literature's claims in three worlds", "",
-           "Written by `bash scripts/figures.sh` (`--full`: paper size) from the `verdicts.json` each run leaves in "
-           "`figures/WORLD/` (default size) and `figures/full/WORLD/` (paper size); each column names its world and "
-           "size. A cell is the verdict (holds / does not hold / inconclusive / untestable here: the "
-           "world never shows the effect the claim is about, so its positive control failed and the claim is not "
-           "tested), the number of seeds (or repeats) n behind it, its key numbers and its figure; the full "
-           "statement of every cell is below the table, naming its test (on seeds, a 95% Student-t interval with "
-           "n − 1 degrees of freedom; on collapse counts, exact: Fisher, Clopper–Pearson). The experiments are "
-           "`conf/experiment/WORLD/NAME.yaml`, each with its command, source, the world's calibrated "
-           "parameters, the verdict rule and what was measured. The rules were fixed before the runs and are "
-           "stated in `analysis/claims/`; a claim a world does not reproduce is reported as such.", "",
-           "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out = [
+        "# Verdicts: the literature's claims in three worlds",
+        "",
+        "Written by `bash scripts/figures.sh` (`--full`: paper size) from the `verdicts.json` each run leaves in "
+        "`figures/WORLD/` (default size) and `figures/full/WORLD/` (paper size); each column names its world and "
+        "size. A cell is the verdict (holds / does not hold / inconclusive / untestable here: the "
+        "world never shows the effect the claim is about, so its positive control failed and the claim is not "
+        "tested), the number of seeds (or repeats) n behind it, its key numbers and its figure; the full "
+        "statement of every cell is below the table, naming its test (on seeds, a 95% Student-t interval with "
+        "n − 1 degrees of freedom; on collapse counts, exact: Fisher, Clopper–Pearson). The experiments are "
+        "`conf/experiment/WORLD/NAME.yaml`, each with its command, source, the world's calibrated "
+        "parameters, the verdict rule and what was measured. The rules were fixed before the runs and are "
+        "stated in `analysis/claims/`; a claim a world does not reproduce is reported as such.",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
     for name, mod in CLAIMS.items():
         out.append("| " + " | ".join([mod.TITLE, *(_cell(data["claims"].get(name)) for _, _, data in cols)]) + " |")
     out += ["", "## Every verdict in full", ""]
@@ -186,8 +206,10 @@ def verdicts_markdown(root: Path) -> str:
             e = data["claims"].get(name)
             if e is None:
                 continue
-            out.append(f"- **{w}** ({size} size; `is-study sweep {e['experiment']}`, [figure]({e['figure']})): "
-                       f"{_verdict_word(e)}. {e['statement']}")
+            out.append(
+                f"- **{w}** ({size} size; `is-study sweep {e['experiment']}`, [figure]({e['figure']})): "
+                f"{_verdict_word(e)}. {e['statement']}"
+            )
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 

@@ -63,8 +63,8 @@ title says which.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 from analysis import style as st
 from analysis.figures import layout
@@ -127,8 +127,13 @@ def default_dir(ds: Dataset, style: str = "default") -> Path:
     return ds.path / "figures" / ("paper" if style == "paper" else "")
 
 
-def render(ds: Dataset, out_dir: Path, kinds: Sequence[str] | None = None, style: str = "default",
-           formats: Sequence[str] = ("png", "pdf")) -> tuple[dict[str, list[Path]], dict[str, str]]:
+def render(
+    ds: Dataset,
+    out_dir: Path,
+    kinds: Sequence[str] | None = None,
+    style: str = "default",
+    formats: Sequence[str] = ("png", "pdf"),
+) -> tuple[dict[str, list[Path]], dict[str, str]]:
     """Draw and save; returns ({kind: [files]}, {skipped kind: reason})."""
     st.rc(style)  # validates the style name
     chosen, skipped = choose(ds, kinds)

@@ -5,7 +5,7 @@ would show only flat lines (left out of `is-study plot`'s default choice, drawn 
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -26,7 +26,7 @@ def _need_metrics(ds: Dataset, cols: Sequence[str]) -> str | None:
     return None
 
 
-def _bands_per_preset(pr) -> "object":
+def _bands_per_preset(pr) -> object:
     """Distinct upper thresholds per preset and facet-free (a sweep of probes: per job)."""
     return pr.dropna(subset=["high"]).groupby(["job", "preset"])["high"].nunique()
 
@@ -39,8 +39,10 @@ def base_availability(ds: Dataset) -> dict[str, str | None]:
     out["masking"] = _need_metrics(ds, ("step", "token_masked_fraction", "clamped_fraction", "ess"))
     reason = _need_metrics(ds, ("staleness", "nonfinite_loss", "nonfinite_grad"))
     if reason is None and ds.metrics["staleness"].nunique() < 2:
-        reason = (f"needs runs at ≥ 2 staleness values (a sweep over mismatch.staleness); "
-                  f"{ds.path} has only k={fmt_value(ds.metrics['staleness'].iloc[0])}")
+        reason = (
+            f"needs runs at ≥ 2 staleness values (a sweep over mismatch.staleness); "
+            f"{ds.path} has only k={fmt_value(ds.metrics['staleness'].iloc[0])}"
+        )
     out["stability"] = reason
     pr = ds.probe
     if pr is None:
@@ -51,14 +53,25 @@ def base_availability(ds: Dataset) -> dict[str, str | None]:
         out["threshold"] = out["presets"] = "probe.csv lacks preset / bias_norm"
     else:
         rows = pr.groupby(["job", "preset"]).size()
-        out["presets"] = None if len(rows) and rows.max() == 1 else (
-            "some preset was probed at several bands in one run: see --kind threshold")
+        out["presets"] = (
+            None
+            if len(rows) and rows.max() == 1
+            else ("some preset was probed at several bands in one run: see --kind threshold")
+        )
         highs = _bands_per_preset(pr) if "high" in pr.columns else None
-        out["threshold"] = None if highs is not None and len(highs) and highs.max() >= 2 else (
-            "needs several upper thresholds per preset (probe.bands with several [low, high] pairs); "
-            "one band per preset: see --kind presets")
-    out["mismatch"] = None if ds.tokens is not None else (
-        "no tokens.csv here (per-token trainer and rollout log-probs, written by the train study)")
+        out["threshold"] = (
+            None
+            if highs is not None and len(highs) and highs.max() >= 2
+            else (
+                "needs several upper thresholds per preset (probe.bands with several [low, high] pairs); "
+                "one band per preset: see --kind presets"
+            )
+        )
+    out["mismatch"] = (
+        None
+        if ds.tokens is not None
+        else ("no tokens.csv here (per-token trainer and rollout log-probs, written by the train study)")
+    )
     return out
 
 
@@ -69,18 +82,30 @@ def base_flat_reasons(ds: Dataset, avail: dict[str, str | None]) -> dict[str, st
     if avail.get("masking") is None:
         df = update_rows(ds.metrics)  # the final row (J after the last update) has no weights
         per = df.groupby(["job", "step"]).agg(
-            masked=("token_masked_fraction", "mean"), clamped=("clamped_fraction", "mean"), ess=("ess", "mean"),
+            masked=("token_masked_fraction", "mean"),
+            clamped=("clamped_fraction", "mean"),
+            ess=("ess", "mean"),
             bad=("is_weight_mean", lambda v: bool((~np.isfinite(v.astype(float))).any()))
-            if "is_weight_mean" in df.columns else ("ess", lambda v: False))
-        if (per["masked"].fillna(0).max() <= FLAT_FRACTION and per["clamped"].fillna(0).max() <= FLAT_FRACTION
-                and per["ess"].min() >= 1 - FLAT_FRACTION and not per["bad"].any()):
-            out["masking"] = (f"flat in every run: masked and clamped fractions ≤ {FLAT_FRACTION:g}, ESS ≥ "
-                              f"{per['ess'].min():.3g} in every step (--kind masking draws it anyway)")
+            if "is_weight_mean" in df.columns
+            else ("ess", lambda v: False),
+        )
+        if (
+            per["masked"].fillna(0).max() <= FLAT_FRACTION
+            and per["clamped"].fillna(0).max() <= FLAT_FRACTION
+            and per["ess"].min() >= 1 - FLAT_FRACTION
+            and not per["bad"].any()
+        ):
+            out["masking"] = (
+                f"flat in every run: masked and clamped fractions ≤ {FLAT_FRACTION:g}, ESS ≥ "
+                f"{per['ess'].min():.3g} in every step (--kind masking draws it anyway)"
+            )
     if avail.get("stability") is None:
         per = per_job(ds)
         if per["nonfinite"].fillna(0).eq(0).all() and per["collapsed"].fillna(0).eq(0).all():
-            out["stability"] = (f"no NaN/inf update and no collapse in any of the {len(per)} runs: every line "
-                                "would be flat at 0 (--kind stability draws it anyway)")
+            out["stability"] = (
+                f"no NaN/inf update and no collapse in any of the {len(per)} runs: every line "
+                "would be flat at 0 (--kind stability draws it anyway)"
+            )
     return out
 
 
@@ -118,16 +143,20 @@ def field_flat_reasons(ds: Dataset, avail: dict[str, str | None]) -> dict[str, s
     if avail.get("survival") is None:
         summaries = [j.summary for j in ds.jobs]
         if not any(s["collapsed"] for s in summaries):
-            out["survival"] = (f"no run collapsed (of {len(summaries)}): every survival line would be flat at 1 "
-                               "(--kind survival draws it anyway)")
+            out["survival"] = (
+                f"no run collapsed (of {len(summaries)}): every survival line would be flat at 1 "
+                "(--kind survival draws it anyway)"
+            )
     return out
 
 
 def _lengths_reason(ds: Dataset) -> str | None:
     lengths = set(job_lengths(ds).values())
     if len(lengths) < 2:
-        return ("needs train runs at ≥ 2 response lengths (a sweep over rollout.seq_len); "
-                f"{ds.path} has {'T=' + fmt_value(lengths.pop()) if lengths else 'no rollout.seq_len'}")
+        return (
+            "needs train runs at ≥ 2 response lengths (a sweep over rollout.seq_len); "
+            f"{ds.path} has {'T=' + fmt_value(lengths.pop()) if lengths else 'no rollout.seq_len'}"
+        )
     return None
 
 
@@ -139,8 +168,10 @@ def _bias_split_reason(ds: Dataset) -> str | None:
     if missing:
         return f"probe.csv lacks {', '.join(missing)} (written before the probe logged them)"
     if pr["seq_len"].nunique() < 2:
-        return (f"needs probes at ≥ 2 response lengths (e.g. `is-study sweep experiment=bigram/bias-variance-by-level`); "
-                f"{ds.path} has only T={fmt_value(pr['seq_len'].iloc[0])}")
+        return (
+            f"needs probes at ≥ 2 response lengths (e.g. `is-study sweep experiment=bigram/bias-variance-by-level`); "
+            f"{ds.path} has only T={fmt_value(pr['seq_len'].iloc[0])}"
+        )
     if pr.groupby(["job", "preset"]).size().max() > 1:
         return "some preset was probed at several bands in one run: one band per preset, please (see --kind threshold)"
     return None
@@ -154,8 +185,10 @@ def _band_reason(ds: Dataset, base: str | None) -> str | None:
         return "the runs record no correction.low / correction.high (a correction without a band)"
     bands = per.groupby("correction")[["low", "high"]].apply(lambda g: len(g.drop_duplicates()))
     if not len(bands) or bands.max() < 2:
-        return ("needs train runs at ≥ 2 bands of one correction (a sweep over correction.high, correction.low or "
-                "an experiment's band key, e.g. experiment=bigram/threshold-tradeoff)")
+        return (
+            "needs train runs at ≥ 2 bands of one correction (a sweep over correction.high, correction.low or "
+            "an experiment's band key, e.g. experiment=bigram/threshold-tradeoff)"
+        )
     return None
 
 

@@ -6,7 +6,7 @@ cell of a train sweep over T × correction).
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -115,8 +115,15 @@ def _survival(ds: Dataset, style: str):
             if censored:
                 n_censored += len(censored)
                 level = [ys[max(i for i, x in enumerate(xs) if x <= c)] for c in censored]
-                ax.plot(censored, level, linestyle="none", marker="|", markersize=7, color=st.look(name).color,
-                        gid="censored")
+                ax.plot(
+                    censored,
+                    level,
+                    linestyle="none",
+                    marker="|",
+                    markersize=7,
+                    color=st.look(name).color,
+                    gid="censored",
+                )
         ax.set_ylim(-0.03, 1.05)
         ax.set_xlim(0, horizon)
         if f:
@@ -129,13 +136,16 @@ def _survival(ds: Dataset, style: str):
         _lead_lag(ds, grid, fs, names, per, paper)
         for r in collapsed["collapse_reason"]:
             reasons[collapse_kind(r)] = reasons.get(collapse_kind(r), 0) + 1
-    low, high = seed_count(per.assign(_facet=per["job"].map({j: i for i, fc in enumerate(fs) for j in fc.jobs})),
-                            ("_facet", "correction"))
+    low, high = seed_count(
+        per.assign(_facet=per["job"].map({j: i for i, fc in enumerate(fs) for j in fc.jobs})), ("_facet", "correction")
+    )
     ylabels = [style_label(style, f"not yet collapsed (fraction of {seeds_text(low, high)})", "not collapsed (frac.)")]
     xlabels = [step_label(style)]
     if lead:
-        ylabels += [style_label(style, "ESS (fraction of tokens)", "ESS (frac.)"),
-                    style_label(style, r"gradient norm $\|\nabla_\theta L\|_2$ (unclipped)", r"$\|\nabla_\theta L\|$")]
+        ylabels += [
+            style_label(style, "ESS (fraction of tokens)", "ESS (frac.)"),
+            style_label(style, r"gradient norm $\|\nabla_\theta L\|_2$ (unclipped)", r"$\|\nabla_\theta L\|$"),
+        ]
         xlabels += [style_label(style, "steps relative to the collapse step", "steps from collapse")] * 2
     grid.label(xlabels, ylabels, fs)
     extra = []
@@ -144,22 +154,37 @@ def _survival(ds: Dataset, style: str):
         if any(ln.get_gid() == "runs" for ax in grid.fig.axes for ln in ax.get_lines()):
             extra.append((Line2D([], [], color="0.5", linewidth=0.6, alpha=0.6), "one collapsed seed (thin)"))
         if any(ln.get_gid() == "events" for ax in grid.fig.axes for ln in ax.get_lines()):
-            extra.append((Line2D([], [], linestyle="none", marker="|", color="0.25", markersize=6),
-                          "NaN/inf gradient (top edge)"))
+            extra.append(
+                (
+                    Line2D([], [], linestyle="none", marker="|", color="0.25", markersize=6),
+                    "NaN/inf gradient (top edge)",
+                )
+            )
     if n_censored:
-        extra.append((Line2D([], [], linestyle="none", marker="|", color="0.25", markersize=7),
-                      "run ended early without collapse (censored)"))
+        extra.append(
+            (
+                Line2D([], [], linestyle="none", marker="|", color="0.25", markersize=7),
+                "run ended early without collapse (censored)",
+            )
+        )
     handles, labels = legend_for(names, extra=extra)
     # The count beside each name: a curve at 1 can hide under another, its label cannot.
     counts = per.groupby("correction")["event"].agg(["count", "size"])
-    labels = [f"{lab}: {counts.loc[lab, 'count']}/{counts.loc[lab, 'size']} collapsed" if lab in names else lab
-              for lab in labels]
-    what = ("lead–lag: per correction, the median over its collapsed seeds; "
+    labels = [
+        f"{lab}: {counts.loc[lab, 'count']}/{counts.loc[lab, 'size']} collapsed" if lab in names else lab
+        for lab in labels
+    ]
+    what = (
+        (
+            "lead–lag: per correction, the median over its collapsed seeds; "
             f"{len(collapsed)} collapse{'s' if len(collapsed) != 1 else ''} ("
-            + ", ".join(f"{w} {n}" for w, n in sorted(reasons.items())) + ")") if lead else (
-        "no run collapsed: no lead–lag panels")
-    return grid.finish(TITLES["survival"], ds, handles, labels,
-                       join_notes(what, never_learned_note(per), fs.note))
+            + ", ".join(f"{w} {n}" for w, n in sorted(reasons.items()))
+            + ")"
+        )
+        if lead
+        else ("no run collapsed: no lead–lag panels")
+    )
+    return grid.finish(TITLES["survival"], ds, handles, labels, join_notes(what, never_learned_note(per), fs.note))
 
 
 def _lead_lag(ds: Dataset, grid, fs, names, per, paper: bool) -> None:
@@ -172,8 +197,12 @@ def _lead_lag(ds: Dataset, grid, fs, names, per, paper: bool) -> None:
     x = rows["step"] + (rows["update"] / n_upd if "update" in rows.columns else 0) - rows["job"].map(event)
     weights_ok = np.isfinite(rows["is_weight_mean"].astype(float)) if "is_weight_mean" in rows.columns else True
     gn = rows["grad_norm"].astype(float)
-    frame = rows.assign(x=x.round(6), ess=rows["ess"].where(weights_ok) if "ess" in rows.columns else np.nan,
-                        gn=gn.where(np.isfinite(gn) & (gn > 0)), bad=~np.isfinite(gn))
+    frame = rows.assign(
+        x=x.round(6),
+        ess=rows["ess"].where(weights_ok) if "ess" in rows.columns else np.nan,
+        gn=gn.where(np.isfinite(gn) & (gn > 0)),
+        bad=~np.isfinite(gn),
+    )
     frame = frame[(frame["x"] >= -LEAD_STEPS) & (frame["x"] < LAG_STEPS + 1)]
     for f, facet in enumerate(fs):
         sub = frame[frame["job"].isin(facet.jobs)]
@@ -183,8 +212,17 @@ def _lead_lag(ds: Dataset, grid, fs, names, per, paper: bool) -> None:
                 ax.sharex(grid.ax(0, 1))
             ax.axvline(0.0, color="0.4", linestyle="--", linewidth=0.9, gid="collapse-line", zorder=1)
             if sub.empty:
-                ax.text(0.5, 0.5, "no collapse", transform=ax.transAxes, ha="center", va="center",
-                        fontsize="small", color="0.35", gid="note")
+                ax.text(
+                    0.5,
+                    0.5,
+                    "no collapse",
+                    transform=ax.transAxes,
+                    ha="center",
+                    va="center",
+                    fontsize="small",
+                    color="0.35",
+                    gid="note",
+                )
             for row, name in enumerate(n for n in names if n in set(sub["correction"])):
                 cur = sub[sub["correction"] == name]
                 table = cur.pivot_table(index="x", columns="job", values=metric, aggfunc="mean", dropna=False)
@@ -196,13 +234,28 @@ def _lead_lag(ds: Dataset, grid, fs, names, per, paper: bool) -> None:
                 median = np.full(len(table), np.nan)
                 some = np.isfinite(values).any(axis=1)  # a step where every run's value is undefined: a gap
                 median[some] = np.nanmedian(values[some], axis=1)
-                ax.plot(table.index, median, linewidth=1.0 if paper else 1.4, marker="o",
-                        markersize=1.8 if paper else 2.5, **kw)
+                ax.plot(
+                    table.index,
+                    median,
+                    linewidth=1.0 if paper else 1.4,
+                    marker="o",
+                    markersize=1.8 if paper else 2.5,
+                    **kw,
+                )
                 bad = np.sort(cur.loc[cur["bad"], "x"].unique())
                 if metric == "gn" and len(bad):
-                    ax.plot(bad, np.full(len(bad), 0.965 - 0.04 * row), linestyle="none", marker="|", markersize=6,
-                            markeredgewidth=1.2, color=kw["color"], transform=ax.get_xaxis_transform(),
-                            clip_on=False, gid="events")
+                    ax.plot(
+                        bad,
+                        np.full(len(bad), 0.965 - 0.04 * row),
+                        linestyle="none",
+                        marker="|",
+                        markersize=6,
+                        markeredgewidth=1.2,
+                        color=kw["color"],
+                        transform=ax.get_xaxis_transform(),
+                        clip_on=False,
+                        gid="events",
+                    )
         grid.ax(f, 2).set_yscale("log")
     if len(frame):  # the steps some collapse has data for, within the window
         grid.ax(0, 1).set_xlim(float(frame["x"].min()) - 0.5, max(float(frame["x"].max()), 0.0) + 0.5)
@@ -225,17 +278,23 @@ def length_cells(ds: Dataset, facet_jobs: Sequence[int] | None = None, per=None)
     via per_job (`per`: its table, when the caller has it)."""
     per = per_job(ds) if per is None else per
     # A run that ended with NaN parameters has no final J (per_job's falls back to the last finite one)
-    per = per.assign(T=per["job"].map(job_lengths(ds)),
-                     final_objective=per["final_objective"].where(per["nonfinite_params"] != 1))
+    per = per.assign(
+        T=per["job"].map(job_lengths(ds)), final_objective=per["final_objective"].where(per["nonfinite_params"] != 1)
+    )
     if facet_jobs is not None:
         per = per[per["job"].isin(facet_jobs)]
     seeds = "seed" if "seed" in per.columns else "job"
-    cells = (per.groupby(["correction", "T"])
-                .agg(seeds=(seeds, "nunique"), final_J=("final_objective", "mean"),
-                     undefined=("final_objective", lambda s: int(s.isna().sum())),
-                     collapsed=("collapsed", lambda s: int((s == 1).sum())),
-                     never_learned=("learned", lambda s: int((s == 0).sum())))
-                .reset_index())
+    cells = (
+        per.groupby(["correction", "T"])
+        .agg(
+            seeds=(seeds, "nunique"),
+            final_J=("final_objective", "mean"),
+            undefined=("final_objective", lambda s: int(s.isna().sum())),
+            collapsed=("collapsed", lambda s: int((s == 1).sum())),
+            never_learned=("learned", lambda s: int((s == 0).sum())),
+        )
+        .reset_index()
+    )
     return cells
 
 
@@ -278,13 +337,20 @@ def _length_heatmap(ds: Dataset, style: str):
             text_c[(i, t)] = f"{int(r['collapsed'])}/{int(r['seeds'])}{dagger}"
             some_nan = 0 < r["undefined"] < r["seeds"]
             nan_marked += bool(some_nan)
-            text_j[(i, t)] = "NaN" if r["undefined"] == r["seeds"] else f"{r['final_J']:.{digits}f}" + (
-                "‡" if some_nan else "")
+            text_j[(i, t)] = (
+                "NaN" if r["undefined"] == r["seeds"] else f"{r['final_J']:.{digits}f}" + ("‡" if some_nan else "")
+            )
         for p, (grid, cmap, lo, hi) in enumerate(((grid_j, "viridis", j_lo, j_hi), (grid_c, "OrRd", 0.0, 1.0))):
             ax = axes[f][p]
             # a cell without a value (no J: NaN parameters) is grey, not the axes' white
-            im = ax.imshow(np.ma.masked_invalid(grid), cmap=colormaps[cmap].with_extremes(bad="0.85"), vmin=lo,
-                           vmax=hi, aspect="auto", interpolation="nearest")
+            im = ax.imshow(
+                np.ma.masked_invalid(grid),
+                cmap=colormaps[cmap].with_extremes(bad="0.85"),
+                vmin=lo,
+                vmax=hi,
+                aspect="auto",
+                interpolation="nearest",
+            )
             im.set_gid("final-J" if p == 0 else "collapse")
             images.setdefault(p, []).append((im, ax))
             if annotate:
@@ -294,8 +360,16 @@ def _length_heatmap(ds: Dataset, style: str):
                         words = (text_j if p == 0 else text_c).get((i, t), "—")
                         shade = im.cmap(im.norm(v)) if np.isfinite(v) else (0.85, 0.85, 0.85, 1)
                         dark = 0.299 * shade[0] + 0.587 * shade[1] + 0.114 * shade[2] < 0.5
-                        ax.text(t, i, words, ha="center", va="center", fontsize=5.5 if paper else 7.5,
-                                color="white" if dark else "black", gid="cell")
+                        ax.text(
+                            t,
+                            i,
+                            words,
+                            ha="center",
+                            va="center",
+                            fontsize=5.5 if paper else 7.5,
+                            color="white" if dark else "black",
+                            gid="cell",
+                        )
             ax.set_xticks(range(n_t), [fmt_value(int(t) if float(t).is_integer() else t) for t in Ts])
             ax.set_yticks(range(n_c), names if p == 0 else [""] * n_c)
             ax.tick_params(axis="both", length=0)
@@ -309,11 +383,14 @@ def _length_heatmap(ds: Dataset, style: str):
                 ax.set_xlabel(style_label(style, r"response length $T$ (tokens)", r"response length $T$"))
             if fs[f].label:
                 ax.set_title(fit(fs[f].title(style), cell_in * n_t, paper), fontsize="medium", loc="left")
-    labels = (style_label(style, "final J (mean over seeds)", "final J"),
-              style_label(style, "collapse rate (fraction of seeds)", "collapsed (frac.)"))
+    labels = (
+        style_label(style, "final J (mean over seeds)", "final J"),
+        style_label(style, "collapse rate (fraction of seeds)", "collapsed (frac.)"),
+    )
     for p, entries in images.items():
-        cbar = fig.colorbar(entries[0][0], ax=[ax for _, ax in entries], shrink=0.95, aspect=18 if paper else 14,
-                            pad=0.02)
+        cbar = fig.colorbar(
+            entries[0][0], ax=[ax for _, ax in entries], shrink=0.95, aspect=18 if paper else 14, pad=0.02
+        )
         cbar.set_label(labels[p])
         cbar.ax.tick_params(labelsize=6 if paper else 8)
     per_T = per.assign(T=per["job"].map(lengths))

@@ -6,8 +6,8 @@ flat ones (`drop_flat`) and names the others in a note. Also the seed counts beh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
@@ -48,8 +48,9 @@ class Facets(list):
         if self.flat:
             parts.append(f"{_count(len(self.flat), 'panel')} left out, {self.flat_why}: {_facet_list(self.flat)}")
         if self.left_out:
-            parts.append(f"{len(self)} of {self.total} panels drawn, {self.why}; "
-                         f"left out: {_facet_list(self.left_out)}")
+            parts.append(
+                f"{len(self)} of {self.total} panels drawn, {self.why}; left out: {_facet_list(self.left_out)}"
+            )
         elif self.total > len(self) + len(self.flat):
             parts.append(f"first {len(self)} of {self.total} panels")
         return " · ".join(parts)
@@ -68,12 +69,19 @@ def _facet_list(fs: Sequence[Facet], most: int = 8) -> str:
 
 def _copy_facets(fs: Facets, keep: Sequence[int]) -> Facets:
     out = Facets(fs[i] for i in keep)
-    out.total, out.left_out, out.why, out.flat, out.flat_why = fs.total, list(fs.left_out), fs.why, list(fs.flat), \
-        fs.flat_why
+    out.total, out.left_out, out.why, out.flat, out.flat_why = (
+        fs.total,
+        list(fs.left_out),
+        fs.why,
+        list(fs.flat),
+        fs.flat_why,
+    )
     return out
 
 
-def arm_spread(frame, fs: Sequence[Facet], cols: Sequence[str], arm: str = "correction", x: str = "step") -> list[float]:
+def arm_spread(
+    frame, fs: Sequence[Facet], cols: Sequence[str], arm: str = "correction", x: str = "step"
+) -> list[float]:
     """Per facet, how far apart its arms are: the largest gap, at any x, between two arms' means over
     seeds, as a fraction of that metric's range over the whole figure (the largest over `cols`).
     0 for a facet with one arm."""
@@ -91,8 +99,9 @@ def arm_spread(frame, fs: Sequence[Facet], cols: Sequence[str], arm: str = "corr
     return out.tolist()
 
 
-def keep_differing(fs: Facets, scores: Sequence[float], limit: int, arms: str = "corrections",
-                   what: str = "") -> Facets:
+def keep_differing(
+    fs: Facets, scores: Sequence[float], limit: int, arms: str = "corrections", what: str = ""
+) -> Facets:
     """At most `limit` facets: the ones whose arms differ most (`scores`, from arm_spread), in their
     order; the note names the others and how close their arms are."""
     if len(fs) <= limit:
@@ -105,8 +114,9 @@ def keep_differing(fs: Facets, scores: Sequence[float], limit: int, arms: str = 
     out = _copy_facets(fs, keep)
     out.left_out = [fs[i] for i in drop]
     worst = max(scores[i] for i in drop)
-    out.why = (f"those where the {arms} differ most{' in ' + what if what else ''} (elsewhere their lines "
-               + ("coincide)" if worst == 0 else f"are within {percent_text(worst)} of the axis of each other)"))
+    out.why = f"those where the {arms} differ most{' in ' + what if what else ''} (elsewhere their lines " + (
+        "coincide)" if worst == 0 else f"are within {percent_text(worst)} of the axis of each other)"
+    )
     return out
 
 
@@ -147,8 +157,9 @@ def drop_flat(fs: Facets, flat: Sequence[bool], why: str) -> Facets:
     return out
 
 
-def facets(ds: Dataset, frame, exclude: Sequence[str] = (), limit: int | None = MAX_FACETS,
-           by_correction: bool = False) -> Facets:
+def facets(
+    ds: Dataset, frame, exclude: Sequence[str] = (), limit: int | None = MAX_FACETS, by_correction: bool = False
+) -> Facets:
     """One facet per combination of the swept keys other than seed and `exclude`, and other than the
     correction unless `by_correction` (a figure whose lines are something else, e.g. precision)."""
     skip = set(SEED_KEYS) | set(exclude) | (set() if by_correction else set(CORRECTION_KEYS))
@@ -176,8 +187,9 @@ def seed_counts(frame, fs: Sequence[Facet] = (), by: Sequence[str] = ()) -> tupl
         return 0, 0
     facet_of = {j: i for i, fc in enumerate(fs) for j in fc.jobs}
     col = "seed" if "seed" in frame.columns else "job"
-    per = (frame.assign(_facet=frame["job"].map(facet_of).fillna(-1))
-                .groupby(["_facet", "correction", *by])[col].nunique())
+    per = (
+        frame.assign(_facet=frame["job"].map(facet_of).fillna(-1)).groupby(["_facet", "correction", *by])[col].nunique()
+    )
     if per.empty:
         return 0, 0
     return int(per.min()), int(per.max())

@@ -13,8 +13,8 @@ import math
 import re
 import textwrap
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -67,8 +67,15 @@ class Grid:
     most 4 facets a line. The paper style is 3.3 in wide for one or two columns and 7 in beyond, and
     never more than 3 rows: `capacity` says how many facets fit."""
 
-    def __init__(self, n_facets: int, n_metrics: int, style: str, row_height: float | None = None,
-                 sharey: bool = True, sharex: bool = True):
+    def __init__(
+        self,
+        n_facets: int,
+        n_metrics: int,
+        style: str,
+        row_height: float | None = None,
+        sharey: bool = True,
+        sharex: bool = True,
+    ):
         self.style = style
         self.paper = style == "paper"
         self.sharey = sharey and n_facets > 1
@@ -84,7 +91,7 @@ class Grid:
             width = st.PAPER_WIDTH if self.ncols <= 2 else st.PAPER_DOUBLE_WIDTH
             height = self.nrows * (row_height or (1.45 if self.ncols == 1 else 1.3))
         else:
-            panel_w, panel_h = (st.DEFAULT_PANEL if n_facets > 1 else (4.2, 3.0))
+            panel_w, panel_h = st.DEFAULT_PANEL if n_facets > 1 else (4.2, 3.0)
             width = panel_w * self.ncols + LEGEND_WIDTH
             row = row_height or panel_h
             if self.nrows > 3:  # many rows: less height each (down to 1.5 in), so the figure stays on a screen
@@ -211,11 +218,16 @@ def _tidy_log_axes(fig) -> None:
     from matplotlib.ticker import FixedLocator, FuncFormatter, LogFormatterSciNotation, LogLocator, NullFormatter
 
     for ax in fig.axes:
-        for axis, scale, lim in ((ax.yaxis, ax.get_yscale(), ax.get_ylim()), (ax.xaxis, ax.get_xscale(), ax.get_xlim())):
+        for axis, scale, lim in (
+            (ax.yaxis, ax.get_yscale(), ax.get_ylim()),
+            (ax.xaxis, ax.get_xscale(), ax.get_xlim()),
+        ):
             lo, hi = sorted(lim)
             if scale != "log" or lo <= 0:
                 continue
-            if isinstance(axis.get_major_locator(), FixedLocator) or isinstance(axis.get_major_formatter(), FuncFormatter):
+            if isinstance(axis.get_major_locator(), FixedLocator) or isinstance(
+                axis.get_major_formatter(), FuncFormatter
+            ):
                 continue  # the figure chose its ticks
             decades = math.floor(math.log10(hi)) - math.ceil(math.log10(lo)) + 1
             if decades >= 2:
@@ -238,8 +250,9 @@ def _tidy_linear_ticks(fig) -> None:
             continue
         if ax.get_xscale() == "linear" and not isinstance(ax.xaxis.get_major_locator(), FixedLocator):
             width = fig.get_figwidth() * ax.get_position().width
-            ax.xaxis.set_major_locator(MaxNLocator(nbins=max(int(width / (0.45 if paper else 0.6)), 3),
-                                                   steps=[1, 2, 2.5, 5, 10]))
+            ax.xaxis.set_major_locator(
+                MaxNLocator(nbins=max(int(width / (0.45 if paper else 0.6)), 3), steps=[1, 2, 2.5, 5, 10])
+            )
         if ax.get_yscale() == "linear" and not isinstance(ax.yaxis.get_major_locator(), FixedLocator):
             height = fig.get_figheight() * ax.get_position().height
             ax.yaxis.set_major_locator(MaxNLocator(nbins=max(int(height / (0.3 if paper else 0.4)), 3)))
@@ -275,8 +288,11 @@ def distinguish_identical(fig) -> Counter:
     pairs: Counter = Counter()
     for ax in fig.axes:
         lines = [ln for ln in ax.get_lines() if ln.get_gid() == "series"]
-        values = np.concatenate([_on_scale(ax, np.asarray(ln.get_ydata(), dtype=float)) for ln in lines]) \
-            if lines else np.array([])
+        values = (
+            np.concatenate([_on_scale(ax, np.asarray(ln.get_ydata(), dtype=float)) for ln in lines])
+            if lines
+            else np.array([])
+        )
         values = values[np.isfinite(values)]
         tolerance = 0.01 * (values.max() - values.min()) if len(values) else 0.0
         groups: list[list] = []
@@ -308,14 +324,25 @@ def _identical_note(pairs: Counter, panels: int) -> str:
     """Which lines coincide: 'tis = none' (tis drawn with markers over none)."""
     if not pairs:
         return ""
-    shown = [f"{b} = {a}" + ("" if n == panels else f" ({n} panel{'s' if n != 1 else ''})")
-             for (a, b), n in list(pairs.items())[:4]]
+    shown = [
+        f"{b} = {a}" + ("" if n == panels else f" ({n} panel{'s' if n != 1 else ''})")
+        for (a, b), n in list(pairs.items())[:4]
+    ]
     more = f", +{len(pairs) - 4} more" if len(pairs) > 4 else ""
     return "markers: a line on top of another: " + ", ".join(shown) + more
 
 
-def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str = "", config: str | None = None,
-           legend_below: bool = False):
+def finish(
+    fig,
+    title: str,
+    ds: Dataset,
+    handles,
+    labels,
+    paper: bool,
+    note: str = "",
+    config: str | None = None,
+    legend_below: bool = False,
+):
     """The title, one legend outside the axes, and the figure's height grown to hold them.
 
     Default style: the kind, the config it came from and the notes. Paper style: the notes only (the
@@ -358,7 +385,7 @@ def finish(fig, title: str, ds: Dataset, handles, labels, paper: bool, note: str
         config_lines = textwrap.wrap(config, width=chars, break_long_words=True, break_on_hyphens=False) or [""]
         if len(config_lines) > CONFIG_LINES:  # the rest is in the files' metadata
             config_lines = config_lines[:CONFIG_LINES]
-            config_lines[-1] = config_lines[-1][:chars - 1].rstrip() + "…"
+            config_lines[-1] = config_lines[-1][: chars - 1].rstrip() + "…"
         lines = [title, *config_lines]
         if note:
             lines.append(textwrap.fill(note, width=chars, break_long_words=True, break_on_hyphens=False))
@@ -395,8 +422,16 @@ def legend_for(names: Sequence[str], marker: bool = False, extra: Sequence = ())
     handles, labels = [], []
     for n in names:
         lk = st.look(n)
-        handles.append(Line2D([], [], color=lk.color, linestyle=lk.linestyle, marker=lk.marker if marker else None,
-                              markersize=4 if marker else None))
+        handles.append(
+            Line2D(
+                [],
+                [],
+                color=lk.color,
+                linestyle=lk.linestyle,
+                marker=lk.marker if marker else None,
+                markersize=4 if marker else None,
+            )
+        )
         labels.append(str(n))
     for h, lab in extra:
         handles.append(h)
@@ -442,8 +477,17 @@ def floor_at_zero(axes: Sequence, top_if_zero: float = 1.0, ceiling: float | Non
                 ln.set_clip_on(False)
         ax.set_ylim(0.0, top)
         if hi <= 0 and zero_note and len(_series_values(ax)):
-            ax.text(0.5, 0.5, zero_note, transform=ax.transAxes, ha="center", va="center", fontsize="small",
-                    color="0.35", gid="note")
+            ax.text(
+                0.5,
+                0.5,
+                zero_note,
+                transform=ax.transAxes,
+                ha="center",
+                va="center",
+                fontsize="small",
+                color="0.35",
+                gid="note",
+            )
 
 
 def hide_negative_ticks(ax) -> None:
@@ -465,8 +509,10 @@ def never_learned_note(per) -> str:
     if flat.empty:
         return ""
     counts = per.groupby("correction")["learned"].count()
-    parts = [f"{name} ({len(g)} of {int(counts[name])} runs)" for name, g in
-             sorted(flat.groupby("correction"), key=lambda kv: st.preset_rank(kv[0]))]
+    parts = [
+        f"{name} ({len(g)} of {int(counts[name])} runs)"
+        for name, g in sorted(flat.groupby("correction"), key=lambda kv: st.preset_rank(kv[0]))
+    ]
     return "never learned (J never rose above its start; not a collapse): " + ", ".join(parts)
 
 
@@ -480,12 +526,20 @@ def as_float(v) -> float:
 def _metadata(fig, ext: str) -> dict:
     meta = getattr(fig, "_is_study_meta", None) or {}
     if ext == "png":
-        return {"Title": meta.get("Title", ""), "Description": meta.get("Subject", ""), "Software": "is-study",
-                "Style": getattr(fig, "_is_study_style", "default")}
+        return {
+            "Title": meta.get("Title", ""),
+            "Description": meta.get("Subject", ""),
+            "Software": "is-study",
+            "Style": getattr(fig, "_is_study_style", "default"),
+        }
     if ext == "pdf":
         # no CreationDate: the same runs give byte-identical PDFs, so regenerated figures diff only when drawn differently
-        return {"Title": meta.get("Title", ""), "Subject": meta.get("Subject", ""), "Creator": "is-study",
-                "CreationDate": None}
+        return {
+            "Title": meta.get("Title", ""),
+            "Subject": meta.get("Subject", ""),
+            "Creator": "is-study",
+            "CreationDate": None,
+        }
     return {}
 
 

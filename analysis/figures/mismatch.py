@@ -6,7 +6,7 @@ entropy against step, a line per engine precision: the analogue of Qi et al. 202
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -39,8 +39,14 @@ def mismatch_figure(ds: Dataset, style: str = "default"):
 
 def _token_groups(ds: Dataset, tokens) -> tuple[str | None, list]:
     """Split tokens by the swept key that changes the engine (precision first), else one group."""
-    prefer = ["mismatch.precision", "mismatch", "precision", "mismatch.logit_noise", "mismatch.staleness",
-              "mismatch.outlier_rate"]
+    prefer = [
+        "mismatch.precision",
+        "mismatch",
+        "precision",
+        "mismatch.logit_noise",
+        "mismatch.staleness",
+        "mismatch.outlier_rate",
+    ]
     keys = [k for k in prefer if k in ds.swept and k in tokens.columns]
     keys += [k for k in ds.swept if k not in keys and k not in SEED_KEYS and k in tokens.columns]
     if not keys:
@@ -84,15 +90,22 @@ def _mismatch(ds: Dataset, style: str):
     beyond_total = outliers_total = 0
     tails = []
     pt_min = 1.0
-    for gi, (label, value, g) in enumerate(groups):
+    for _gi, (label, value, g) in enumerate(groups):
         color = colors[value]
         lr = (g["old"] - g["roll"]).to_numpy(dtype=float)
         below, above = lr < -R, lr > R
         beyond_total += int(below.sum() + above.sum())
         outliers_total += int((np.abs(lr) > OUTLIER_NATS).sum())
         counts, _ = np.histogram(lr[~(below | above)], bins=edges)
-        ax_h.stairs(np.where(counts > 0, counts, np.nan), edges, color=color, linewidth=1.2, gid="series",
-                    label=label, baseline=None)
+        ax_h.stairs(
+            np.where(counts > 0, counts, np.nan),
+            edges,
+            color=color,
+            linewidth=1.2,
+            gid="series",
+            label=label,
+            baseline=None,
+        )
         # The tails: an overflow bin at each end, from the last bin to the axis's edge, at the count of
         # the tokens beyond it (dotted, so it does not read as one more bin of the same width).
         tails.append((color, int(below.sum()), int(above.sum())))
@@ -101,8 +114,17 @@ def _mismatch(ds: Dataset, style: str):
         idx = np.arange(len(g))
         if len(idx) > MAX_SCATTER:
             idx = rng.choice(idx, MAX_SCATTER, replace=False)
-        ax_s.scatter(np.clip(p_t[idx], floor, 1), np.clip(p_r[idx], floor, 1), s=4 if not paper else 2, alpha=0.35,
-                     color=color, linewidths=0, gid="series", rasterized=True, label=label)
+        ax_s.scatter(
+            np.clip(p_t[idx], floor, 1),
+            np.clip(p_r[idx], floor, 1),
+            s=4 if not paper else 2,
+            alpha=0.35,
+            color=color,
+            linewidths=0,
+            gid="series",
+            rasterized=True,
+            label=label,
+        )
         dp = np.abs(p_t - p_r)
         lo = max(float(np.min(p_t[p_t > 0])) if (p_t > 0).any() else 1e-6, 1e-6)
         bins = np.geomspace(lo, 1.0, 13)
@@ -137,9 +159,19 @@ def _mismatch(ds: Dataset, style: str):
         text = f"dotted end bins: beyond ±{R:.2g} nats,\n{beyond_total:,} token(s)"
         if outliers_total:
             text += f", {outliers_total:,} of them\ninjected outliers (|lr| > {OUTLIER_NATS:g} nats)"
-        ax_h.text(0.03, 0.97, text, transform=ax_h.transAxes, va="top", ha="left", fontsize="x-small",
-                  color="0.3", zorder=6, gid="note",
-                  bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5))
+        ax_h.text(
+            0.03,
+            0.97,
+            text,
+            transform=ax_h.transAxes,
+            va="top",
+            ha="left",
+            fontsize="x-small",
+            color="0.3",
+            zorder=6,
+            gid="note",
+            bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5),
+        )
         lo, hi = ax_h.get_ylim()  # headroom on the log axis: the note sits above the histogram, not on it
         if lo > 0 and hi > lo:
             ax_h.set_ylim(lo, hi * (hi / lo) ** (0.12 * (text.count("\n") + 1)))
@@ -151,19 +183,36 @@ def _mismatch(ds: Dataset, style: str):
     clipped = int((tok["roll"] < math.log(floor)).sum())
     ax_s.set_ylim(floor * 0.5 if (tok["roll"] < math.log(lo)).any() else lo, 1.5)
     if clipped:
-        ax_s.text(0.97, 0.03, f"{clipped:,} token(s) with $p_{{\\mathrm{{rollout}}}} < 10^{{-8}}$\ndrawn at $10^{{-8}}$",
-                  transform=ax_s.transAxes, va="bottom", ha="right", fontsize="x-small", color="0.3", zorder=6,
-                  gid="note", bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5))
+        ax_s.text(
+            0.97,
+            0.03,
+            f"{clipped:,} token(s) with $p_{{\\mathrm{{rollout}}}} < 10^{{-8}}$\ndrawn at $10^{{-8}}$",
+            transform=ax_s.transAxes,
+            va="bottom",
+            ha="right",
+            fontsize="x-small",
+            color="0.3",
+            zorder=6,
+            gid="note",
+            bbox=dict(facecolor="white", edgecolor="none", alpha=0.85, pad=1.5),
+        )
     ax_b.set_xscale("log")
-    if ax_b.get_lines() and all(np.nanmin(line.get_ydata()) > 0 for line in ax_b.get_lines()
-                                if len(line.get_ydata())):
+    if ax_b.get_lines() and all(np.nanmin(line.get_ydata()) > 0 for line in ax_b.get_lines() if len(line.get_ydata())):
         ax_b.set_yscale("log")
-    ax_h.set_xlabel(style_label(style, r"log-ratio $\log \pi_{\mathrm{train}} - \log \pi_{\mathrm{rollout}}$ (nats"
-                           + (", symlog)" if symlog else ")"), r"$\log \pi_{\mathrm{train}} - \log \pi_{\mathrm{rollout}}$"))
+    ax_h.set_xlabel(
+        style_label(
+            style,
+            r"log-ratio $\log \pi_{\mathrm{train}} - \log \pi_{\mathrm{rollout}}$ (nats"
+            + (", symlog)" if symlog else ")"),
+            r"$\log \pi_{\mathrm{train}} - \log \pi_{\mathrm{rollout}}$",
+        )
+    )
     ax_h.set_ylabel("tokens (count)")
     ax_s.set_xlabel(style_label(style, r"$p_{\mathrm{train}}$ (trainer, fp32)", r"$p_{\mathrm{train}}$"))
     ax_s.set_ylabel(style_label(style, r"$p_{\mathrm{rollout}}$ (engine)", r"$p_{\mathrm{rollout}}$"))
-    ax_b.set_xlabel(style_label(style, r"token probability $p_{\mathrm{train}}$ (log bins)", r"$p_{\mathrm{train}}$ (log bins)"))
+    ax_b.set_xlabel(
+        style_label(style, r"token probability $p_{\mathrm{train}}$ (log bins)", r"$p_{\mathrm{train}}$ (log bins)")
+    )
     ax_b.set_ylabel(style_label(style, r"$|p_{\mathrm{train}} - p_{\mathrm{rollout}}|$ (probability)", r"$|\Delta p|$"))
     handles += [Line2D([], [], color="0.3", linestyle=":"), Line2D([], [], color="0.4", linestyle="--")]
     labels += ["|Δp| per bin: median (solid), 90th pct. (dotted)", r"$p_{\mathrm{rollout}} = p_{\mathrm{train}}$"]
@@ -190,6 +239,7 @@ def symlog_decades(c: float, R: float, edge: float, panel_in: float, paper: bool
     kept = decades[::-1][::step][::-1]
     at = linear + np.log10(kept / c)  # distance from 0, in decades
     return kept[at * per_unit >= 0.75 * label]
+
 
 # Keys whose values are the engine's precision: the lines of mismatch-over-training, never its panels.
 PRECISION_KEYS = ("mismatch.precision", "mismatch", "precision")
@@ -221,7 +271,8 @@ def _symlog(ax, values: np.ndarray, height_in: float) -> None:
     first = int(round(math.log10(c))) + 1
 
     def decades(extreme: float) -> list[float]:
-        return [10.0 ** k for k in range(first, math.ceil(math.log10(extreme)) + 1)] if extreme > c else []
+        return [10.0**k for k in range(first, math.ceil(math.log10(extreme)) + 1)] if extreme > c else []
+
     pos, neg = decades(float(v.max())), decades(float(-v.min()))
     # Keep a tick only a label's height (≈ 0.2 in) from the last one kept, on the axis's own scale,
     # walking outwards from 0: the decades near the linear stretch are the ones that crowd.
@@ -237,6 +288,7 @@ def _symlog(ax, values: np.ndarray, height_in: float) -> None:
                 kept.append(t)
                 last = at
         return kept
+
     ticks = [*(-t for t in thinned(neg)[::-1]), 0.0, *thinned(pos)]
     ticks = sorted(ticks)
     ax.yaxis.set_major_locator(FixedLocator(ticks))
@@ -247,6 +299,7 @@ def _symlog(ax, values: np.ndarray, height_in: float) -> None:
             return "0"
         e = int(round(math.log10(abs(value))))
         return ("$-10^{%d}$" if value < 0 else "$10^{%d}$") % e
+
     ax.yaxis.set_major_formatter(FuncFormatter(fmt))
     ax.axhline(0.0, color="0.5", linewidth=0.6, zorder=1, gid="zero")
 
@@ -294,32 +347,41 @@ def _mismatch_over_training(ds: Dataset, style: str):
     # A step's value: the mean over its updates (max|Δp|: the largest of them, as its name says).
     agg = {m: (m, "max" if m == "max_abs_prob_diff" else "mean") for m in metrics}
     seed = {"seed": ("seed", "first")} if "seed" in df.columns else {}
-    per = (df.groupby(["job", "step"], sort=False)
-             .agg(precision=("precision", "first"), **seed, **agg).reset_index())
+    per = df.groupby(["job", "step"], sort=False).agg(precision=("precision", "first"), **seed, **agg).reset_index()
     fs = facets(ds, df, exclude=PRECISION_KEYS, by_correction=True, limit=None)
     limit = st.PAPER_MAX_ROWS if paper else 4
     if per["precision"].nunique() > 1:  # the lines are precisions: keep the panels where they differ most
         fs = keep_differing(fs, arm_spread(per, fs, metrics, arm="precision"), limit, arms="precisions")
     else:
-        fs = keep_distinct(fs, _mismatch_profiles(per, fs, metrics), limit,
-                           what="in their mismatch (median " + ", ".join(MOT_WORDS[m] for m in metrics) + ")")
+        fs = keep_distinct(
+            fs,
+            _mismatch_profiles(per, fs, metrics),
+            limit,
+            what="in their mismatch (median " + ", ".join(MOT_WORDS[m] for m in metrics) + ")",
+        )
     facet_of = {j: i for i, fc in enumerate(fs) for j in fc.jobs}
     per = per.assign(_facet=per["job"].map(facet_of)).dropna(subset=["_facet"])
     # A metric whose estimate changes sign (χ²: its sampling noise exceeds its size) is drawn as its
     # absolute value on a log axis, hollow where it was negative: a symlog axis made it flip every step.
     absolute = [m for m in metrics if m != "entropy" and _spread_scale(per[m].to_numpy(dtype=float)) == "symlog"]
-    precisions = sorted(per["precision"].astype(str).unique(),
-                        key=lambda p: (st.PRECISION_ORDER.index(p) if p in st.PRECISION_ORDER else 99, p))
+    precisions = sorted(
+        per["precision"].astype(str).unique(),
+        key=lambda p: (st.PRECISION_ORDER.index(p) if p in st.PRECISION_ORDER else 99, p),
+    )
     colors = st.dimension_colors("mismatch.precision", precisions)
     # A long run's per-step values are noisy (χ² most: its sampling noise can exceed it): the lines are
     # a centred mean over `window` steps of each run, the per-step median over seeds faint beneath.
     window = smoothing_window(per["step"].nunique())
     per = per.sort_values(["job", "step"])
     smooth = per.groupby("job", sort=False)[metrics].transform(
-        lambda col: col.rolling(window, center=True, min_periods=1).mean())
+        lambda col: col.rolling(window, center=True, min_periods=1).mean()
+    )
     smoothed = per.assign(**{m: smooth[m] for m in metrics})
-    stats = (smoothed.groupby(["_facet", "precision", "step"], sort=True)[metrics]
-                     .agg(["median", "min", "max"]).reset_index())
+    stats = (
+        smoothed.groupby(["_facet", "precision", "step"], sort=True)[metrics]
+        .agg(["median", "min", "max"])
+        .reset_index()
+    )
     raw = per.groupby(["_facet", "precision", "step"], sort=True)[metrics].median().reset_index()
     n_jobs = per.groupby(["_facet", "precision"])["job"].nunique()
     fig, axes = rows_grid(len(fs), len(metrics), style, row_height=1.45 if paper else 2.7)
@@ -338,18 +400,35 @@ def _mismatch_over_training(ds: Dataset, style: str):
                     negative = y < 0
                     y, y_raw = np.abs(y), np.abs(y_raw)
                 if window > 1:
-                    ax.plot(cur_raw["step"], y_raw, color=colors[p], linewidth=0.4 if paper else 0.6,
-                            alpha=0.3, gid="raw")
+                    ax.plot(
+                        cur_raw["step"], y_raw, color=colors[p], linewidth=0.4 if paper else 0.6, alpha=0.3, gid="raw"
+                    )
                 ax.plot(cur["step"], y, color=colors[p], linewidth=1.0 if paper else 1.3, label=p, gid="series")
                 if metric in absolute and negative.any():
-                    ax.plot(cur["step"].to_numpy()[negative], y[negative], linestyle="none", marker="o",
-                            markersize=2.2 if paper else 3, markerfacecolor="white", markeredgecolor=colors[p],
-                            markeredgewidth=0.7, gid="negative", zorder=4)
+                    ax.plot(
+                        cur["step"].to_numpy()[negative],
+                        y[negative],
+                        linestyle="none",
+                        marker="o",
+                        markersize=2.2 if paper else 3,
+                        markerfacecolor="white",
+                        markeredgecolor=colors[p],
+                        markeredgewidth=0.7,
+                        gid="negative",
+                        zorder=4,
+                    )
                 if metric in absolute:
                     continue  # a min–max band of a value that changes sign has no absolute value
                 if n_jobs.get((f, p), 1) > 1:
-                    ax.fill_between(cur["step"], cur[(metric, "min")], cur[(metric, "max")], color=colors[p],
-                                    alpha=0.15, linewidth=0, gid="band")
+                    ax.fill_between(
+                        cur["step"],
+                        cur[(metric, "min")],
+                        cur[(metric, "max")],
+                        color=colors[p],
+                        alpha=0.15,
+                        linewidth=0,
+                        gid="band",
+                    )
                 if metric != "entropy" and len(y) and np.all(y[np.isfinite(y)] == 0):
                     zero_lines.append(f"{p} {MOT_WORDS[metric]}")
     notes = []
@@ -358,8 +437,10 @@ def _mismatch_over_training(ds: Dataset, style: str):
         values = per[metric].to_numpy(dtype=float)
         scale = "linear" if metric == "entropy" else "log" if metric in absolute else _spread_scale(values)
         if metric in absolute:
-            notes.append(f"{MOT_WORDS[metric]} changes sign (its sampling noise exceeds its size): drawn as "
-                         f"|{MOT_WORDS[metric]}| on a log axis, hollow where negative")
+            notes.append(
+                f"{MOT_WORDS[metric]} changes sign (its sampling noise exceeds its size): drawn as "
+                f"|{MOT_WORDS[metric]}| on a log axis, hollow where negative"
+            )
         if scale == "log":
             for ax in column:
                 ax.set_yscale("log")
@@ -372,18 +453,33 @@ def _mismatch_over_training(ds: Dataset, style: str):
             floor_at_zero(column)
     if zero_lines:
         notes.append("exactly 0, not drawn on a log axis: " + ", ".join(dict.fromkeys(zero_lines)))
-    label_rows(fig, axes, step_label(style),
-                [(MOT_ABS_YLABELS.get(m) or MOT_YLABELS[m])[paper] if m in absolute else MOT_YLABELS[m][paper]
-                 for m in metrics], [fc.title(style) for fc in fs], paper)
+    label_rows(
+        fig,
+        axes,
+        step_label(style),
+        [
+            (MOT_ABS_YLABELS.get(m) or MOT_YLABELS[m])[paper] if m in absolute else MOT_YLABELS[m][paper]
+            for m in metrics
+        ],
+        [fc.title(style) for fc in fs],
+        paper,
+    )
     handles = [Line2D([], [], color=colors[p], linewidth=1.5) for p in precisions]
     labels = [f"engine precision {p}" for p in precisions]
     low, high = seed_count(per, ("_facet", "precision"))
     seeds = f"median over {seeds_text(low, high)}, shaded: min–max" if high > 1 else ""
     step_words = "per step: the mean over its updates (max|Δp|: their max)" + (
-        f"; lines: centred mean over {window} steps, faint: per step" if window > 1 else "")
-    return finish_kind(fig, "mismatch-over-training", ds, handles, labels, paper,
-                   join_notes(seeds, step_words, _medians_note(per, precisions) if len(fs) == 1 else "", *notes,
-                          fs.note))
+        f"; lines: centred mean over {window} steps, faint: per step" if window > 1 else ""
+    )
+    return finish_kind(
+        fig,
+        "mismatch-over-training",
+        ds,
+        handles,
+        labels,
+        paper,
+        join_notes(seeds, step_words, _medians_note(per, precisions) if len(fs) == 1 else "", *notes, fs.note),
+    )
 
 
 ENTROPY_MIN_SPAN = 0.05  # nats: a flatter entropy is drawn flat, not as noise blown up to the panel's height

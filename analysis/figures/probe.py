@@ -6,7 +6,7 @@ each preset's bias against the response length T, a probe sweep over rollout.seq
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -33,8 +33,7 @@ from analysis.load import DEGENERATE_RULE, Dataset, fmt_value, probe_frame
 PROBE_YLABELS = {
     "bias_norm": (r"bias $\|\mathbb{E}\,\hat g - \nabla J\|_2$", r"bias $\|\mathbb{E}\hat g - \nabla J\|$"),
     "variance": (r"variance $\mathrm{tr}\,\mathrm{Cov}(\hat g)$", r"variance $\mathrm{tr\,Cov}(\hat g)$"),
-    "rel_mse": (r"relative MSE $\mathbb{E}\,\|\hat g - \nabla J\|^2 / \|\nabla J\|^2$",
-                r"MSE$\,/\,\|\nabla J\|^2$"),
+    "rel_mse": (r"relative MSE $\mathbb{E}\,\|\hat g - \nabla J\|^2 / \|\nabla J\|^2$", r"MSE$\,/\,\|\nabla J\|^2$"),
     "mse": (r"MSE $\mathbb{E}\,\|\hat g - \nabla J\|_2^2$", r"MSE $\mathbb{E}\|\hat g - \nabla J\|^2$"),
 }
 ZERO_LINE_LABEL = "relative MSE 1: that of a zero update (ĝ = 0)"
@@ -56,6 +55,7 @@ def _nonfinite_tags(pr, labels: list[str]) -> list[str]:
         if w >= 1:
             return f"{lab} (NaN/inf in every batch: not drawn)"
         return f"{lab} (NaN/inf in up to {100 * w:.2g}% of batches)" if w > 0 else lab
+
     return [tag(lab) for lab in labels]
 
 
@@ -85,7 +85,7 @@ def _threshold(ds: Dataset, style: str):
     grid = Grid(len(fs), len(metrics), style)
     n_degenerate = n_starred = 0
     for f, name, cur, lk in facet_arms(pr, fs, names, arm="preset"):
-        agg = {m: "mean" for m in metrics}
+        agg = dict.fromkeys(metrics, "mean")
         agg["degenerate"] = "max"
         for c in ("bias_norm_ci", "bias_norm_lo", "bias_norm_hi"):
             if c in cur.columns:
@@ -95,12 +95,29 @@ def _threshold(ds: Dataset, style: str):
         degenerate = stats["degenerate"].astype(bool)
         for m, metric in enumerate(metrics):
             ax = grid.ax(f, m)
-            ax.plot(stats["high"], stats[metric], color=lk.color, linestyle=lk.linestyle, marker=lk.marker,
-                    markersize=3.5, label=name, gid="series")
+            ax.plot(
+                stats["high"],
+                stats[metric],
+                color=lk.color,
+                linestyle=lk.linestyle,
+                marker=lk.marker,
+                markersize=3.5,
+                label=name,
+                gid="series",
+            )
             if degenerate.any():  # hollow: this arm barely updates
-                ax.plot(stats.loc[degenerate, "high"], stats.loc[degenerate, metric], linestyle="none",
-                        marker=lk.marker, markersize=6, markerfacecolor="white", markeredgecolor=lk.color,
-                        markeredgewidth=1.1, gid="degenerate", zorder=4)
+                ax.plot(
+                    stats.loc[degenerate, "high"],
+                    stats.loc[degenerate, metric],
+                    linestyle="none",
+                    marker=lk.marker,
+                    markersize=6,
+                    markerfacecolor="white",
+                    markeredgecolor=lk.color,
+                    markeredgewidth=1.1,
+                    gid="degenerate",
+                    zorder=4,
+                )
             if metric == "bias_norm" and len(stats) > 1:
                 lo, hi = _ci(stats)
                 if lo is not None:
@@ -110,9 +127,18 @@ def _threshold(ds: Dataset, style: str):
                 if len(ok):
                     best = ok.loc[ok[metric].idxmin()]
                     n_starred += 1
-                    ax.plot([best["high"]], [best[metric]], linestyle="none", marker="*", markersize=10,
-                            markerfacecolor=lk.color, markeredgecolor="black", markeredgewidth=0.6, gid="best",
-                            zorder=5)
+                    ax.plot(
+                        [best["high"]],
+                        [best[metric]],
+                        linestyle="none",
+                        marker="*",
+                        markersize=10,
+                        markerfacecolor=lk.color,
+                        markeredgecolor="black",
+                        markeredgewidth=0.6,
+                        gid="best",
+                        zorder=5,
+                    )
         n_degenerate += int(degenerate.sum())
     highs = pr["high"].astype(float)
     log_x = (highs > 0).all() and highs.max() / max(highs.min(), 1e-300) >= 8
@@ -120,7 +146,7 @@ def _threshold(ds: Dataset, style: str):
     # The band's lower threshold, where it changes with the upper one ([0.8, 1.25], [0.5, 2]): each
     # tick names both, the lower beneath in brackets (a band sits at its upper threshold).
     lows = pr.assign(_low=pr["low"].apply(as_float) if "low" in pr.columns else np.nan).groupby("high")["_low"]
-    lower = {h: sorted(set(v for v in g if np.isfinite(v))) for h, g in lows}
+    lower = {h: sorted({v for v in g if np.isfinite(v)}) for h, g in lows}
     both = len({v for vs in lower.values() for v in vs}) > 1 and len(values) <= (4 if style == "paper" else 6)
     for m, metric in enumerate(metrics):
         vals = pr[metric].astype(float)
@@ -141,17 +167,36 @@ def _threshold(ds: Dataset, style: str):
             floor_at_zero(grid.metric_axes(m))
     xlabel = style_label(style, r"upper threshold $\rho_{\max}$ of the band (high)", r"upper threshold $\rho_{\max}$")
     if both:
-        xlabel = style_label(style, r"band: upper threshold $\rho_{\max}$ (lower $\rho_{\min}$)",
-                        r"band: $\rho_{\max}$ ($\rho_{\min}$)")
-    grid.label(xlabel,
-               [PROBE_YLABELS[m][style == "paper"] for m in metrics], fs)
+        xlabel = style_label(
+            style, r"band: upper threshold $\rho_{\max}$ (lower $\rho_{\min}$)", r"band: $\rho_{\max}$ ($\rho_{\min}$)"
+        )
+    grid.label(xlabel, [PROBE_YLABELS[m][style == "paper"] for m in metrics], fs)
     extra = []
     if n_starred:
-        extra.append((Line2D([], [], linestyle="none", marker="*", markersize=9, markerfacecolor="0.6",
-                             markeredgecolor="black", markeredgewidth=0.6), "lowest MSE of the preset (non-degenerate)"))
+        extra.append(
+            (
+                Line2D(
+                    [],
+                    [],
+                    linestyle="none",
+                    marker="*",
+                    markersize=9,
+                    markerfacecolor="0.6",
+                    markeredgecolor="black",
+                    markeredgewidth=0.6,
+                ),
+                "lowest MSE of the preset (non-degenerate)",
+            )
+        )
     if n_degenerate:
-        extra.append((Line2D([], [], linestyle="none", marker="o", markersize=6, markerfacecolor="white",
-                             markeredgecolor="0.3"), DEGENERATE_RULE + " (never starred)"))
+        extra.append(
+            (
+                Line2D(
+                    [], [], linestyle="none", marker="o", markersize=6, markerfacecolor="white", markeredgecolor="0.3"
+                ),
+                DEGENERATE_RULE + " (never starred)",
+            )
+        )
     if "rel_mse" in metrics:
         extra.append((Line2D([], [], color="0.45", linestyle=":"), ZERO_LINE_LABEL))
     handles, labels = legend_for(names, marker=True, extra=extra)
@@ -180,8 +225,12 @@ def _band_ticks(ax, values: Sequence[float], lower: dict) -> None:
 
     ax.xaxis.set_major_locator(FixedLocator(list(values)))
     ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([f"{v:g}\n(" + ", ".join(f"{lo:g}" for lo in lower.get(v, [])) + ")" if lower.get(v) else f"{v:g}"
-                        for v in values])
+    ax.set_xticklabels(
+        [
+            f"{v:g}\n(" + ", ".join(f"{lo:g}" for lo in lower.get(v, [])) + ")" if lower.get(v) else f"{v:g}"
+            for v in values
+        ]
+    )
 
 
 def _ci(stats):
@@ -209,6 +258,7 @@ def _band_text(low, high) -> str:
     def one(v):
         v = as_float(v)
         return "—" if math.isnan(v) else f"{v:g}"
+
     return f"[{one(low)}, {one(high)}]"
 
 
@@ -224,8 +274,10 @@ def _presets(ds: Dataset, style: str):
     fs = facets(ds, pr, exclude=exclude, limit=st.PAPER_MAX_ROWS if paper else 4)
     names = ordered(pr["preset"].unique())
     bands = pr.drop_duplicates("preset").set_index("preset")
-    rows = [f"{n} {_band_text(bands.loc[n, 'low'], bands.loc[n, 'high'])}" if {"low", "high"} <= set(pr.columns)
-            else n for n in names]
+    rows = [
+        f"{n} {_band_text(bands.loc[n, 'low'], bands.loc[n, 'high'])}" if {"low", "high"} <= set(pr.columns) else n
+        for n in names
+    ]
     n = len(names)
     row_in = 0.13 if paper else 0.2
     panel_h = max(n * row_in + 0.25, 1.2)
@@ -250,20 +302,47 @@ def _presets(ds: Dataset, style: str):
                 if metric == "bias_norm":
                     lo, hi = as_float(r.get("bias_norm_lo")), as_float(r.get("bias_norm_hi"))
                     if math.isfinite(lo) and math.isfinite(hi):
-                        ax.plot([lo, hi], [y[i], y[i]], color=lk.color, linewidth=1.4, solid_capstyle="butt",
-                                gid="ci")
-                ax.plot([value], [y[i]], linestyle="none", marker=lk.marker, markersize=4.5 if paper else 6,
-                        color=lk.color, markerfacecolor="white" if degenerate else lk.color, markeredgewidth=1.1,
-                        label=name, gid="series")
+                        ax.plot([lo, hi], [y[i], y[i]], color=lk.color, linewidth=1.4, solid_capstyle="butt", gid="ci")
+                ax.plot(
+                    [value],
+                    [y[i]],
+                    linestyle="none",
+                    marker=lk.marker,
+                    markersize=4.5 if paper else 6,
+                    color=lk.color,
+                    markerfacecolor="white" if degenerate else lk.color,
+                    markeredgewidth=1.1,
+                    label=name,
+                    gid="series",
+                )
                 if not math.isfinite(value):
-                    ax.text(0.02, y[i], "NaN/inf in every batch", transform=ax.get_yaxis_transform(),
-                            va="center", fontsize="x-small", color="0.35", gid="note")
+                    ax.text(
+                        0.02,
+                        y[i],
+                        "NaN/inf in every batch",
+                        transform=ax.get_yaxis_transform(),
+                        va="center",
+                        fontsize="x-small",
+                        color="0.35",
+                        gid="note",
+                    )
                 if degenerate and m == len(metrics) - 1:
                     n_degenerate += 1
-                    why = (f"{as_float(r.get('mean_masked_fraction')):.0%} masked"
-                           if as_float(r.get("mean_masked_fraction")) >= 0.9 else "‖E ĝ‖ ≈ 0")
-                    ax.annotate(f" degenerate ({why})", (value, y[i]), xytext=(4, 0), textcoords="offset points",
-                                va="center", fontsize="x-small", color="0.3", gid="note")
+                    why = (
+                        f"{as_float(r.get('mean_masked_fraction')):.0%} masked"
+                        if as_float(r.get("mean_masked_fraction")) >= 0.9
+                        else "‖E ĝ‖ ≈ 0"
+                    )
+                    ax.annotate(
+                        f" degenerate ({why})",
+                        (value, y[i]),
+                        xytext=(4, 0),
+                        textcoords="offset points",
+                        va="center",
+                        fontsize="x-small",
+                        color="0.3",
+                        gid="note",
+                    )
             if metric == "rel_mse":
                 ax.axvline(1.0, color="0.45", linestyle=":", linewidth=0.9, gid="reference", zorder=1)
             vals = pr[metric].astype(float)
@@ -291,8 +370,14 @@ def _presets(ds: Dataset, style: str):
             tick.set_color(st.look(name).color if st.look(name).color != "#000000" else "black")
     extra = []
     if n_degenerate:
-        extra.append((Line2D([], [], linestyle="none", marker="o", markersize=5, markerfacecolor="white",
-                             markeredgecolor="0.3"), DEGENERATE_RULE))
+        extra.append(
+            (
+                Line2D(
+                    [], [], linestyle="none", marker="o", markersize=5, markerfacecolor="white", markeredgecolor="0.3"
+                ),
+                DEGENERATE_RULE,
+            )
+        )
     if "rel_mse" in metrics:
         extra.append((Line2D([], [], color="0.45", linestyle=":"), ZERO_LINE_LABEL))
     if "bias_norm_lo" in pr.columns:
@@ -312,6 +397,8 @@ def _nonfinite_note(pr) -> str:
     if bad.empty:
         return ""
     return "NaN/inf estimates left out: " + ", ".join(f"{n} {100 * float(r):.2g}%" for n, r in bad.items())
+
+
 PROBE_BAND_KEYS = ("probe.bands", "probe.presets", "correction.high", "correction.low", "correction")
 
 
@@ -333,8 +420,10 @@ BIAS_SPLIT_METRICS = ("cosine", "norm_ratio", "rel_bias")
 BIAS_SPLIT_YLABELS = {
     "cosine": (r"direction: $\cos(\mathbb{E}\,\hat g,\ \nabla J)$", r"$\cos(\mathbb{E}\hat g, \nabla J)$"),
     "norm_ratio": (r"size: $\|\mathbb{E}\,\hat g\|\ /\ \|\nabla J\|$", r"$\|\mathbb{E}\hat g\| / \|\nabla J\|$"),
-    "rel_bias": (r"relative bias $\|\mathbb{E}\,\hat g - \nabla J\|\ /\ \|\nabla J\|$",
-                 r"$\|\mathbb{E}\hat g - \nabla J\| / \|\nabla J\|$"),
+    "rel_bias": (
+        r"relative bias $\|\mathbb{E}\,\hat g - \nabla J\|\ /\ \|\nabla J\|$",
+        r"$\|\mathbb{E}\hat g - \nabla J\| / \|\nabla J\|$",
+    ),
 }
 BIAS_SPLIT_WORDS = {"cosine": "direction", "norm_ratio": "size", "rel_bias": "relative bias"}
 UNBIASED = {"cosine": 1.0, "norm_ratio": 1.0, "rel_bias": 0.0}  # an unbiased estimator's value
@@ -360,21 +449,45 @@ def _bias_split(ds: Dataset, style: str):
     for f, name, cur, lk in facet_arms(pr, fs, names, arm="preset"):
         cols = metrics + (["bias_norm_lo", "bias_norm_hi", "exact_grad_norm"] if has_ci else [])
         cur = cur.assign(**{c: cur[c].apply(as_float) for c in cols})
-        stats = cur.groupby("T").agg({**{c: "mean" for c in cols}, "degenerate": "max"}).reset_index()
+        stats = cur.groupby("T").agg({**dict.fromkeys(cols, "mean"), "degenerate": "max"}).reset_index()
         degenerate = stats["degenerate"].astype(bool)
         n_degenerate += int(degenerate.sum())
         for m, metric in enumerate(metrics):
             ax = grid.ax(f, m)
-            ax.plot(stats["T"], stats[metric], color=lk.color, linestyle=lk.linestyle, marker=lk.marker,
-                    markersize=3 if paper else 4, label=name, gid="series")
+            ax.plot(
+                stats["T"],
+                stats[metric],
+                color=lk.color,
+                linestyle=lk.linestyle,
+                marker=lk.marker,
+                markersize=3 if paper else 4,
+                label=name,
+                gid="series",
+            )
             if degenerate.any():  # hollow: this arm barely updates at that length
-                ax.plot(stats.loc[degenerate, "T"], stats.loc[degenerate, metric], linestyle="none",
-                        marker=lk.marker, markersize=5.5 if paper else 7, markerfacecolor="white",
-                        markeredgecolor=lk.color, markeredgewidth=1.1, gid="degenerate", zorder=4)
+                ax.plot(
+                    stats.loc[degenerate, "T"],
+                    stats.loc[degenerate, metric],
+                    linestyle="none",
+                    marker=lk.marker,
+                    markersize=5.5 if paper else 7,
+                    markerfacecolor="white",
+                    markeredgecolor=lk.color,
+                    markeredgewidth=1.1,
+                    gid="degenerate",
+                    zorder=4,
+                )
             if metric == "rel_bias" and has_ci and len(stats) > 1:
                 g = stats["exact_grad_norm"].where(stats["exact_grad_norm"] > 0)
-                ax.fill_between(stats["T"], stats["bias_norm_lo"] / g, stats["bias_norm_hi"] / g, color=lk.color,
-                                alpha=0.12, linewidth=0, gid="ci")
+                ax.fill_between(
+                    stats["T"],
+                    stats["bias_norm_lo"] / g,
+                    stats["bias_norm_hi"] / g,
+                    color=lk.color,
+                    alpha=0.12,
+                    linewidth=0,
+                    gid="ci",
+                )
     lengths = sorted(pr["T"].unique())
     log_x = lengths[0] > 0 and lengths[-1] / lengths[0] >= 4
     for m, metric in enumerate(metrics):
@@ -385,8 +498,11 @@ def _bias_split(ds: Dataset, style: str):
             ax.axhline(UNBIASED[metric], color="0.45", linestyle=":", linewidth=0.9, gid="reference", zorder=1)
         if metric != "cosine":
             floor_at_zero(grid.metric_axes(m))
-    grid.label(style_label(style, r"response length $T$ (tokens)", r"response length $T$"),
-               [BIAS_SPLIT_YLABELS[m][paper] for m in metrics], fs)
+    grid.label(
+        style_label(style, r"response length $T$ (tokens)", r"response length $T$"),
+        [BIAS_SPLIT_YLABELS[m][paper] for m in metrics],
+        fs,
+    )
     if paper and len(fs) == 1:  # the short y labels are formulas: the panel titles say what each one is
         for m, metric in enumerate(metrics):
             grid.ax(0, m).set_title(BIAS_SPLIT_WORDS[metric], fontsize="medium")
@@ -394,11 +510,18 @@ def _bias_split(ds: Dataset, style: str):
     if has_ci:
         extra.append((Line2D([], [], color="0.45", linewidth=4, alpha=0.25), _ci_words(pr)))
     if n_degenerate:
-        extra.append((Line2D([], [], linestyle="none", marker="o", markersize=6, markerfacecolor="white",
-                             markeredgecolor="0.3"), DEGENERATE_RULE))
+        extra.append(
+            (
+                Line2D(
+                    [], [], linestyle="none", marker="o", markersize=6, markerfacecolor="white", markeredgecolor="0.3"
+                ),
+                DEGENERATE_RULE,
+            )
+        )
     handles, labels = legend_for(names, marker=True, extra=extra)
-    low, high = seed_count(pr.assign(_f=pr["job"].map({j: i for i, fc in enumerate(fs) for j in fc.jobs})),
-                            ("_f", "preset", "T"))
+    low, high = seed_count(
+        pr.assign(_f=pr["job"].map({j: i for i, fc in enumerate(fs) for j in fc.jobs})), ("_f", "preset", "T")
+    )
     seeds = f"mean over {seeds_text(low, high)}" if high > 1 else ""
     return grid.finish(TITLES["bias-split"], ds, handles, labels, join_notes(_reference_note(ds, pr), seeds, fs.note))
 
@@ -419,8 +542,15 @@ def _reference_note(ds: Dataset, pr) -> str:
     rollouts = {ds.jobs[0].value("probe.reference_rollouts")} if ds.jobs else {None}
     n = next(iter(rollouts))
     how = f"{int(n):,} on-policy rollouts" if isinstance(n, (int, float)) else "on-policy rollouts"
-    noise = (f"its own error ≈ {_percent(rel.min())}–{_percent(rel.max())} of its norm" if rel.nunique() > 1
-             else f"its own error ≈ {_percent(rel.iloc[0])} of its norm") if rel.notna().any() else ""
+    noise = (
+        (
+            f"its own error ≈ {_percent(rel.min())}–{_percent(rel.max())} of its norm"
+            if rel.nunique() > 1
+            else f"its own error ≈ {_percent(rel.iloc[0])} of its norm"
+        )
+        if rel.notna().any()
+        else ""
+    )
     return f"∇J: a Monte Carlo reference ({how}; {noise}, in the CI), not exact"
 
 

@@ -49,9 +49,16 @@ def band_frame(ds: Dataset):
     df = ds.metrics
     per = per_job(ds)
     weights_ok = np.isfinite(df["is_weight_mean"].astype(float)) if "is_weight_mean" in df.columns else True
-    runs = df.assign(_ess=df["ess"].where(weights_ok) if "ess" in df.columns else np.nan).groupby("job").agg(
-        masked=("token_masked_fraction", "mean") if "token_masked_fraction" in df.columns else ("step", lambda s: np.nan),
-        ess=("_ess", "mean"))
+    runs = (
+        df.assign(_ess=df["ess"].where(weights_ok) if "ess" in df.columns else np.nan)
+        .groupby("job")
+        .agg(
+            masked=("token_masked_fraction", "mean")
+            if "token_masked_fraction" in df.columns
+            else ("step", lambda s: np.nan),
+            ess=("_ess", "mean"),
+        )
+    )
     for key in ("low", "high"):
         if key in df.columns:
             per[key] = per["job"].map(df.groupby("job")[key].first().astype(float))
@@ -102,11 +109,26 @@ def _threshold_training(ds: Dataset, style: str):
         for m, metric in enumerate(metrics):
             ax = axes[f][m]
             x = stats.index.to_numpy(dtype=float)
-            ax.plot(x, stats[(metric, "mean")], color=lk.color, linestyle=lk.linestyle, marker=lk.marker,
-                    markersize=3.2 if paper else 4.5, label=name, gid="series")
+            ax.plot(
+                x,
+                stats[(metric, "mean")],
+                color=lk.color,
+                linestyle=lk.linestyle,
+                marker=lk.marker,
+                markersize=3.2 if paper else 4.5,
+                label=name,
+                gid="series",
+            )
             if cur.groupby("_x").size().max() > 1:
-                ax.vlines(x, stats[(metric, "min")], stats[(metric, "max")], color=lk.color, linewidth=1.0,
-                          alpha=0.6, gid="range")
+                ax.vlines(
+                    x,
+                    stats[(metric, "min")],
+                    stats[(metric, "max")],
+                    color=lk.color,
+                    linewidth=1.0,
+                    alpha=0.6,
+                    gid="range",
+                )
     bands = sorted(xs.items(), key=lambda kv: kv[1])
     named = {}
     if "band" in per.columns:
@@ -114,7 +136,7 @@ def _threshold_training(ds: Dataset, style: str):
     ticks = [x for _, x in bands]
     labels = [_band_label(p, named.get(p), paper) for p, _ in bands]
     for f in range(len(fs)):
-        for m, metric in enumerate(metrics):
+        for m in range(len(metrics)):
             ax = axes[f][m]
             if log_x:
                 ax.set_xscale("log")
@@ -135,15 +157,28 @@ def _threshold_training(ds: Dataset, style: str):
     for ax in axes[-1]:
         ax.tick_params(axis="x", labelsize=6 if paper else 8)
     handles, labels = legend_for(names, marker=True)
-    low, high = seed_count(per.assign(_f=per["job"].map({j: i for i, fc in enumerate(fs) for j in fc.jobs})),
-                            ("_f", "correction", "_x"))
+    low, high = seed_count(
+        per.assign(_f=per["job"].map({j: i for i, fc in enumerate(fs) for j in fc.jobs})), ("_f", "correction", "_x")
+    )
     seeds = f"mean over {seeds_text(low, high)}, bars: min–max" if high > 1 else "one seed per point"
-    seeds += (f"; final J: summary.json's final_objective; a band sits at its {where} threshold"
-              + (" (log axis)" if log_x else ""))
+    seeds += f"; final J: summary.json's final_objective; a band sits at its {where} threshold" + (
+        " (log axis)" if log_x else ""
+    )
     gone = "; ".join(BAND_EMPTY[m] for m in empty)
-    return finish_kind(fig, "threshold-training", ds, handles, labels, paper,
-                   join_notes(seeds, f"{gone} (panel{'s' if len(empty) > 1 else ''} left out)" if empty else "",
-                          never_learned_note(per), fs.note))
+    return finish_kind(
+        fig,
+        "threshold-training",
+        ds,
+        handles,
+        labels,
+        paper,
+        join_notes(
+            seeds,
+            f"{gone} (panel{'s' if len(empty) > 1 else ''} left out)" if empty else "",
+            never_learned_note(per),
+            fs.note,
+        ),
+    )
 
 
 def _band_label(pair, name: str | None, paper: bool) -> str:

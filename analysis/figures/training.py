@@ -5,7 +5,7 @@ masking (masked and clamped fractions and the ESS against step).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -63,9 +63,19 @@ def _event_marks(ax, xs, row: int, color: str, marker: str = "x"):
         return
     y = 0.025 + 0.045 * row
     paper = is_paper(ax.figure)
-    ax.plot(xs, np.full(len(xs), y), linestyle="none", marker=marker, color=color, markersize=2.6 if paper else 4,
-            markeredgewidth=0.7 if paper else 1.0, transform=ax.get_xaxis_transform(), clip_on=False, gid="events",
-            zorder=4)
+    ax.plot(
+        xs,
+        np.full(len(xs), y),
+        linestyle="none",
+        marker=marker,
+        color=color,
+        markersize=2.6 if paper else 4,
+        markeredgewidth=0.7 if paper else 1.0,
+        transform=ax.get_xaxis_transform(),
+        clip_on=False,
+        gid="events",
+        zorder=4,
+    )
 
 
 def _room_for_marks(axes: Sequence, rows: int, low: float | None = None) -> None:
@@ -103,13 +113,23 @@ def training_figure(ds: Dataset, style: str = "default"):
 
 def _training(ds: Dataset, style: str):
     df = ds.metrics
-    per = (df.assign(_bad=(df["nonfinite_loss"].fillna(0) + df["nonfinite_grad"].fillna(0)) > 0
-                     if "nonfinite_loss" in df.columns else False)
-             .groupby(["job", "step"], sort=False)
-             .agg(objective=("objective", "first"), reward=("reward", "mean"), bad=("_bad", "max"),
-                  correction=("correction", "first"), **({"seed": ("seed", "first")} if "seed" in df.columns else {}),
-                  **({"se": ("objective_se", "first")} if "objective_se" in df.columns else {}))
-             .reset_index())
+    per = (
+        df.assign(
+            _bad=(df["nonfinite_loss"].fillna(0) + df["nonfinite_grad"].fillna(0)) > 0
+            if "nonfinite_loss" in df.columns
+            else False
+        )
+        .groupby(["job", "step"], sort=False)
+        .agg(
+            objective=("objective", "first"),
+            reward=("reward", "mean"),
+            bad=("_bad", "max"),
+            correction=("correction", "first"),
+            **({"seed": ("seed", "first")} if "seed" in df.columns else {}),
+            **({"se": ("objective_se", "first")} if "objective_se" in df.columns else {}),
+        )
+        .reset_index()
+    )
     # A Monte Carlo J (the transformer world) wobbles by its standard error: say how much, so that a
     # reader does not take a 0.04 dip for a drop; bars of ±2 s.e. where a line is one run.
     se = per["se"].astype(float) if "se" in per.columns else None
@@ -139,11 +159,21 @@ def _training(ds: Dataset, style: str):
             for m, metric in enumerate(metrics):
                 ax = grid.ax(f, m)
                 _mean_and_band(ax, stats, metric, kw, alpha=0.18, steps=evaluated[metric])
-                shaded |= zero_grad.shade(ax, df[df["job"].isin(facet.jobs) & (df["correction"] == name)], kw["color"], x="step")
+                shaded |= zero_grad.shade(
+                    ax, df[df["job"].isin(facet.jobs) & (df["correction"] == name)], kw["color"], x="step"
+                )
                 if metric == "objective" and monte_carlo and stats["objective_count"].max() == 1:
                     runs = per[per["job"].isin(facet.jobs) & (per["correction"] == name) & per["se"].notna()]
-                    ax.errorbar(runs["step"], runs["objective"], yerr=2 * runs["se"].astype(float), fmt="none",
-                                ecolor=kw["color"], elinewidth=0.6, capsize=0, alpha=0.6)
+                    ax.errorbar(
+                        runs["step"],
+                        runs["objective"],
+                        yerr=2 * runs["se"].astype(float),
+                        fmt="none",
+                        ecolor=kw["color"],
+                        elinewidth=0.6,
+                        capsize=0,
+                        alpha=0.6,
+                    )
                     drew_bars = True
                 if len(bad_steps):
                     _event_marks(ax, bad_steps, flagged.index(name), kw["color"])
@@ -152,15 +182,22 @@ def _training(ds: Dataset, style: str):
         _room_for_marks(axes, len(flagged))
         for ax in axes:
             hide_negative_ticks(ax)  # J and the reward are ≥ 0; the marks' strip may reach below
-    grid.label(step_label(style), [style_label(style, r"objective $J(\theta)$ (expected reward)", r"objective $J(\theta)$"),
-                                    style_label(style, "batch mean reward", "reward")], fs)
+    grid.label(
+        step_label(style),
+        [
+            style_label(style, r"objective $J(\theta)$ (expected reward)", r"objective $J(\theta)$"),
+            style_label(style, "batch mean reward", "reward"),
+        ],
+        fs,
+    )
     extra = [_event_handle("NaN/inf update (marks under the data)")] if flagged else []
     extra += [zero_grad.handle()] if shaded else []
     handles, labels = legend_for(names, extra=extra)
     mc_note = ""
     if monte_carlo:
-        mc_note = (f"J: a Monte Carlo estimate, s.e. ≈ {float(se[se > 0].mean()):.2g} per evaluation"
-                   + (" (bars: ±2 s.e.)" if drew_bars else ""))
+        mc_note = f"J: a Monte Carlo estimate, s.e. ≈ {float(se[se > 0].mean()):.2g} per evaluation" + (
+            " (bars: ±2 s.e.)" if drew_bars else ""
+        )
     return grid.finish(TITLES["training"], ds, handles, labels, join_notes(seed_note(per, fs), mc_note, fs.note))
 
 
@@ -186,15 +223,18 @@ def _grad_norm(ds: Dataset, style: str):
     vals = frame["grad_norm"].astype(float)
     frame = frame.assign(gn=vals.where(np.isfinite(vals) & (vals > 0)), bad=~np.isfinite(vals), zero=vals == 0)
     ref = frame.groupby("job", sort=False)["gn"].transform(
-        lambda s: s.shift(1).rolling(SPIKE_WINDOW, min_periods=3).median())
+        lambda s: s.shift(1).rolling(SPIKE_WINDOW, min_periods=3).median()
+    )
     frame["spike"] = (frame["gn"] > SPIKE_FACTOR * ref) & (ref > 0)
     facet_of = {j: i for i, fc in enumerate(fs) for j in fc.jobs}
     frame["_facet"] = frame["job"].map(facet_of)
     frame = frame[frame["_facet"].notna()]
-    stats_all = frame.groupby(["_facet", "correction", "x"], sort=True)["gn"].agg(["median", "min", "max"]).reset_index()
+    stats_all = (
+        frame.groupby(["_facet", "correction", "x"], sort=True)["gn"].agg(["median", "min", "max"]).reset_index()
+    )
     njobs = frame.groupby(["_facet", "correction"])["job"].nunique()
     zero_rejected = 0
-    for f, facet in enumerate(fs):
+    for f, _facet in enumerate(fs):
         ax = grid.ax(f, 0)
         sub_stats = stats_all[stats_all["_facet"] == f]
         sub = frame[frame["_facet"] == f]
@@ -205,30 +245,59 @@ def _grad_norm(ds: Dataset, style: str):
             kw = line_kwargs(name)
             ax.plot(stats["x"], stats["median"], linewidth=1.0, **kw)
             if njobs.get((f, name), 1) > 1:
-                ax.fill_between(stats["x"], stats["min"], stats["max"], color=kw["color"], alpha=0.15, linewidth=0,
-                                gid="band")
+                ax.fill_between(
+                    stats["x"], stats["min"], stats["max"], color=kw["color"], alpha=0.15, linewidth=0, gid="band"
+                )
             cur = sub[sub["correction"] == name]
             shaded |= zero_grad.shade(ax, cur, kw["color"], x="x")
             spk = cur[cur["spike"]]
             if len(spk):
                 n_spikes += len(spk)
-                ax.plot(spk["x"], spk["gn"], linestyle="none", marker="o", markersize=5, markerfacecolor="none",
-                        markeredgecolor=kw["color"], markeredgewidth=1.2, gid="spikes")
+                ax.plot(
+                    spk["x"],
+                    spk["gn"],
+                    linestyle="none",
+                    marker="o",
+                    markersize=5,
+                    markerfacecolor="none",
+                    markeredgecolor=kw["color"],
+                    markeredgewidth=1.2,
+                    gid="spikes",
+                )
             bad = np.sort(cur.loc[cur["bad"], "x"].unique())
             if len(bad):
                 n_bad += len(bad)
-                ax.plot(bad, np.full(len(bad), 0.965), linestyle="none", marker="|", markersize=6,
-                        markeredgewidth=1.2, color=kw["color"], transform=ax.get_xaxis_transform(), clip_on=False,
-                        gid="events")
+                ax.plot(
+                    bad,
+                    np.full(len(bad), 0.965),
+                    linestyle="none",
+                    marker="|",
+                    markersize=6,
+                    markeredgewidth=1.2,
+                    color=kw["color"],
+                    transform=ax.get_xaxis_transform(),
+                    clip_on=False,
+                    gid="events",
+                )
             zeros = cur[cur["zero"]]
             if len(zeros):  # a log axis has no 0: say where the gradient was exactly 0 instead of a silent gap
                 n_zero += len(zeros)
                 if "all_rejected" in zeros.columns:
                     zero_rejected += int((zeros["all_rejected"].fillna(0) > 0).sum())
                 xs = np.sort(zeros["x"].unique())
-                ax.plot(xs, np.full(len(xs), 0.035), linestyle="none", marker="v", markersize=4,
-                        markerfacecolor="none", markeredgewidth=1.0, color=kw["color"],
-                        transform=ax.get_xaxis_transform(), clip_on=False, gid="zeros")
+                ax.plot(
+                    xs,
+                    np.full(len(xs), 0.035),
+                    linestyle="none",
+                    marker="v",
+                    markersize=4,
+                    markerfacecolor="none",
+                    markeredgewidth=1.0,
+                    color=kw["color"],
+                    transform=ax.get_xaxis_transform(),
+                    clip_on=False,
+                    gid="zeros",
+                )
         ax.set_yscale("log")
     # Headroom for the marks on the edges, from each panel's limits before any is widened: the panels
     # share y, and widening them one after another from the limits the last one left compounded
@@ -237,20 +306,44 @@ def _grad_norm(ds: Dataset, style: str):
     for f, (lo, hi) in enumerate(limits):
         if (n_bad or n_zero) and np.isfinite(hi) and hi > 0 and lo > 0:
             grid.ax(f, 0).set_ylim(lo / (hi / lo) ** (0.12 if n_zero else 0), hi * (hi / lo) ** (0.12 if n_bad else 0))
-    grid.label(step_label(style), [style_label(style, r"gradient norm $\|\nabla_\theta L\|_2$ before clipping",
-                                           r"$\|\nabla_\theta L\|_2$ (unclipped)")], fs)
+    grid.label(
+        step_label(style),
+        [
+            style_label(
+                style, r"gradient norm $\|\nabla_\theta L\|_2$ before clipping", r"$\|\nabla_\theta L\|_2$ (unclipped)"
+            )
+        ],
+        fs,
+    )
     extra = []
     if n_spikes:
-        extra.append((Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", markeredgecolor="0.25",
-                             markersize=5), f"spike (> {SPIKE_FACTOR:g}× trailing median)"))
+        extra.append(
+            (
+                Line2D(
+                    [], [], linestyle="none", marker="o", markerfacecolor="none", markeredgecolor="0.25", markersize=5
+                ),
+                f"spike (> {SPIKE_FACTOR:g}× trailing median)",
+            )
+        )
     if n_bad:
-        extra.append((Line2D([], [], linestyle="none", marker="|", color="0.25", markersize=6, markeredgewidth=1.2),
-                      "NaN/inf gradient (top edge)"))
+        extra.append(
+            (
+                Line2D([], [], linestyle="none", marker="|", color="0.25", markersize=6, markeredgewidth=1.2),
+                "NaN/inf gradient (top edge)",
+            )
+        )
     if n_zero:
-        why = "every token rejected" if zero_rejected == n_zero else (
-            "every token rejected or no signal" if zero_rejected else "no signal in the batch")
-        extra.append((Line2D([], [], linestyle="none", marker="v", markerfacecolor="none", color="0.25",
-                             markersize=4), f"gradient exactly 0 ({why}; bottom edge)"))
+        why = (
+            "every token rejected"
+            if zero_rejected == n_zero
+            else ("every token rejected or no signal" if zero_rejected else "no signal in the batch")
+        )
+        extra.append(
+            (
+                Line2D([], [], linestyle="none", marker="v", markerfacecolor="none", color="0.25", markersize=4),
+                f"gradient exactly 0 ({why}; bottom edge)",
+            )
+        )
     extra += [zero_grad.handle()] if shaded else []
     handles, labels = legend_for(names, extra=extra)
     low, high = seed_counts(frame, fs)
@@ -282,8 +375,16 @@ def _stability(ds: Dataset, style: str):
             if stats.empty:
                 continue
             xs = stats["staleness"].to_numpy(dtype=float) + offsets[name]
-            ax.plot(xs, stats["mean"], color=lk.color, linestyle=lk.linestyle, marker=lk.marker,
-                    markersize=3.2 if style == "paper" else 4.5, label=name, gid="series")
+            ax.plot(
+                xs,
+                stats["mean"],
+                color=lk.color,
+                linestyle=lk.linestyle,
+                marker=lk.marker,
+                markersize=3.2 if style == "paper" else 4.5,
+                label=name,
+                gid="series",
+            )
             if metric == "nonfinite" and stats["count"].max() > 1:
                 ax.vlines(xs, stats["min"], stats["max"], color=lk.color, linewidth=1.0, alpha=0.6, gid="range")
     from matplotlib.ticker import FixedLocator
@@ -300,14 +401,25 @@ def _stability(ds: Dataset, style: str):
         for ax in axes:
             ax.set_ylim(0, 1.05)
     low, high = seed_counts(per, fs, by=("staleness",))
-    grid.label(style_label(style, r"staleness $k$ (optimizer steps behind)", r"staleness $k$ (steps)"),
-               [style_label(style, "updates with NaN/inf loss or grad (fraction)", "NaN/inf (frac.)"),
-                style_label(style, f"collapse rate (fraction of {seeds_text(low, high)})", "collapsed (frac.)")], fs)
+    grid.label(
+        style_label(style, r"staleness $k$ (optimizer steps behind)", r"staleness $k$ (steps)"),
+        [
+            style_label(style, "updates with NaN/inf loss or grad (fraction)", "NaN/inf (frac.)"),
+            style_label(style, f"collapse rate (fraction of {seeds_text(low, high)})", "collapsed (frac.)"),
+        ],
+        fs,
+    )
     handles, labels = legend_for(names, marker=True)
-    note = f"mean over {seeds_text(low, high)}, bars: min–max" if high > 1 else (
-        "one seed per point" if high == 1 else "")
-    return grid.finish(TITLES["stability"], ds, handles, labels, join_notes(note, never_learned_note(per), fs.note,
-                                                                        zero_grad.note(ds.metrics, ("correction", "staleness"))))
+    note = (
+        f"mean over {seeds_text(low, high)}, bars: min–max" if high > 1 else ("one seed per point" if high == 1 else "")
+    )
+    return grid.finish(
+        TITLES["stability"],
+        ds,
+        handles,
+        labels,
+        join_notes(note, never_learned_note(per), fs.note, zero_grad.note(ds.metrics, ("correction", "staleness"))),
+    )
 
 
 # ----------------------------------------------------------------------------------------- masking
@@ -319,21 +431,33 @@ def masking_figure(ds: Dataset, style: str = "default"):
 def _masking(ds: Dataset, style: str):
     df = update_rows(ds.metrics)  # the final row (J only) is no update
     metrics = ("token_masked_fraction", "clamped_fraction", "ess")
-    ylabels = ("masked tokens (fraction)", "clamped tokens (fraction)", "ESS (fraction of tokens)") if style != "paper" \
+    ylabels = (
+        ("masked tokens (fraction)", "clamped tokens (fraction)", "ESS (fraction of tokens)")
+        if style != "paper"
         else ("masked (frac.)", "clamped (frac.)", "ESS (frac.)")
+    )
     # The ESS of NaN/inf weights is undefined, not 0 (the metric writes 0): a gap and a mark.
     weights_ok = np.isfinite(df["is_weight_mean"].astype(float)) if "is_weight_mean" in df.columns else True
-    frame = df.assign(ess=df["ess"].where(weights_ok), _undefined=~weights_ok if "is_weight_mean" in df.columns
-                      else False)
+    frame = df.assign(
+        ess=df["ess"].where(weights_ok), _undefined=~weights_ok if "is_weight_mean" in df.columns else False
+    )
     extra_cols = {"seed": ("seed", "first")} if "seed" in df.columns else {}
-    per = frame.groupby(["job", "step"], sort=False).agg(
-        correction=("correction", "first"), undefined=("_undefined", "all"), **extra_cols,
-        **{m: (m, "mean") for m in metrics}).reset_index()
+    per = (
+        frame.groupby(["job", "step"], sort=False)
+        .agg(
+            correction=("correction", "first"),
+            undefined=("_undefined", "all"),
+            **extra_cols,
+            **{m: (m, "mean") for m in metrics},
+        )
+        .reset_index()
+    )
     # Size follows content: a fraction that is 0 in every run is said once, not drawn as flat panels.
     flat = [m for m in metrics[:2] if per[m].fillna(0).eq(0).all()]
     metrics = tuple(m for m in metrics if m not in flat)
-    ylabels = tuple(lab for m, lab in zip(("token_masked_fraction", "clamped_fraction", "ess"), ylabels)
-                    if m in metrics)
+    ylabels = tuple(
+        lab for m, lab in zip(("token_masked_fraction", "clamped_fraction", "ess"), ylabels) if m in metrics
+    )
     fs = facets(ds, df, limit=None)
     fs = drop_flat(fs, *_flat_masking(per, fs, metrics))
     fs = keep_differing(fs, arm_spread(per, fs, metrics), Grid.capacity(style, len(metrics)))
@@ -368,12 +492,17 @@ def _masking(ds: Dataset, style: str):
     extra = [_event_handle("ESS undefined: NaN/inf weights (marks under the data)")] if flagged else []
     handles, labels = legend_for(names, extra=extra)
     words = {"token_masked_fraction": "masked", "clamped_fraction": "clamped"}
-    gone = (f"no token {' or '.join(words[m] for m in flat)} in any run (panel{'s' if len(flat) > 1 else ''} "
-            f"left out)") if flat else ""
+    gone = (
+        (f"no token {' or '.join(words[m] for m in flat)} in any run (panel{'s' if len(flat) > 1 else ''} left out)")
+        if flat
+        else ""
+    )
     return grid.finish(TITLES["masking"], ds, handles, labels, join_notes(seed_note(per, fs), gone, fs.note))
 
 
-FLAT_FRACTION = 0.02  # of a [0, 1] axis: a masked or clamped fraction this small, or an ESS this close to 1, reads as flat
+FLAT_FRACTION = (
+    0.02  # of a [0, 1] axis: a masked or clamped fraction this small, or an ESS this close to 1, reads as flat
+)
 
 
 def _flat_masking(per, fs: Sequence[Facet], metrics: Sequence[str]) -> tuple[list[bool], str]:

@@ -9,12 +9,14 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from runner.errors import UserError
 
 CASE_SUFFIXES = (".yaml", ".yml", ".json")
+
 
 # ----------------------------------------------------------------------------------------- entry
 def case_file(path: str) -> Path | None:
@@ -27,7 +29,6 @@ def case_file(path: str) -> Path | None:
     if case_path is None:
         raise UserError(f"no such file or directory: {path}")
     return case_path
-
 
 
 def write(text: str, dest: Path | None) -> None:

@@ -34,10 +34,13 @@ def _verdict(card) -> tuple[str, str]:
     file's expected ones, OK otherwise; the sentence says what was checked, and nothing more is
     claimed than was checked."""
     n = len(card.checks)
-    broken_cases = {1: [c.name for c in card.checks if not c.finite],
-                    2: [c.name for c in card.checks if c.rejection.status == "fail"]}
-    broken = [f"invariant {k} ({INVARIANTS[k]}) fails in {', '.join(cases)}" for k, cases in broken_cases.items()
-              if cases]
+    broken_cases = {
+        1: [c.name for c in card.checks if not c.finite],
+        2: [c.name for c in card.checks if c.rejection.status == "fail"],
+    }
+    broken = [
+        f"invariant {k} ({INVARIANTS[k]}) fails in {', '.join(cases)}" for k, cases in broken_cases.items() if cases
+    ]
     checked_2 = sum(1 for c in card.checks if c.rejection.status != "n/a")
     why_na = sorted({c.rejection.reason for c in card.checks if c.rejection.status == "n/a"})
     if checked_2 == n:
@@ -69,23 +72,36 @@ def case_report(cards, overrides: list[str], shown: str | None = None) -> str:
     if len(cards) == 1:
         return _one_card(cards[0], overrides, shown, level=1)
     name = Path(shown or cards[0].path).name
-    parts = [f"# Repro cards: `{name}`, every preset of its `expect:` list\n",
-             f"{len(cards)} presets, each under the overrides of its expect entry; a card per preset follows. "
-             f"`is-study report {shown or cards[0].path} correction=PRESET` gives one.\n"]
+    parts = [
+        f"# Repro cards: `{name}`, every preset of its `expect:` list\n",
+        f"{len(cards)} presets, each under the overrides of its expect entry; a card per preset follows. "
+        f"`is-study report {shown or cards[0].path} correction=PRESET` gives one.\n",
+    ]
     rows = []
     for card in cards:
         word, _ = _verdict(card)
-        broken = [k for k in (1, 2) if any((not c.finite) if k == 1 else c.rejection.status == "fail"
-                                           for c in card.checks)]
-        rows.append({"preset": f"`{card.preset}`", "verdict": f"**{word}**",
-                     "faithful": "yes" if card.correction.get("faithful") else "no",
-                     "invariants broken": ", ".join(str(k) for k in broken) or "none",
-                     "expected results": ("—" if card.expected is None else
-                                          ("match" if not card.mismatches else f"{len(card.mismatches)} mismatch(es)"))})
+        broken = [
+            k for k in (1, 2) if any((not c.finite) if k == 1 else c.rejection.status == "fail" for c in card.checks)
+        ]
+        rows.append(
+            {
+                "preset": f"`{card.preset}`",
+                "verdict": f"**{word}**",
+                "faithful": "yes" if card.correction.get("faithful") else "no",
+                "invariants broken": ", ".join(str(k) for k in broken) or "none",
+                "expected results": (
+                    "—"
+                    if card.expected is None
+                    else ("match" if not card.mismatches else f"{len(card.mismatches)} mismatch(es)")
+                ),
+            }
+        )
     parts.append(table(rows) + "\n")
     counts = Counter(_verdict(c)[0] for c in cards)
-    parts.append("Summary: " + ", ".join(f"{n} {w}" for w, n in counts.items()) + ". BROKEN on a faithful preset "
-                 "whose expected results match is the released code's behaviour, reproduced.\n")
+    parts.append(
+        "Summary: " + ", ".join(f"{n} {w}" for w, n in counts.items()) + ". BROKEN on a faithful preset "
+        "whose expected results match is the released code's behaviour, reproduced.\n"
+    )
     for card in cards:
         parts.append(_one_card(card, overrides, shown, level=2))
     return "\n".join(parts).rstrip() + "\n"
@@ -100,11 +116,16 @@ def _one_card(card, overrides: list[str], shown: str | None, level: int) -> str:
     word, sentence = _verdict(card)
     parts.append(f"**Verdict: {word}.** {sentence}\n")
     if card.expected is not None and card.mismatches:
-        parts.append(f"**{len(card.mismatches)} mismatch(es) with the file's expected results** (tolerance 1e-5): "
-                     + "; ".join(str(m) for m in card.mismatches[:5]) + ".\n")
+        parts.append(
+            f"**{len(card.mismatches)} mismatch(es) with the file's expected results** (tolerance 1e-5): "
+            + "; ".join(str(m) for m in card.mismatches[:5])
+            + ".\n"
+        )
     elif card.expected is not None and word == "BROKEN":
-        parts.append("The actual results match the file's expected results (tolerance 1e-5): the reported behaviour "
-                     "is reproduced.\n")
+        parts.append(
+            "The actual results match the file's expected results (tolerance 1e-5): the reported behaviour "
+            "is reproduced.\n"
+        )
 
     shown_path = shown or str(card.path)
     card_overrides = list(getattr(card, "overrides", None) or overrides)
@@ -114,17 +135,24 @@ def _one_card(card, overrides: list[str], shown: str | None, level: int) -> str:
     parts.append(f"{sub} Setup\n")
     band = f"[{fmt(corr_cfg.get('low'))}, {fmt(corr_cfg.get('high'))}]"
     setup = [
-        {"": "correction", "value": f"`{card.preset}`" + (" (faithful reproduction)" if corr_cfg.get("faithful") else "")},
+        {
+            "": "correction",
+            "value": f"`{card.preset}`" + (" (faithful reproduction)" if corr_cfg.get("faithful") else ""),
+        },
         {"": "what it computes", "value": corr_cfg.get("description", "")},
-        {"": "band [low, high]", "value": band + (f", veto {fmt(corr_cfg.get('veto'))}"
-                                                  if corr_cfg.get("veto") is not None else "")},
+        {
+            "": "band [low, high]",
+            "value": band + (f", veto {fmt(corr_cfg.get('veto'))}" if corr_cfg.get("veto") is not None else ""),
+        },
         {"": "loss", "value": f"`{loss_cfg.get('name')}`, reduction {loss_cfg.get('reduction')}"},
     ]
     parts.append(table(setup) + "\n")
 
     parts.append(f"{sub} Inputs\n")
-    parts.append("Per token: the trainer's log-probs under θ (`log_probs`), at rollout time (`old_log_probs`), "
-                 "the engine's (`rollout_log_probs`), the advantage and the action mask; log-ratio = old − roll.\n")
+    parts.append(
+        "Per token: the trainer's log-probs under θ (`log_probs`), at rollout time (`old_log_probs`), "
+        "the engine's (`rollout_log_probs`), the advantage and the action mask; log-ratio = old − roll.\n"
+    )
     for case in card.cases:
         parts.append(f"**{case.name}**\n")
         parts.append(_inputs_table(case) + "\n")
@@ -134,8 +162,10 @@ def _one_card(card, overrides: list[str], shown: str | None, level: int) -> str:
 
     parts.append(f"{sub} Invariants\n")
     parts.append(table([_invariant_row(c, r) for c, r in zip(card.checks, card.results)]) + "\n")
-    parts.append("1: the loss and d loss / d log_probs are finite (NaN or ±inf is the bug). "
-                 "2: a unit the correction rejects contributes exactly zero gradient (not 0·inf = NaN).\n")
+    parts.append(
+        "1: the loss and d loss / d log_probs are finite (NaN or ±inf is the bug). "
+        "2: a unit the correction rejects contributes exactly zero gradient (not 0·inf = NaN).\n"
+    )
     return "\n".join(parts).rstrip() + "\n"
 
 
@@ -162,9 +192,17 @@ def _inputs_table(case) -> str:
         for t in range(len(case.log_probs[b])):
             row = {"seq": b} if B > 1 else {}
             old, roll = case.old_log_probs[b][t], case.rollout_log_probs[b][t]
-            row.update({"t": t, "log_probs": case.log_probs[b][t], "old_log_probs": old, "rollout_log_probs": roll,
-                        "advantages": case.advantages[b][t], "action_mask": case.action_mask[b][t],
-                        "log-ratio": old - roll if math.isfinite(old) and math.isfinite(roll) else float("nan")})
+            row.update(
+                {
+                    "t": t,
+                    "log_probs": case.log_probs[b][t],
+                    "old_log_probs": old,
+                    "rollout_log_probs": roll,
+                    "advantages": case.advantages[b][t],
+                    "action_mask": case.action_mask[b][t],
+                    "log-ratio": old - roll if math.isfinite(old) and math.isfinite(roll) else float("nan"),
+                }
+            )
             # Full precision (the shortest repr that round-trips): the card must reproduce the case.
             rows.append({k: _exact(v) if isinstance(v, float) else v for k, v in row.items()})
     return table(rows)
@@ -182,15 +220,26 @@ def _expect_table(results: list[dict], expected: list | None, mismatches) -> str
     for i, res in enumerate(results):
         exp = expected[i] if expected is not None and i < len(expected) else {}
         for field in ("loss", "grad"):
-            row = {"case": res["name"], "field": field if field == "loss" else "d loss / d log_probs",
-                   "expected": fmt(_num(exp[field]), 7) if field in exp else "—", "actual": fmt(_num(res[field]), 7)}
+            row = {
+                "case": res["name"],
+                "field": field if field == "loss" else "d loss / d log_probs",
+                "expected": fmt(_num(exp[field]), 7) if field in exp else "—",
+                "actual": fmt(_num(res[field]), 7),
+            }
             if field in exp:
                 row["match"] = "✗" if (res["name"], field) in bad else "✓"
             else:
                 row["match"] = "—"
             rows.append(row)
-        rows.append({"case": res["name"], "field": "finite", "expected": "—",
-                     "actual": "yes" if res["finite"] else "**NO**", "match": "—"})
+        rows.append(
+            {
+                "case": res["name"],
+                "field": "finite",
+                "expected": "—",
+                "actual": "yes" if res["finite"] else "**NO**",
+                "match": "—",
+            }
+        )
     return table(rows, ["case", "field", "expected", "actual", "match"])
 
 

@@ -16,17 +16,39 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from analysis.load import (DEGENERATE_RULE, QUIET_KEYS, Dataset, command, flatten, fmt_value, load_dataset, per_job,
-                           probe_frame)
+from analysis.load import (
+    DEGENERATE_RULE,
+    QUIET_KEYS,
+    Dataset,
+    command,
+    flatten,
+    fmt_value,
+    load_dataset,
+    per_job,
+    probe_frame,
+)
 from analysis.reports import destination, fmt, table
 from runner.errors import UserError
 
 MAX_TABLE_ROWS = 120
-REPORT_FIGURES = ("training", "threshold-training", "stability", "survival", "length-heatmap", "presets", "threshold", "bias-split", "mismatch",
-                  "mismatch-over-training", "grad-norm", "masking")
+REPORT_FIGURES = (
+    "training",
+    "threshold-training",
+    "stability",
+    "survival",
+    "length-heatmap",
+    "presets",
+    "threshold",
+    "bias-split",
+    "mismatch",
+    "mismatch-over-training",
+    "grad-norm",
+    "masking",
+)
 
 
 # ----------------------------------------------------------------------------------------- entry
@@ -41,8 +63,9 @@ def studies(ds: Dataset) -> set[str]:
     return {f.get("study.name") for f in (j.flat_config for j in ds.jobs) if f} - {None}
 
 
-def build(ds: Dataset, overrides: Sequence[str] = (), out: str | None = None,
-          defaults: dict[str, Any] | str | None = None) -> tuple[str, Path | None]:
+def build(
+    ds: Dataset, overrides: Sequence[str] = (), out: str | None = None, defaults: dict[str, Any] | str | None = None
+) -> tuple[str, Path | None]:
     """The report of a loaded run, sweep or probe dir: (the Markdown, where it goes: a file path, or
     None for stdout). `defaults` is the default config as plain data (runner.hydra_app.app.
     default_configs: "" → the default, NAME → study=NAME's, for the studies of `studies(ds)`), or
@@ -64,8 +87,9 @@ def _mean_sd(values) -> str:
 
 
 # ----------------------------------------------------------------------------------------- dataset report
-def dataset_report(ds: Dataset, filters: Sequence[str] = (), dest: Path | None = None,
-                   defaults: dict[str, Any] | str | None = None) -> str:
+def dataset_report(
+    ds: Dataset, filters: Sequence[str] = (), dest: Path | None = None, defaults: dict[str, Any] | str | None = None
+) -> str:
     parts: list[str] = []
     kind = _kind_words(ds)
     parts.append(f"# is-study report: {ds.name}\n")
@@ -139,8 +163,11 @@ def _learning(cur, word: str) -> str:
     if flat:
         start = cur.loc[cur["learned"] == 0, "initial_objective"].astype(float)
         at = f" {start.iloc[0]:.3g}" if len(start) and start.notna().all() and start.nunique() == 1 else ""
-        parts.append(f"**never learned** (J never rose above its start{at})" if flat == n else
-                     f"**never learned in {flat} of {n} {word}** (J never rose above its start{at})")
+        parts.append(
+            f"**never learned** (J never rose above its start{at})"
+            if flat == n
+            else f"**never learned in {flat} of {n} {word}** (J never rose above its start{at})"
+        )
     if len(collapsed):
         if c:
             parts.append(f"collapsed in {c} of {len(collapsed)} {word}")
@@ -167,9 +194,11 @@ def _train_verdicts(ds: Dataset) -> list[str]:
         else:
             events = int(bad["nonfinite_events"].sum())
             first = int(bad["first_bad"].min())
-            line = (f"**{events} nonfinite event{'s' if events != 1 else ''}** "
-                    f"({int((bad['nonfinite'] * bad['updates']).round().sum())} updates with a NaN/inf loss or "
-                    f"gradient, {int(bad['skipped'].sum())} skipped) in {len(bad)} of {n} {word}, first at step {first}")
+            line = (
+                f"**{events} nonfinite event{'s' if events != 1 else ''}** "
+                f"({int((bad['nonfinite'] * bad['updates']).round().sum())} updates with a NaN/inf loss or "
+                f"gradient, {int(bad['skipped'].sum())} skipped) in {len(bad)} of {n} {word}, first at step {first}"
+            )
             by = cur.groupby(facet_keys)["nonfinite_events"].sum() if facet_keys else None
             if by is not None and by.nunique() > 1:
                 line += f"; most at {_cell_words(facet_keys, by.idxmax())}"
@@ -201,8 +230,10 @@ def _final_objective(cur, facet_keys: Sequence[str]) -> str:
     members = cur
     for k, v in zip(facet_keys, worst if isinstance(worst, tuple) else (worst,)):
         members = members[members[k].map(fmt_value) == fmt_value(v)]
-    return (f"final J(θ) {means.min():.3f} to {means.max():.3f} across {len(means)} cells; worst at "
-            f"{_cell_words(facet_keys, worst)}: {_mean_sd(members['final_objective'])}")
+    return (
+        f"final J(θ) {means.min():.3f} to {means.max():.3f} across {len(means)} cells; worst at "
+        f"{_cell_words(facet_keys, worst)}: {_mean_sd(members['final_objective'])}"
+    )
 
 
 def _train_table(ds: Dataset) -> str:
@@ -218,6 +249,7 @@ def _train_table(ds: Dataset) -> str:
     def order(kv):
         key = kv[0] if isinstance(kv[0], tuple) else (kv[0],)
         return (preset_rank(str(key[0])), [sort_key(x) for x in key[1:]])
+
     ordered = sorted(groups, key=order)
     word = "seeds" if _replicates(ds) == "seeds" or facet_keys else "runs"
     for key, g in ordered:
@@ -226,8 +258,13 @@ def _train_table(ds: Dataset) -> str:
         row.update({k: fmt_value(v) for k, v in zip(facet_keys, key[1:])})
         if ds.kind == "run":
             j = ds.first
-            row.update({"seed": fmt_value(j.value("seed")), "staleness": fmt_value(g["staleness"].iloc[0]),
-                        "updates": int(g["updates"].iloc[0])})
+            row.update(
+                {
+                    "seed": fmt_value(j.value("seed")),
+                    "staleness": fmt_value(g["staleness"].iloc[0]),
+                    "updates": int(g["updates"].iloc[0]),
+                }
+            )
         else:
             row[word] = int(g["seed"].nunique()) if word == "seeds" and "seed" in g.columns else len(g)
         row["final J(θ)"] = _mean_sd(g["final_objective"])
@@ -244,11 +281,14 @@ def _train_table(ds: Dataset) -> str:
     if len(rows) > MAX_TABLE_ROWS:
         note = f"\n\n_(first {MAX_TABLE_ROWS} of {len(rows)} rows)_"
         rows = rows[:MAX_TABLE_ROWS]
-    legend = ("\n\nJ(θ) is the exact expected reward of the policy (0–1); mean ± s.d. over the " + word +
-              " where there are several. final J(θ): J after the last update (summary.json's final_objective, the "
-              "last J of metrics.csv and sweep.csv). NaN/inf events count NaN/inf losses and gradients (events.csv). "
-              "learned: "
-              "runs whose J rose above its start (a flat run neither learned nor collapsed).")
+    legend = (
+        "\n\nJ(θ) is the exact expected reward of the policy (0–1); mean ± s.d. over the "
+        + word
+        + " where there are several. final J(θ): J after the last update (summary.json's final_objective, the "
+        "last J of metrics.csv and sweep.csv). NaN/inf events count NaN/inf losses and gradients (events.csv). "
+        "learned: "
+        "runs whose J rose above its start (a flat run neither learned nor collapsed)."
+    )
     return table(rows) + note + legend
 
 
@@ -282,8 +322,14 @@ def drop_table(ds: Dataset) -> str | None:
     def order(kv):
         key = kv[0]
         p = str(key[0])
-        return (PRECISION_ORDER.index(p) if p in PRECISION_ORDER else len(PRECISION_ORDER), p, sort_key(key[1]),
-                preset_rank(str(key[2])), [sort_key(x) for x in key[3:]])
+        return (
+            PRECISION_ORDER.index(p) if p in PRECISION_ORDER else len(PRECISION_ORDER),
+            p,
+            sort_key(key[1]),
+            preset_rank(str(key[2])),
+            [sort_key(x) for x in key[3:]],
+        )
+
     rows, worst_mean = [], None
     seeds = "seed" if "seed" in per.columns else "job"
     for key, g in sorted(per.groupby([*DROP_CELL, *others], sort=False, dropna=False), key=order):
@@ -292,8 +338,9 @@ def drop_table(ds: Dataset) -> str | None:
         finite = g[np.isfinite(g["drop"])]
         # Peak and final over the same runs, so that the drop is their difference; a cell where every run
         # ended with NaN parameters still shows how high J got before.
-        row["peak J"] = (_mean_sd(finite["best_objective"]) if len(finite)
-                         else _mean_sd(g["best_objective"]) + " (before NaN)")
+        row["peak J"] = (
+            _mean_sd(finite["best_objective"]) if len(finite) else _mean_sd(g["best_objective"]) + " (before NaN)"
+        )
         row["final J"] = _mean_sd(g["final"])
         row["peak − final"] = _mean_sd(finite["drop"])
         if len(finite):
@@ -317,23 +364,33 @@ def drop_table(ds: Dataset) -> str | None:
     if worst_mean is not None and worst_mean[0] <= 0:
         lead = "J ended at its peak in every run that has a final J (peak − final = 0).\n\n"
     elif worst_mean is not None and worst_mean[0] < 0.0005:  # "largest drop 0.000" reads as a typo
-        lead = (f"J ended within 0.0005 of its peak in every run that has a final J (largest mean drop "
-                f"{worst_mean[0]:.1e}).\n\n")
+        lead = (
+            f"J ended within 0.0005 of its peak in every run that has a final J (largest mean drop "
+            f"{worst_mean[0]:.1e}).\n\n"
+        )
     elif worst_mean is not None:
         mean, row, n = worst_mean
         cell = ", ".join(f"{k}={row[k]}" for k in (*DROP_CELL, *others))
-        lead = (f"Largest mean drop: **{mean:.3f}** at {cell} ({row['peak − final']} over {n} seed"
-                f"{'s' if n != 1 else ''}; worst {row['worst seed']}).\n\n")
-    legend = ("\n\npeak − final: J at the run's best evaluation minus J after its last update (summary.json's "
-              "peak_objective − final_objective), mean ± s.d. over the seeds (peak J too: over the runs that have a "
-              "final J); "
-              "worst seed: the largest drop. ")
+        lead = (
+            f"Largest mean drop: **{mean:.3f}** at {cell} ({row['peak − final']} over {n} seed"
+            f"{'s' if n != 1 else ''}; worst {row['worst seed']}).\n\n"
+        )
+    legend = (
+        "\n\npeak − final: J at the run's best evaluation minus J after its last update (summary.json's "
+        "peak_objective − final_objective), mean ± s.d. over the seeds (peak J too: over the runs that have a "
+        "final J); "
+        "worst seed: the largest drop. "
+    )
     if bool(per["nan_params"].any()):
-        legend += ("A run that ended with NaN parameters has no final J: it is left out of the drop and counted under "
-                   "NaN parameters. ")
+        legend += (
+            "A run that ended with NaN parameters has no final J: it is left out of the drop and counted under "
+            "NaN parameters. "
+        )
     if se is not None:
-        legend += ("J is a Monte Carlo estimate here (J s.e.: its standard error per evaluation): the peak of many noisy "
-                   "evaluations sits above the truth by about 1–2 s.e., so a drop within ~2 s.e. is noise.")
+        legend += (
+            "J is a Monte Carlo estimate here (J s.e.: its standard error per evaluation): the peak of many noisy "
+            "evaluations sits above the truth by about 1–2 s.e., so a drop within ~2 s.e. is noise."
+        )
     return lead + table(rows) + note + legend.rstrip()
 
 
@@ -362,6 +419,7 @@ def sort_key(value: Any) -> tuple:
 def _band(low: Any, high: Any) -> str:
     def one(v):
         return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else fmt(v)
+
     return f"[{one(low)}, {one(high)}]"
 
 
@@ -375,14 +433,21 @@ def _probe_verdicts(ds: Dataset) -> list[str]:
     out = []
     if mse == "rel_mse" and "exact_grad_norm" in pr.columns:
         g = pr["exact_grad_norm"].astype(float)
-        out.append(f"relative MSE = MSE / ‖∇J‖² (‖∇J‖² = {fmt(float(g.iloc[0]) ** 2, 3)}"
-                   + (" in the first cell" if g.nunique() > 1 else "") + "); 1 is the MSE of a zero update. "
-                   + DEGENERATE_RULE[0].upper() + DEGENERATE_RULE[1:] + ": never picked as a preset's best.")
+        out.append(
+            f"relative MSE = MSE / ‖∇J‖² (‖∇J‖² = {fmt(float(g.iloc[0]) ** 2, 3)}"
+            + (" in the first cell" if g.nunique() > 1 else "")
+            + "); 1 is the MSE of a zero update. "
+            + DEGENERATE_RULE[0].upper()
+            + DEGENERATE_RULE[1:]
+            + ": never picked as a preset's best."
+        )
     ok = pr[(pr["degenerate"] == 0) & pr[mse].notna()]
     if len(ok):
         best = ok.loc[ok[mse].astype(float).idxmin()]
-        out.append(f"lowest {'relative ' if mse == 'rel_mse' else ''}MSE of all arms that learn: **{best['preset']}** "
-                   f"at {_band(best.get('low'), best.get('high'))}{_where(ds, best)}: {fmt(float(best[mse]), 3)}")
+        out.append(
+            f"lowest {'relative ' if mse == 'rel_mse' else ''}MSE of all arms that learn: **{best['preset']}** "
+            f"at {_band(best.get('low'), best.get('high'))}{_where(ds, best)}: {fmt(float(best[mse]), 3)}"
+        )
     for name in sorted(pr["preset"].astype(str).unique(), key=preset_rank):
         cur = pr[pr["preset"].astype(str) == name]
         nb = len(cur)
@@ -391,21 +456,28 @@ def _probe_verdicts(ds: Dataset) -> list[str]:
             line = f"finite in every batch at {'all ' + str(nb) + ' bands/cells' if nb > 1 else 'its band'}"
         else:
             worst = cur.loc[rate.idxmax()]
-            line = (f"**NaN/inf in {100 * float(worst['nonfinite_rate']):.3g}% of batches** at band "
-                    f"{_band(worst['low'], worst['high'])}; {int((rate > 0).sum())} of {nb} cells affected")
+            line = (
+                f"**NaN/inf in {100 * float(worst['nonfinite_rate']):.3g}% of batches** at band "
+                f"{_band(worst['low'], worst['high'])}; {int((rate > 0).sum())} of {nb} cells affected"
+            )
         good = cur[(cur["degenerate"] == 0) & cur[mse].notna()]
         if len(good):
             best = good.loc[good[mse].astype(float).idxmin()]
-            line += (f"; {'lowest ' if nb > 1 else ''}{'relative ' if mse == 'rel_mse' else ''}MSE "
-                     f"{fmt(float(best[mse]), 3)} at "
-                     f"{_band(best['low'], best['high'])}{_where(ds, best)} (bias {fmt(float(best['bias_norm']), 3)}, "
-                     f"variance {fmt(float(best['variance']), 3)})")
+            line += (
+                f"; {'lowest ' if nb > 1 else ''}{'relative ' if mse == 'rel_mse' else ''}MSE "
+                f"{fmt(float(best[mse]), 3)} at "
+                f"{_band(best['low'], best['high'])}{_where(ds, best)} (bias {fmt(float(best['bias_norm']), 3)}, "
+                f"variance {fmt(float(best['variance']), 3)})"
+            )
         bad = cur[cur["degenerate"] == 1]
         if len(bad):
             what = _degenerate_words(bad.iloc[0])
-            where = (f"at {_band(bad.iloc[0]['low'], bad.iloc[0]['high'])}{_where(ds, bad.iloc[0])}" if len(bad) == 1
-                     else f"at {len(bad)} of {nb} bands/cells, e.g. {_band(bad.iloc[0]['low'], bad.iloc[0]['high'])}"
-                          f"{_where(ds, bad.iloc[0])}")
+            where = (
+                f"at {_band(bad.iloc[0]['low'], bad.iloc[0]['high'])}{_where(ds, bad.iloc[0])}"
+                if len(bad) == 1
+                else f"at {len(bad)} of {nb} bands/cells, e.g. {_band(bad.iloc[0]['low'], bad.iloc[0]['high'])}"
+                f"{_where(ds, bad.iloc[0])}"
+            )
             if len(good):
                 line += f"; **degenerate {where}** ({what}: it barely updates)"
             elif nb == 1:
@@ -439,15 +511,35 @@ def _probe_table(ds: Dataset) -> str:
     pr = probe_frame(ds)
     facet_keys = [k for k in ds.swept if k in pr.columns]
     pr["_rank"] = pr["preset"].astype(str).map(lambda n: preset_rank(n))
-    pr = pr.sort_values(["_rank", *facet_keys, "high"], kind="stable",
-                        key=lambda col: col if col.name == "_rank" else col.map(sort_key))
-    cols = [c for c in ("preset", *facet_keys, "low", "high", "bias_norm", "bias_norm_ci", "variance", "mse", "rel_mse",
-                        "cosine", "nonfinite_rate", "mean_ess", "mean_masked_fraction", "clamped_fraction",
-                        "degenerate") if c in pr.columns]
+    pr = pr.sort_values(
+        ["_rank", *facet_keys, "high"], kind="stable", key=lambda col: col if col.name == "_rank" else col.map(sort_key)
+    )
+    cols = [
+        c
+        for c in (
+            "preset",
+            *facet_keys,
+            "low",
+            "high",
+            "bias_norm",
+            "bias_norm_ci",
+            "variance",
+            "mse",
+            "rel_mse",
+            "cosine",
+            "nonfinite_rate",
+            "mean_ess",
+            "mean_masked_fraction",
+            "clamped_fraction",
+            "degenerate",
+        )
+        if c in pr.columns
+    ]
     rows = []
     for _, r in pr.iterrows():
-        row = {c: (None if c in ("low", "high") and isinstance(r[c], float) and math.isnan(r[c]) else r[c])
-               for c in cols}
+        row = {
+            c: (None if c in ("low", "high") and isinstance(r[c], float) and math.isnan(r[c]) else r[c]) for c in cols
+        }
         if "degenerate" in row:
             row["degenerate"] = "**yes**" if int(r["degenerate"]) else ""
         rows.append(row)
@@ -455,10 +547,12 @@ def _probe_table(ds: Dataset) -> str:
     if len(rows) > MAX_TABLE_ROWS:
         note = f"\n\n_(first {MAX_TABLE_ROWS} of {len(rows)} rows; all of them are in probe.csv)_"
         rows = rows[:MAX_TABLE_ROWS]
-    legend = ("\n\nbias_norm = ‖mean estimate − ∇J‖ (± bias_norm_ci), variance = trace of the estimate's "
-              "covariance, mse = bias² + variance, all against the exact on-policy gradient ∇J(θ); rel_mse = mse / "
-              "‖∇J‖² (1: the MSE of a zero update). mean_masked_fraction and clamped_fraction: tokens the "
-              "correction rejected, and kept tokens whose weight the clamp changed. " + DEGENERATE_RULE + ".")
+    legend = (
+        "\n\nbias_norm = ‖mean estimate − ∇J‖ (± bias_norm_ci), variance = trace of the estimate's "
+        "covariance, mse = bias² + variance, all against the exact on-policy gradient ∇J(θ); rel_mse = mse / "
+        "‖∇J‖² (1: the MSE of a zero update). mean_masked_fraction and clamped_fraction: tokens the "
+        "correction rejected, and kept tokens whose weight the clamp changed. " + DEGENERATE_RULE + "."
+    )
     return table(rows, cols) + note + legend
 
 
@@ -529,8 +623,12 @@ def _figures(ds: Dataset, filters: Sequence[str], dest: Path | None) -> list[str
     if filters:
         fig_dir = fig_dir / re.sub(r"[^A-Za-z0-9._=,-]+", "_", "_".join(filters))
     # The default style's figures, never a paper-style PNG that an older `plot --style paper` left here.
-    missing = [k for k in kinds if not (fig_dir / f"{k}.png").is_file()
-               or figures.layout.drawn_style(fig_dir / f"{k}.png") not in (None, "default")]
+    missing = [
+        k
+        for k in kinds
+        if not (fig_dir / f"{k}.png").is_file()
+        or figures.layout.drawn_style(fig_dir / f"{k}.png") not in (None, "default")
+    ]
     note = []
     if missing:
         try:

@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from runner.hydra_app import app as hydra_app
 from runner.core.corrections import Correction
 from runner.core.losses import LossSpec, policy_loss
+from runner.hydra_app import app as hydra_app
 
 TYPES = ("tis", "icepop", "seq-mask-tis")
 
@@ -34,10 +34,17 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
 
 
 class PolicyLoss(torch.nn.Module):
-    def __init__(self, clip_eps_low: float = 0.2, clip_eps_high: float = 0.2, dual_clip: float | None = None,
-                 token_level_loss: bool = True, policy_loss_type: str = "ppo",
-                 enable_vllm_is_correction: bool = False, vllm_is_truncated_threshold: list | None = None,
-                 vllm_is_correction_type: str = "tis"):
+    def __init__(
+        self,
+        clip_eps_low: float = 0.2,
+        clip_eps_high: float = 0.2,
+        dual_clip: float | None = None,
+        token_level_loss: bool = True,
+        policy_loss_type: str = "ppo",
+        enable_vllm_is_correction: bool = False,
+        vllm_is_truncated_threshold: list | None = None,
+        vllm_is_correction_type: str = "tis",
+    ):
         super().__init__()
         if policy_loss_type != "ppo":
             raise ValueError("this adapter reproduces policy_loss_type='ppo' only")

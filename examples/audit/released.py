@@ -26,10 +26,13 @@ REPO = Path(__file__).resolve().parents[2]
 SITE = "{site}"  # in TARGETS' arguments: the folder the wheels' packages are unpacked into
 
 VERL_PPO = f"{SITE}/verl/trainer/ppo"
-VERL_CONFIG = ('{"loss_agg_mode": "token-mean", "config": {"_target_": "verl.workers.config.ActorConfig", '
-               '"strategy": "fsdp", "rollout_n": 1, "ppo_micro_batch_size_per_gpu": 1}}')
-BC71BB1 = ('{"enable_vllm_is_correction": true, "vllm_is_truncated_threshold": [0.5, 5.0], '
-           '"vllm_is_correction_type": "%s"}')
+VERL_CONFIG = (
+    '{"loss_agg_mode": "token-mean", "config": {"_target_": "verl.workers.config.ActorConfig", '
+    '"strategy": "fsdp", "rollout_n": 1, "ppo_micro_batch_size_per_gpu": 1}}'
+)
+BC71BB1 = (
+    '{"enable_vllm_is_correction": true, "vllm_is_truncated_threshold": [0.5, 5.0], "vllm_is_correction_type": "%s"}'
+)
 
 
 @dataclass(frozen=True)
@@ -48,43 +51,93 @@ class Target:
 
 
 TARGETS = (
-    Target("openrlhf-0.11.2", "OpenRLHF 0.11.2 PolicyLoss, sequence-level mask mode",
-           ("--target", f"{SITE}/openrlhf/models/loss.py:PolicyLoss", "--stub", "deepspeed",
-            "--target-kwargs", '{"is_correction_level": "seq", "is_correction_mode": "mask"}'),
-           known=("1 finite: loss -inf on finite inputs",),
-           other=("4 padding: padding values leak: loss nan",)),
-    Target("verl-0.9.1", "verl 0.9.1 vanilla PPO loss fed by its token IcePop weights",
-           # verl's packages import these at module level (orjson: verl/utils/tracking.py); the loss
-           # and the weights function call none of them, and is-study depends on none of them
-           ("--convention", "verl", "--stub", "tensordict,transformers,ray,codetiming,orjson",
-            "--target", f"{VERL_PPO}/core_algos.py:compute_policy_loss_vanilla", "--call-kwargs", VERL_CONFIG,
-            "--weights-fn", f"{VERL_PPO}/rollout_corr_helper.py:compute_rollout_correction_weights",
-            "--weights-kwargs", '{"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}', "--band", "0.5,5",
-            "--allow-raise", "ValueError"),
-           known=("raises: ZeroDivisionError: float division by zero at verl/trainer/ppo/rollout_corr_helper.py:758",),
-           other=("4 padding: padding values leak: grad",)),
-    Target("trl-1.16.0", "TRL 1.16.0 GRPO loss with its vLLM IS correction (GRPOConfig defaults)",
-           ("--convention", "trl", "--target", "examples/audit/trl_grpo.py:GRPOLoss",
-            "--target-kwargs", f'{{"trl": "{SITE}/trl"}}'),
-           known=(),
-           other=("1 finite: grad", "4 padding: padding values leak: loss nan")),
-    Target("openrlhf-bc71bb1-seq-mask-tis", "OpenRLHF bc71bb19 seq-mask-tis (adapter)",
-           ("--target", "examples/audit/openrlhf_bc71bb1.py:PolicyLoss", "--target-kwargs", BC71BB1 % "seq-mask-tis",
-            "--reference", "correction=seq-mask-tis"),
-           known=("1 finite: loss -inf on finite inputs", "2 reject→0: rejected unit[0][0]",
-                  "reference: vs correction=seq-mask-tis: token[0][0] gets weight 10"),
-           other=("4 padding: padding values leak: loss nan",)),
-    Target("openrlhf-bc71bb1-icepop", "OpenRLHF bc71bb19 icepop (adapter)",
-           ("--target", "examples/audit/openrlhf_bc71bb1.py:PolicyLoss", "--target-kwargs", BC71BB1 % "icepop"),
-           known=("1 finite: loss nan on finite inputs", "2 reject→0: rejected unit[0][0]"),
-           other=("4 padding: padding values leak: loss nan",)),
+    Target(
+        "openrlhf-0.11.2",
+        "OpenRLHF 0.11.2 PolicyLoss, sequence-level mask mode",
+        (
+            "--target",
+            f"{SITE}/openrlhf/models/loss.py:PolicyLoss",
+            "--stub",
+            "deepspeed",
+            "--target-kwargs",
+            '{"is_correction_level": "seq", "is_correction_mode": "mask"}',
+        ),
+        known=("1 finite: loss -inf on finite inputs",),
+        other=("4 padding: padding values leak: loss nan",),
+    ),
+    Target(
+        "verl-0.9.1",
+        "verl 0.9.1 vanilla PPO loss fed by its token IcePop weights",
+        # verl's packages import these at module level (orjson: verl/utils/tracking.py); the loss
+        # and the weights function call none of them, and is-study depends on none of them
+        (
+            "--convention",
+            "verl",
+            "--stub",
+            "tensordict,transformers,ray,codetiming,orjson",
+            "--target",
+            f"{VERL_PPO}/core_algos.py:compute_policy_loss_vanilla",
+            "--call-kwargs",
+            VERL_CONFIG,
+            "--weights-fn",
+            f"{VERL_PPO}/rollout_corr_helper.py:compute_rollout_correction_weights",
+            "--weights-kwargs",
+            '{"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}',
+            "--band",
+            "0.5,5",
+            "--allow-raise",
+            "ValueError",
+        ),
+        known=("raises: ZeroDivisionError: float division by zero at verl/trainer/ppo/rollout_corr_helper.py:758",),
+        other=("4 padding: padding values leak: grad",),
+    ),
+    Target(
+        "trl-1.16.0",
+        "TRL 1.16.0 GRPO loss with its vLLM IS correction (GRPOConfig defaults)",
+        (
+            "--convention",
+            "trl",
+            "--target",
+            "examples/audit/trl_grpo.py:GRPOLoss",
+            "--target-kwargs",
+            f'{{"trl": "{SITE}/trl"}}',
+        ),
+        known=(),
+        other=("1 finite: grad", "4 padding: padding values leak: loss nan"),
+    ),
+    Target(
+        "openrlhf-bc71bb1-seq-mask-tis",
+        "OpenRLHF bc71bb19 seq-mask-tis (adapter)",
+        (
+            "--target",
+            "examples/audit/openrlhf_bc71bb1.py:PolicyLoss",
+            "--target-kwargs",
+            BC71BB1 % "seq-mask-tis",
+            "--reference",
+            "correction=seq-mask-tis",
+        ),
+        known=(
+            "1 finite: loss -inf on finite inputs",
+            "2 reject→0: rejected unit[0][0]",
+            "reference: vs correction=seq-mask-tis: token[0][0] gets weight 10",
+        ),
+        other=("4 padding: padding values leak: loss nan",),
+    ),
+    Target(
+        "openrlhf-bc71bb1-icepop",
+        "OpenRLHF bc71bb19 icepop (adapter)",
+        ("--target", "examples/audit/openrlhf_bc71bb1.py:PolicyLoss", "--target-kwargs", BC71BB1 % "icepop"),
+        known=("1 finite: loss nan on finite inputs", "2 reject→0: rejected unit[0][0]"),
+        other=("4 padding: padding values leak: loss nan",),
+    ),
 )
 
 
 def download(wheels: Path) -> None:
     wheels.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels), *PACKAGES],
-                   check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", str(wheels), *PACKAGES], check=True
+    )
 
 
 def unpack(wheels: Path) -> Path:
@@ -112,8 +165,10 @@ def main(argv: list[str]) -> int:
     for target in TARGETS:
         print(f"\n## {target.name}: {target.what}\n$ {target.command(site)}", flush=True)
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "runner", "audit", "--out", str(wheels / "audit-cases"),
-                        *target.argv(site)], cwd=REPO)
+        subprocess.run(
+            [sys.executable, "-m", "runner", "audit", "--out", str(wheels / "audit-cases"), *target.argv(site)],
+            cwd=REPO,
+        )
         print(f"({time.perf_counter() - start:.1f} s)")
     return 0
 

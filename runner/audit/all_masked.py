@@ -48,8 +48,9 @@ def judge(subject, batch: Batch, log) -> Verdict:
     except SubjectRaised as raised:
         crash = log.record(raised, CHECK)
         if crash is None:
-            return Verdict("pass", batch, note=f"refused with {type(raised.error).__name__} (allowed): "
-                                                f"{raised.error}".strip())
+            return Verdict(
+                "pass", batch, note=f"refused with {type(raised.error).__name__} (allowed): {raised.error}".strip()
+            )
         return Verdict("raise", batch)
     kind = _nonfinite(out)
     if kind is None:
@@ -60,10 +61,15 @@ def judge(subject, batch: Batch, log) -> Verdict:
         same_on_policy = False
     quantity, value = kind.split(":")
     if same_on_policy:
-        return Verdict("pass", batch, note=f"{quantity} {value} on an all-masked batch with on-policy inputs too: "
-                                           "the reduction divides by zero tokens, whatever the correction does")
-    return Verdict("fail", batch, Violation(f"all-masked batch gives {quantity} {value}; on-policy the same batch "
-                                            f"is finite", kind))
+        return Verdict(
+            "pass",
+            batch,
+            note=f"{quantity} {value} on an all-masked batch with on-policy inputs too: "
+            "the reduction divides by zero tokens, whatever the correction does",
+        )
+    return Verdict(
+        "fail", batch, Violation(f"all-masked batch gives {quantity} {value}; on-policy the same batch is finite", kind)
+    )
 
 
 def check(subject, profile: InputProfile, log) -> Verdict:

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from runner.audit.case_files import Case, load_case_file
-from runner.hydra_app import app as hydra_app
 from runner.audit.case_study import Mismatch, compare, evaluate
+from runner.hydra_app import app as hydra_app
 from runner.values import parse_override, same_value
 
 
@@ -71,8 +71,19 @@ def build_card(path: Path, overrides: list[str]) -> CaseCard:
     mismatches = compare(results, expected) if expected is not None else []
     subject = PresetSubject(corr, spec)
     checks = [_check(case, res, subject) for case, res in zip(case_file.cases, results)]
-    return CaseCard(list(overrides), case_file.path, case_file.cases, corr.name, corr_cfg, loss_cfg, results,
-                    expected, why, mismatches, checks)
+    return CaseCard(
+        list(overrides),
+        case_file.path,
+        case_file.cases,
+        corr.name,
+        corr_cfg,
+        loss_cfg,
+        results,
+        expected,
+        why,
+        mismatches,
+        checks,
+    )
 
 
 def build_cards(path: Path, overrides: list[str]) -> list[CaseCard]:
@@ -86,8 +97,10 @@ def build_cards(path: Path, overrides: list[str]) -> list[CaseCard]:
     if not entries:
         from runner.errors import UserError
 
-        raise UserError(f"{case_file.path.name} has no `expect:` list to cover: name the preset to check, "
-                        f"e.g. correction=seq-mask-tis")
+        raise UserError(
+            f"{case_file.path.name} has no `expect:` list to cover: name the preset to check, "
+            f"e.g. correction=seq-mask-tis"
+        )
     cards = []
     for entry in entries:
         extra = [str(o) for o in entry.get("overrides", []) or []]
@@ -116,8 +129,11 @@ def _expected_for(case_file, preset: str, overrides: list[str]) -> tuple[list | 
 
 def _check(case: Case, result: dict[str, Any], subject) -> CaseCheck:
     masked_in = [(b, t) for b, row in enumerate(case.action_mask) for t, m in enumerate(row) if m > 0]
-    inputs_finite = all(math.isfinite(getattr(case, k)[b][t]) for b, t in masked_in
-                        for k in ("log_probs", "old_log_probs", "rollout_log_probs", "advantages"))
+    inputs_finite = all(
+        math.isfinite(getattr(case, k)[b][t])
+        for b, t in masked_in
+        for k in ("log_probs", "old_log_probs", "rollout_log_probs", "advantages")
+    )
     return CaseCheck(result["name"], bool(result["finite"]), inputs_finite, _rejection(case, subject))
 
 

@@ -46,9 +46,15 @@ def _print_case_table(preset: str, results: list[dict], console) -> None:
         table.add_column(col)
     for r in results:
         m = r["metrics"]
-        table.add_row(escape(r["name"]), fmt(r["loss"]), fmt_matrix(r["grad"]), fmt_matrix(r["weights"]),
-                      "[green]yes[/green]" if r["finite"] else "[red]NO[/red]",
-                      fmt(m.get("ess")), fmt(m.get("token_masked_fraction")))
+        table.add_row(
+            escape(r["name"]),
+            fmt(r["loss"]),
+            fmt_matrix(r["grad"]),
+            fmt_matrix(r["weights"]),
+            "[green]yes[/green]" if r["finite"] else "[red]NO[/red]",
+            fmt(m.get("ess")),
+            fmt(m.get("token_masked_fraction")),
+        )
     console.print(table)
 
 
@@ -56,19 +62,28 @@ def _override_keys(overrides: list[str]) -> set[str]:
     return {o.split("=", 1)[0].lstrip("+~") for o in overrides if "=" in o}
 
 
-def run_case(file: str, overrides: list[str], *, as_json: bool, check: bool, target_options: dict[str, Any],
-             max_elements: int | None, console, err_console) -> int:
+def run_case(
+    file: str,
+    overrides: list[str],
+    *,
+    as_json: bool,
+    check: bool,
+    target_options: dict[str, Any],
+    max_elements: int | None,
+    console,
+    err_console,
+) -> int:
     """The `case` command; returns its exit code. `target_options` are TargetSpec.of's keyword
     arguments (the --target options); `console` and `err_console` print to stdout and stderr."""
     from runner.audit.case_files import load_case_file
 
     # the file first: a bad or oversized one is refused before torch and Hydra are imported
     case_file = load_case_file(resolve_case_path(file), max_elements=max_elements)
-    from runner.hydra_app import app as hydra_app
-    from runner.core.corrections import Correction
-    from runner.core.losses import LossSpec
     from runner.audit.case_study import compare, evaluate
     from runner.audit.external import TargetSpec
+    from runner.core.corrections import Correction
+    from runner.core.losses import LossSpec
+    from runner.hydra_app import app as hydra_app
 
     spec = TargetSpec.of(**target_options)
     if case_file.audit and not check:
@@ -98,8 +113,9 @@ def run_case(file: str, overrides: list[str], *, as_json: bool, check: bool, tar
         if expected is not None:
             mismatches = compare(results, expected)
             failures.extend(f"{corr.name}: {m}" for m in mismatches)
-            verdicts.append((corr.name, " ".join(extra[1:] if extra[:1] == [f"correction={preset}"] else extra),
-                             len(mismatches)))
+            verdicts.append(
+                (corr.name, " ".join(extra[1:] if extra[:1] == [f"correction={preset}"] else extra), len(mismatches))
+            )
         if as_json:
             printed.extend({"preset": corr.name, **r} if len(runs) > 1 else r for r in results)
         elif not check or len(runs) == 1:
@@ -117,8 +133,12 @@ def run_case(file: str, overrides: list[str], *, as_json: bool, check: bool, tar
         for col in ("preset", "overrides", "cases", "verdict"):
             table.add_column(col)
         for name, extra_args, bad in verdicts:
-            table.add_row(name, extra_args, str(len(case_file.cases)),
-                          "[green]match[/green]" if not bad else f"[red]{bad} mismatch(es)[/red]")
+            table.add_row(
+                name,
+                extra_args,
+                str(len(case_file.cases)),
+                "[green]match[/green]" if not bad else f"[red]{bad} mismatch(es)[/red]",
+            )
         console.print(table)
     if check and failures:
         for line in failures:
@@ -139,16 +159,17 @@ def _report_replay(case_file, subject) -> bool:
 
 def _replay_target(case_file, spec, overrides: list[str], as_json: bool, check: bool, console, err_console) -> bool:
     """Replay on the file's target (or --target); True when the file's audit check still fails there."""
+    from runner.audit.command import loss_specs
     from runner.audit.external import TargetSpec, resolve_all
     from runner.audit.replay import evaluate_target, print_table
-    from runner.audit.command import loss_specs
 
     if check:
         raise UserError("--check compares presets with the file's expect: list; it does not apply to a target")
     if not spec.given:
         spec = TargetSpec.from_dict(case_file.target, str(case_file.path))
-        err_console.print(f"[dim]replaying the target recorded in {case_file.path}: "
-                          f"{spec.command_line()}[/dim]", soft_wrap=True)
+        err_console.print(
+            f"[dim]replaying the target recorded in {case_file.path}: {spec.command_line()}[/dim]", soft_wrap=True
+        )
         if spec.target is None and not overrides:  # a weights function: the loss it was found under
             overrides = list((case_file.audit or {}).get("overrides", []))
     elif spec.target is not None and overrides:
@@ -187,7 +208,9 @@ def _case_runs(case_file, overrides: list[str], check: bool) -> list[tuple[str, 
         if chosen and entry["preset"] != chosen[-1]:
             continue
         extra = [o for o in entry.get("overrides", []) if o.split("=", 1)[0] not in user_keys]
-        runs.append((entry["preset"], [f"correction={entry['preset']}"] + extra if not chosen else extra, entry["results"]))
+        runs.append(
+            (entry["preset"], [f"correction={entry['preset']}"] + extra if not chosen else extra, entry["results"])
+        )
     if not runs:
         raise UserError(f"{case_file.path}: no expect entry for correction={chosen[-1]}")
     return runs

@@ -143,8 +143,11 @@ def load_case_file(path: str | Path, max_elements: int | None = None) -> CaseFil
         raise UserError(f"case file not found: {path}")
     try:
         text = path.read_text()
-        data = (load_json(text, str(path), max_elements, CAP_HINT) if path.suffix == ".json"
-                else load_yaml(text, str(path), max_elements, CAP_HINT))
+        data = (
+            load_json(text, str(path), max_elements, CAP_HINT)
+            if path.suffix == ".json"
+            else load_yaml(text, str(path), max_elements, CAP_HINT)
+        )
     except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({first})") from None
@@ -176,20 +179,28 @@ def _audit_block(raw: Any, path: Path) -> dict[str, Any] | None:
     if raw is None:
         return None
     if not isinstance(raw, dict) or "check" not in raw:
-        raise UserError(f"{path}: `audit:` must be a mapping with a `check:` (an invariant 1-7, all-masked, "
-                        "reference or raises)")
+        raise UserError(
+            f"{path}: `audit:` must be a mapping with a `check:` (an invariant 1-7, all-masked, reference or raises)"
+        )
     unknown = sorted(str(k) for k in raw if k not in AUDIT_KEYS)
     if unknown:
-        raise UserError(f"{path}: unknown key(s) in `audit:`: {clip(', '.join(unknown))} "
-                        f"(known: {', '.join(AUDIT_KEYS)})")
+        raise UserError(
+            f"{path}: unknown key(s) in `audit:`: {clip(', '.join(unknown))} (known: {', '.join(AUDIT_KEYS)})"
+        )
     overrides = raw.get("overrides", [])
     if not isinstance(overrides, list) or not all(isinstance(o, str) and "=" in o for o in overrides):
         raise UserError(f"{path}: `audit.overrides` must be a list of KEY=VALUE overrides")
     return dict(raw)
 
 
-def write_case_file(path: str | Path, cases: list[Case], header: str = "", expect: list | None = None,
-                    target: dict[str, Any] | None = None, audit: dict[str, Any] | None = None) -> Path:
+def write_case_file(
+    path: str | Path,
+    cases: list[Case],
+    header: str = "",
+    expect: list | None = None,
+    target: dict[str, Any] | None = None,
+    audit: dict[str, Any] | None = None,
+) -> Path:
     """Write cases as YAML that `is-study case` reads back unchanged (non-finite as strings)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

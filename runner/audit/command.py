@@ -20,12 +20,13 @@ from __future__ import annotations
 import functools
 import hashlib
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from runner.audit.counterexamples import case_path, save_counterexample, slug
-from runner.audit.groups import ALL_MASKED, RAISES, REFERENCE, UPSTREAM, Cell, Group
+from runner.audit.groups import ALL_MASKED, RAISES, REFERENCE, Cell, Group
 from runner.errors import UserError
 
 DEFAULT_LOSSES = ("ppo", "reinforce")
@@ -53,20 +54,21 @@ def _short_hash(text: str) -> str:
 
 def loss_specs(overrides: Sequence[str]) -> list:
     """One LossSpec per loss to audit: loss=NAME, or ppo and reinforce."""
-    from runner.hydra_app import app as hydra_app
     from runner.core.losses import LossSpec
+    from runner.hydra_app import app as hydra_app
 
     _, loss, rest = _split_overrides(overrides)
     losses = [loss] if loss else list(DEFAULT_LOSSES)
-    return [LossSpec.from_config(hydra_app.to_container(hydra_app.compose([f"loss={name}", *rest]).loss))
-            for name in losses]
+    return [
+        LossSpec.from_config(hydra_app.to_container(hydra_app.compose([f"loss={name}", *rest]).loss)) for name in losses
+    ]
 
 
 def preset_groups(overrides: Sequence[str]) -> list[Group]:
     from runner import registry
-    from runner.hydra_app import app as hydra_app
     from runner.audit.subjects import PresetSubject
     from runner.core.corrections import Correction
+    from runner.hydra_app import app as hydra_app
 
     preset, _, rest = _split_overrides(overrides)
     names = [preset] if preset else [e.name for e in registry.presets()]
@@ -90,8 +92,9 @@ def target_group(spec, overrides: Sequence[str] = ()) -> Group:
         raise UserError("--weights-fn without --target is audited under our losses; correction= does not apply")
     subjects = resolve_all(spec, loss_specs(overrides) if spec.target is None else ())
     name = subjects[0].name
-    return Group(name, False, subjects, f"{slug(name)}.{spec.digest()}", spec.cli_args() + list(overrides),
-                 spec.allow_raise)
+    return Group(
+        name, False, subjects, f"{slug(name)}.{spec.digest()}", spec.cli_args() + list(overrides), spec.allow_raise
+    )
 
 
 # --------------------------------------------------------------------------------- search
@@ -176,8 +179,11 @@ class Search:
                 return None
             how = f"a hypothesis search ({self.budget.name} budget)"
             try:
-                found = find(strategy(kind, self.budget, profile), BudgetedShrink(same_kind, SHRINK_CALLS),
-                             settings=hypothesis_settings(self.budget.examples[kind]))
+                found = find(
+                    strategy(kind, self.budget, profile),
+                    BudgetedShrink(same_kind, SHRINK_CALLS),
+                    settings=hypothesis_settings(self.budget.examples[kind]),
+                )
                 how += ", shrunk by hypothesis"
             except NoSuchExample:  # the replay missed it; the greedy shrink below still applies
                 pass
@@ -226,8 +232,12 @@ def _check_invariant(n: int, group: Group, search: Search, out_dir: Path) -> Cel
             reasons.append(reason)
             continue
         applied = True
-        found = search.find(f"{n} {inv.short}", functools.partial(violation, inv, subject),
-                            hand_batches(n, subject, search.profile), inv.generator)
+        found = search.find(
+            f"{n} {inv.short}",
+            functools.partial(violation, inv, subject),
+            hand_batches(n, subject, search.profile),
+            inv.generator,
+        )
         if found is not None:
             failure = (subject, *found)
             break
@@ -235,10 +245,25 @@ def _check_invariant(n: int, group: Group, search: Search, out_dir: Path) -> Cel
     cell = Cell(group.name, n, "n/a", group.faithful, profile=search.profile.name)
     if failure is not None:
         subject, batch, detail, how = failure
-        save_counterexample(path, n, f"fails invariant {n} ({inv.text})", subject, group, batch, detail, how,
-                            search.profile.name, search.profile_args)
-        cell.status, cell.counterexample, cell.loss, cell.detail, cell.found_by = \
-            "fail", str(path), subject.loss_name, str(detail), how
+        save_counterexample(
+            path,
+            n,
+            f"fails invariant {n} ({inv.text})",
+            subject,
+            group,
+            batch,
+            detail,
+            how,
+            search.profile.name,
+            search.profile_args,
+        )
+        cell.status, cell.counterexample, cell.loss, cell.detail, cell.found_by = (
+            "fail",
+            str(path),
+            subject.loss_name,
+            str(detail),
+            how,
+        )
     elif applied:
         cell.status = "pass"
     else:
@@ -252,16 +277,35 @@ def _check_all_masked(group: Group, search: Search, out_dir: Path) -> Cell:
 
     start = time.perf_counter()
     verdicts = [all_masked.check(s, search.profile, search.log) for s in group.subjects]
-    verdict = next((v for v in verdicts if v.status == "fail"), None) or \
-        next((v for v in verdicts if v.status == "raise"), None) or verdicts[0]
-    cell = Cell(group.name, ALL_MASKED, verdict.status, group.faithful, profile=search.profile.name,
-                note=verdict.note, found_by="the all-masked batches" if verdict.status != "pass" else None)
+    verdict = (
+        next((v for v in verdicts if v.status == "fail"), None)
+        or next((v for v in verdicts if v.status == "raise"), None)
+        or verdicts[0]
+    )
+    cell = Cell(
+        group.name,
+        ALL_MASKED,
+        verdict.status,
+        group.faithful,
+        profile=search.profile.name,
+        note=verdict.note,
+        found_by="the all-masked batches" if verdict.status != "pass" else None,
+    )
     path = case_path(out_dir, group.key, ALL_MASKED)
     if verdict.status == "fail":
         subject = group.subjects[verdicts.index(verdict)]
-        save_counterexample(path, ALL_MASKED, f"fails the all-masked check ({all_masked.TEXT})", subject, group,
-                            verdict.batch, str(verdict.violation), cell.found_by, search.profile.name,
-                            search.profile_args)
+        save_counterexample(
+            path,
+            ALL_MASKED,
+            f"fails the all-masked check ({all_masked.TEXT})",
+            subject,
+            group,
+            verdict.batch,
+            str(verdict.violation),
+            cell.found_by,
+            search.profile.name,
+            search.profile_args,
+        )
         cell.counterexample, cell.detail, cell.loss = str(path), str(verdict.violation), subject.loss_name
     elif verdict.status == "raise":
         cell.detail = "raises (reported once, under raises)"
@@ -277,8 +321,13 @@ def _check_reference(preset: str, group: Group, search: Search, out_dir: Path) -
     failure = None
     for subject in group.subjects:
         ref = reference.reference_subject(subject, preset)
-        found = search.find(f"reference correction={preset}", functools.partial(reference.check, subject, ref),
-                            ordinary_cases(), "ordinary", PROFILES["realistic"])
+        found = search.find(
+            f"reference correction={preset}",
+            functools.partial(reference.check, subject, ref),
+            ordinary_cases(),
+            "ordinary",
+            PROFILES["realistic"],
+        )
         if found is not None:
             failure = (subject, *found)
             break
@@ -286,11 +335,26 @@ def _check_reference(preset: str, group: Group, search: Search, out_dir: Path) -
     path = case_path(out_dir, group.key, f"ref-{slug(preset)}")
     if failure is not None:
         subject, batch, detail, how = failure
-        save_counterexample(path, REFERENCE, f"differs from correction={preset} on ordinary inputs", subject, group,
-                            batch, detail, how, "ordinary", ["--reference", f"correction={preset}"],
-                            reference=preset)
-        cell.status, cell.counterexample, cell.loss, cell.detail, cell.found_by = \
-            "fail", str(path), subject.loss_name, f"vs correction={preset}: {detail}", how
+        save_counterexample(
+            path,
+            REFERENCE,
+            f"differs from correction={preset} on ordinary inputs",
+            subject,
+            group,
+            batch,
+            detail,
+            how,
+            "ordinary",
+            ["--reference", f"correction={preset}"],
+            reference=preset,
+        )
+        cell.status, cell.counterexample, cell.loss, cell.detail, cell.found_by = (
+            "fail",
+            str(path),
+            subject.loss_name,
+            f"vs correction={preset}: {detail}",
+            how,
+        )
     cell.seconds = time.perf_counter() - start
     return cell
 
@@ -316,19 +380,52 @@ def _crash_cells(group: Group, search: Search, out_dir: Path) -> list[Cell]:
         batch = shrink(crash.batch, same) if same(crash.batch) else crash.batch
         text = crash.text(short_path(crash.file))
         checks = ", ".join(crash.checks)
-        how = f"the {crash.checks[0]} check" + (f" (also hit by: {', '.join(crash.checks[1:])})"
-                                                if len(crash.checks) > 1 else "")
+        how = f"the {crash.checks[0]} check" + (
+            f" (also hit by: {', '.join(crash.checks[1:])})" if len(crash.checks) > 1 else ""
+        )
         path = case_path(out_dir, group.key, f"raises-{crash.type}-{crash.line}")
-        save_counterexample(path, RAISES, f"raises {crash.type}", subject, group, batch, text, how,
-                            search.profile.name, search.profile_args, dtype=crash.dtype)
-        cells.append(Cell(group.name, RAISES, "fail", group.faithful, str(path), subject.loss_name, text, how,
-                          search.profile.name, time.perf_counter() - start, note=f"checks: {checks}"))
+        save_counterexample(
+            path,
+            RAISES,
+            f"raises {crash.type}",
+            subject,
+            group,
+            batch,
+            text,
+            how,
+            search.profile.name,
+            search.profile_args,
+            dtype=crash.dtype,
+        )
+        cells.append(
+            Cell(
+                group.name,
+                RAISES,
+                "fail",
+                group.faithful,
+                str(path),
+                subject.loss_name,
+                text,
+                how,
+                search.profile.name,
+                time.perf_counter() - start,
+                note=f"checks: {checks}",
+            )
+        )
     return cells
 
 
-def audit_groups(groups: list[Group], budget, out_dir: Path, invariants: Sequence[int] = tuple(range(1, 8)),
-                 hand: bool = True, profile=None, reference: str | None = None, all_masked: bool = True,
-                 on_step: Callable[[str], None] | None = None) -> list[Cell]:
+def audit_groups(
+    groups: list[Group],
+    budget,
+    out_dir: Path,
+    invariants: Sequence[int] = tuple(range(1, 8)),
+    hand: bool = True,
+    profile=None,
+    reference: str | None = None,
+    all_masked: bool = True,
+    on_step: Callable[[str], None] | None = None,
+) -> list[Cell]:
     from runner.audit.crashes import CrashLog
     from runner.audit.generators import PROFILES
     from runner.audit.invariants import INVARIANTS
@@ -353,8 +450,16 @@ def audit_groups(groups: list[Group], budget, out_dir: Path, invariants: Sequenc
             written.append(_check_reference(reference, group, search, out_dir))
         written += _crash_cells(group, search, out_dir)
         for name, count in search.log.refusals.items():
-            written.append(Cell(group.name, RAISES, "pass", group.faithful, profile=profile.name,
-                                note=f"{count} batch(es) refused with {name}, allowed by --allow-raise"))
+            written.append(
+                Cell(
+                    group.name,
+                    RAISES,
+                    "pass",
+                    group.faithful,
+                    profile=profile.name,
+                    note=f"{count} batch(es) refused with {name}, allowed by --allow-raise",
+                )
+            )
         _remove_stale(out_dir, group.key, {c.counterexample for c in written if c.counterexample})
         cells += written
     return cells
@@ -366,16 +471,25 @@ def _remove_stale(out_dir: Path, key: str, keep: set[str]) -> None:
         return
     stem = slug(key) + "."
     for path in out_dir.glob(f"{slug(key)}.*.yaml"):
-        rest = path.name[len(stem):-len(".yaml")]
+        rest = path.name[len(stem) : -len(".yaml")]
         if "." not in rest and str(path) not in keep:  # not a longer key's file (tis.<hash>.inv1)
             path.unlink()
 
 
-def run_audit(overrides: Sequence[str] = (), out_dir: str | Path = "audit-cases", budget: str = "default",
-              profile: str = "adversarial", target=None, target_kwargs: str | None = None,
-              invariants: Sequence[int] | None = None, hand: bool = True, reference: str | None = None,
-              all_masked: bool = True, on_step: Callable[[str], None] | None = None,
-              on_start: Callable[[int], None] | None = None) -> list[Cell]:
+def run_audit(
+    overrides: Sequence[str] = (),
+    out_dir: str | Path = "audit-cases",
+    budget: str = "default",
+    profile: str = "adversarial",
+    target=None,
+    target_kwargs: str | None = None,
+    invariants: Sequence[int] | None = None,
+    hand: bool = True,
+    reference: str | None = None,
+    all_masked: bool = True,
+    on_step: Callable[[str], None] | None = None,
+    on_start: Callable[[int], None] | None = None,
+) -> list[Cell]:
     try:
         import hypothesis  # noqa: F401
     except ImportError:
@@ -401,8 +515,9 @@ def run_audit(overrides: Sequence[str] = (), out_dir: str | Path = "audit-cases"
     groups = [target_group(target, overrides)] if target.given else preset_groups(overrides)
     if on_start:
         on_start(len(groups) * (len(invariants) + all_masked + bool(preset)))
-    return audit_groups(groups, BUDGETS[budget], Path(out_dir), invariants, hand, PROFILES[profile], preset,
-                        all_masked, on_step)
+    return audit_groups(
+        groups, BUDGETS[budget], Path(out_dir), invariants, hand, PROFILES[profile], preset, all_masked, on_step
+    )
 
 
 def exit_code(cells: list[Cell]) -> int:

@@ -20,8 +20,9 @@ it has none of them.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import torch
 
@@ -39,27 +40,51 @@ class Convention:
     returns: str  # what the loss returns, for the help text
 
 
-
 CONVENTIONS: dict[str, Convention] = {
     "openrlhf": Convention(
-        "openrlhf", {"lp": 0, "old": 1, "adv": 2, "mask": "action_mask", "roll": "rollout_log_probs"},
+        "openrlhf",
+        {"lp": 0, "old": 1, "adv": 2, "mask": "action_mask", "roll": "rollout_log_probs"},
         {"old": "old_log_probs", "roll": "rollout_log_probs", "mask": "action_mask"},
-        "loss or (loss, ...)"),
+        "loss or (loss, ...)",
+    ),
     "verl": Convention(
-        "verl", {"old": "old_log_prob", "lp": "log_prob", "adv": "advantages", "mask": "response_mask",
-                 "weights": "rollout_is_weights"},
+        "verl",
+        {
+            "old": "old_log_prob",
+            "lp": "log_prob",
+            "adv": "advantages",
+            "mask": "response_mask",
+            "weights": "rollout_is_weights",
+        },
         {"old": "old_log_prob", "roll": "rollout_log_prob", "mask": "response_mask"},
-        "(loss, metrics)"),
+        "(loss, metrics)",
+    ),
     "trl": Convention(
-        "trl", {"lp": "per_token_logps", "old": "old_per_token_logps", "roll": "sampling_per_token_logps",
-                "adv": "advantages", "mask": "completion_mask", "weights": "importance_sampling_ratio"},
+        "trl",
+        {
+            "lp": "per_token_logps",
+            "old": "old_per_token_logps",
+            "roll": "sampling_per_token_logps",
+            "adv": "advantages",
+            "mask": "completion_mask",
+            "weights": "importance_sampling_ratio",
+        },
         {"old": "old_per_token_logps", "roll": "sampling_per_token_logps", "mask": "completion_mask"},
-        "loss"),
+        "loss",
+    ),
     "plain": Convention(
-        "plain", {"lp": "log_probs", "old": "old_log_probs", "roll": "rollout_log_probs", "adv": "advantages",
-                  "mask": "action_mask", "weights": "weights"},
+        "plain",
+        {
+            "lp": "log_probs",
+            "old": "old_log_probs",
+            "roll": "rollout_log_probs",
+            "adv": "advantages",
+            "mask": "action_mask",
+            "weights": "weights",
+        },
         {"old": "old_log_probs", "roll": "rollout_log_probs", "mask": "action_mask"},
-        "loss"),
+        "loss",
+    ),
 }
 
 
@@ -101,8 +126,13 @@ class Caller:
     call_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, convention: str, arg_map: str | None = None, loss_key: str | None = None,
-              call_kwargs: Mapping[str, Any] | None = None) -> "Caller":
+    def build(
+        cls,
+        convention: str,
+        arg_map: str | None = None,
+        loss_key: str | None = None,
+        call_kwargs: Mapping[str, Any] | None = None,
+    ) -> Caller:
         if convention not in CONVENTIONS:
             raise UserError(f"--convention {convention!r} is not one of: {', '.join(CONVENTIONS)}")
         conv = CONVENTIONS[convention]
@@ -151,14 +181,17 @@ class Caller:
         if isinstance(result, Mapping):
             key = "loss" if key is None else key
             if key not in result:
-                raise LossShapeError(f"returned a dict without {key!r} (keys: {', '.join(map(str, result))}); "
-                                     "pick the loss with --loss-key")
+                raise LossShapeError(
+                    f"returned a dict without {key!r} (keys: {', '.join(map(str, result))}); "
+                    "pick the loss with --loss-key"
+                )
             return result[key]
         if isinstance(result, (tuple, list)):
             key = 0 if key is None else key
             if not isinstance(key, int) or not -len(result) <= key < len(result):
-                raise LossShapeError(f"returned a {type(result).__name__} of {len(result)} items; "
-                                     f"--loss-key {key!r} does not index it")
+                raise LossShapeError(
+                    f"returned a {type(result).__name__} of {len(result)} items; --loss-key {key!r} does not index it"
+                )
             return result[key]
         return result
 

@@ -9,8 +9,9 @@ with."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from runner.audit.groups import Group, slug
 
@@ -34,8 +35,9 @@ def _preset_header(path: Path, n: int | str, subject, batch, cases) -> tuple[lis
     args = preset_overrides(subject)
     lines, expect = [], None
     if n in (6, 7):
-        lines.append("checked in float64; `is-study case` prints float32 results, and checks in float64 as the "
-                     "audit did")
+        lines.append(
+            "checked in float64; `is-study case` prints float32 results, and checks in float64 as the audit did"
+        )
     if n in (4, 5, 6):
         if n == 4:
             clean = _results(cases[0], subject)
@@ -52,8 +54,10 @@ def _preset_header(path: Path, n: int | str, subject, batch, cases) -> tuple[lis
         lines.append(f"expect: holds {what}, so --check shows the mismatch")
         expect = [{"preset": subject.name, "overrides": args[1:], "results": expect}]
         lines.append(f"reproduce: is-study case {path} --check")
-    lines.append(f"reproduce: is-study case {path}   (the file names its preset ({' '.join(args)}) and the check; "
-                 "exit 1 while it fails)")
+    lines.append(
+        f"reproduce: is-study case {path}   (the file names its preset ({' '.join(args)}) and the check; "
+        "exit 1 while it fails)"
+    )
     return lines, expect
 
 
@@ -61,8 +65,9 @@ def preset_overrides(subject) -> list[str]:
     return [f"correction={subject.name}", f"loss={subject.loss_name}", *subject.overrides]
 
 
-def audit_block(check: int | str, subject, detail: str, case: str | None = None, reference: str | None = None,
-                dtype=None) -> dict[str, Any]:
+def audit_block(
+    check: int | str, subject, detail: str, case: str | None = None, reference: str | None = None, dtype=None
+) -> dict[str, Any]:
     """The case file's `audit:` mapping: what `is-study case FILE` needs to run the check again."""
     block: dict[str, Any] = {"check": check, "violation": str(detail)}
     if subject.kind == "preset":
@@ -78,18 +83,31 @@ def audit_block(check: int | str, subject, detail: str, case: str | None = None,
     return block
 
 
-def save_counterexample(path: Path, check: int | str, title: str, subject, group: Group, batch, detail: str,
-                        how: str, inputs: str, audit_args: Sequence[str] = (), reference: str | None = None,
-                        dtype=None) -> Path:
+def save_counterexample(
+    path: Path,
+    check: int | str,
+    title: str,
+    subject,
+    group: Group,
+    batch,
+    detail: str,
+    how: str,
+    inputs: str,
+    audit_args: Sequence[str] = (),
+    reference: str | None = None,
+    dtype=None,
+) -> Path:
     """Write the counterexample of one finding, with a header saying what, how it was found (from
     which `inputs`: a profile's, or ordinary ones) and how to rerun it; `audit_args` are the audit's
     options beyond the target's that found it (--profile, --reference). `reference` is the preset
     a reference finding was compared with, `dtype` the dtype of the call that raised a crash."""
-    from runner.audit.invariants import permutations
     from runner.audit.case_files import write_case_file
+    from runner.audit.invariants import permutations
 
     B, T = batch.shape
-    cases = [batch.to_case(f"{check}-counterexample" if isinstance(check, str) else f"invariant-{check}-counterexample")]
+    cases = [
+        batch.to_case(f"{check}-counterexample" if isinstance(check, str) else f"invariant-{check}-counterexample")
+    ]
     if check == 4:
         cases = [batch.clean_padding().to_case("clean-padding"), batch.to_case("garbage-padding")]
     elif check == 5:
@@ -98,8 +116,11 @@ def save_counterexample(path: Path, check: int | str, title: str, subject, group
         perm = permutations(B)[0]
         cases = [batch.to_case("original"), batch.rows(perm).to_case(f"rows-permuted-{'-'.join(map(str, perm))}")]
     loss = f"loss={subject.loss_name}: " if subject.loss_name else ""
-    header = [f"is-study audit: {group.name} {title}", f"{loss}{detail}",
-              f"found by {how}; {inputs} inputs; B={B}, T={T}"]
+    header = [
+        f"is-study audit: {group.name} {title}",
+        f"{loss}{detail}",
+        f"found by {how}; {inputs} inputs; B={B}, T={T}",
+    ]
     target = None
     expect = None
     if subject.kind == "preset":
@@ -107,8 +128,10 @@ def save_counterexample(path: Path, check: int | str, title: str, subject, group
         header += lines
     elif subject.target_spec is not None:
         target = subject.target_spec.to_dict()
-        header.append(f"reproduce: is-study case {path}   (the file names its target and the check; exit 1 while "
-                      "it fails; add --json for numbers)")
+        header.append(
+            f"reproduce: is-study case {path}   (the file names its target and the check; exit 1 while "
+            "it fails; add --json for numbers)"
+        )
         header.append(f"found with: {shlex.join(['is-study', 'audit', *group.repro, *audit_args])}")
     audit = audit_block(check, subject, detail, cases[-1].name if check == 4 else None, reference, dtype)
     return write_case_file(path, cases, header="\n".join(header), expect=expect, target=target, audit=audit)

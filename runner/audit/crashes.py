@@ -12,16 +12,18 @@ from __future__ import annotations
 import os
 import sysconfig
 import traceback
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
 from runner.audit.subjects import Batch, SubjectRaised
 
-_LIBRARY_DIRS = tuple(str(Path(p).resolve()) + os.sep for p in
-                      {sysconfig.get_paths()["stdlib"], os.path.dirname(torch.__file__)})
+_LIBRARY_DIRS = tuple(
+    str(Path(p).resolve()) + os.sep for p in {sysconfig.get_paths()["stdlib"], os.path.dirname(torch.__file__)}
+)
 
 
 def raising_frame(error: BaseException) -> tuple[str, int]:
@@ -77,8 +79,9 @@ class Crash:
 
 
 def _names(error: BaseException) -> set[str]:
-    return {cls.__name__ for cls in type(error).__mro__} | {f"{cls.__module__}.{cls.__qualname__}"
-                                                            for cls in type(error).__mro__}
+    return {cls.__name__ for cls in type(error).__mro__} | {
+        f"{cls.__module__}.{cls.__qualname__}" for cls in type(error).__mro__
+    }
 
 
 class CrashLog:

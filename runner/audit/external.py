@@ -15,9 +15,10 @@ import hashlib
 import inspect
 import json
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from runner.audit.loading import first_line, install_stubs, load_attr, parse_stubs
 from runner.bounded import load_json
@@ -38,6 +39,7 @@ def parse_json_object(text: str | None, flag: str) -> dict[str, Any]:
 
 def instantiate_values(kwargs: Mapping[str, Any], flag: str) -> dict[str, Any]:
     """Values of the form {"_target_": "pkg.Class", ...} → pkg.Class(...) (Hydra's instantiate)."""
+
     def wanted(v: Any) -> bool:
         return isinstance(v, dict) and "_target_" in v
 
@@ -52,8 +54,9 @@ def instantiate_values(kwargs: Mapping[str, Any], flag: str) -> dict[str, Any]:
                 value = instantiate(value)
             except Exception as exc:  # noqa: BLE001 - the user's class, the user's error
                 cause = exc.__cause__ or exc
-                raise UserError(f"{flag}: building {key} from {value['_target_']} failed "
-                                f"({first_line(cause)})") from None
+                raise UserError(
+                    f"{flag}: building {key} from {value['_target_']} failed ({first_line(cause)})"
+                ) from None
         out[key] = value
     return out
 
@@ -87,13 +90,22 @@ class TargetSpec:
     band: str | None = None  # "LOW,HIGH": the bounds of the weights function's kept coefficients
     allow_raise: tuple[str, ...] = ()
 
-    FLAGS = {"target": "--target", "target_kwargs": "--target-kwargs", "stub": "--stub",
-             "convention": "--convention", "arg_map": "--arg-map", "loss_key": "--loss-key",
-             "call_kwargs": "--call-kwargs", "weights_fn": "--weights-fn", "weights_kwargs": "--weights-kwargs",
-             "band": "--band", "allow_raise": "--allow-raise"}
+    FLAGS = {
+        "target": "--target",
+        "target_kwargs": "--target-kwargs",
+        "stub": "--stub",
+        "convention": "--convention",
+        "arg_map": "--arg-map",
+        "loss_key": "--loss-key",
+        "call_kwargs": "--call-kwargs",
+        "weights_fn": "--weights-fn",
+        "weights_kwargs": "--weights-kwargs",
+        "band": "--band",
+        "allow_raise": "--allow-raise",
+    }
 
     @classmethod
-    def of(cls, **values: Any) -> "TargetSpec":
+    def of(cls, **values: Any) -> TargetSpec:
         """From CLI values: comma-separated or repeated lists, None for anything not given."""
         clean = {k: v for k, v in values.items() if v is not None}
         for key in ("stub", "allow_raise"):
@@ -108,11 +120,14 @@ class TargetSpec:
     def to_dict(self) -> dict[str, Any]:
         """The non-default fields, as written into a case file's `target:` block."""
         default = TargetSpec()
-        return {f.name: (list(v) if isinstance(v, tuple) else v) for f in fields(self)
-                if (v := getattr(self, f.name)) != getattr(default, f.name)}
+        return {
+            f.name: (list(v) if isinstance(v, tuple) else v)
+            for f in fields(self)
+            if (v := getattr(self, f.name)) != getattr(default, f.name)
+        }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], where: str) -> "TargetSpec":
+    def from_dict(cls, data: Mapping[str, Any], where: str) -> TargetSpec:
         if not isinstance(data, Mapping):
             raise UserError(f"{where}: `target:` must be a mapping")
         known = {f.name for f in fields(cls)}
@@ -158,12 +173,11 @@ def _display_name(spec: str, obj: Any) -> str:
 def _callable(spec: str, obj: Any, kwargs: dict[str, Any], flag: str):
     attr = spec.rpartition(":")[2]
     if not callable(obj):
-        raise UserError(f"{flag} {spec}: {attr} is not callable ({type(obj).__name__}); "
-                        "expected a class or a function")
+        raise UserError(f"{flag} {spec}: {attr} is not callable ({type(obj).__name__}); expected a class or a function")
     if inspect.isclass(obj):
         try:
             fn = obj(**kwargs)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - the target is the user's code: any failure is its own
             raise UserError(f"{flag} {spec}: {attr}(**kwargs) failed ({first_line(exc)})") from None
         if not callable(fn):
             raise UserError(f"{flag} {spec}: an instance of {attr} is not callable")
@@ -193,17 +207,21 @@ def resolve(spec: TargetSpec | str, kwargs_json: str | None = None, loss_spec=No
     if spec.weights_fn is not None:
         wobj = load_attr(spec.weights_fn, "--weights-fn")
         names.append(_display_name(spec.weights_fn, wobj))
-        weights = _callable(spec.weights_fn, wobj, instantiate_values(weights_kwargs, "--weights-kwargs"),
-                            "--weights-fn")
+        weights = _callable(
+            spec.weights_fn, wobj, instantiate_values(weights_kwargs, "--weights-kwargs"), "--weights-fn"
+        )
     if spec.target is not None:
         fn = _callable(spec.target, obj, instantiate_values(target_kwargs, "--target-kwargs"), "--target")
     elif spec.target_kwargs or spec.call_kwargs:
         raise UserError("--target-kwargs and --call-kwargs need --target")
-    caller = Caller.build(spec.convention, spec.arg_map, spec.loss_key,
-                          instantiate_values(call_kwargs, "--call-kwargs"))
+    caller = Caller.build(
+        spec.convention, spec.arg_map, spec.loss_key, instantiate_values(call_kwargs, "--call-kwargs")
+    )
     if weights is not None and fn is not None and not caller.takes_weights:
-        raise UserError(f"--weights-fn: the {spec.convention} convention passes no weights to the loss; "
-                        "name its parameter with --arg-map weights=NAME")
+        raise UserError(
+            f"--weights-fn: the {spec.convention} convention passes no weights to the loss; "
+            "name its parameter with --arg-map weights=NAME"
+        )
     if band is not None and weights is None:
         raise UserError("--band bounds the coefficients of --weights-fn; give --weights-fn")
     subject = ExternalSubject(names[0], fn, caller, weights, band, loss_spec if fn is None else None)
@@ -214,8 +232,10 @@ def resolve(spec: TargetSpec | str, kwargs_json: str | None = None, loss_spec=No
         subject(probe)
     except SubjectRaised as raised:
         what = spec.target or spec.weights_fn
-        raise UserError(f"{what}: calling it as {caller.describe()} under the {spec.convention} convention "
-                        f"failed on a benign batch ({first_line(raised.error)})") from None
+        raise UserError(
+            f"{what}: calling it as {caller.describe()} under the {spec.convention} convention "
+            f"failed on a benign batch ({first_line(raised.error)})"
+        ) from None
     return subject
 
 

@@ -20,8 +20,8 @@ fast) set how many examples each kind draws.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
@@ -47,13 +47,25 @@ class Budget:
 
 KINDS = ("finite", "padding", "on-policy", "moderate", "smooth", "ordinary")
 BUDGETS = {
-    "default": Budget("default", {"finite": 80, "padding": 50, "on-policy": 30, "moderate": 30, "smooth": 12,
-                                  "ordinary": 40}, max_b=3, max_t=4),
-    "thorough": Budget("thorough", {"finite": 1000, "padding": 600, "on-policy": 300, "moderate": 300,
-                                    "smooth": 100, "ordinary": 300}, max_b=4, max_t=8),
+    "default": Budget(
+        "default",
+        {"finite": 80, "padding": 50, "on-policy": 30, "moderate": 30, "smooth": 12, "ordinary": 40},
+        max_b=3,
+        max_t=4,
+    ),
+    "thorough": Budget(
+        "thorough",
+        {"finite": 1000, "padding": 600, "on-policy": 300, "moderate": 300, "smooth": 100, "ordinary": 300},
+        max_b=4,
+        max_t=8,
+    ),
     # For tests and quick looks: still derandomized and still finds every failure the hand cases show.
-    "fast": Budget("fast", {"finite": 25, "padding": 15, "on-policy": 10, "moderate": 10, "smooth": 4,
-                            "ordinary": 10}, max_b=2, max_t=3),
+    "fast": Budget(
+        "fast",
+        {"finite": 25, "padding": 15, "on-policy": 10, "moderate": 10, "smooth": 4, "ordinary": 10},
+        max_b=2,
+        max_t=3,
+    ),
 }
 
 
@@ -84,8 +96,9 @@ class InputProfile:
 
 PROFILES = {
     "adversarial": InputProfile("adversarial", "log-probs down to −1e4, NaN/±inf at masked positions, any mask"),
-    "realistic": InputProfile("realistic", "log-probs in [−100, 0], |lp − old| ≤ 20, finite padding, "
-                                           "left-aligned masks"),
+    "realistic": InputProfile(
+        "realistic", "log-probs in [−100, 0], |lp − old| ≤ 20, finite padding, left-aligned masks"
+    ),
 }
 
 
@@ -93,9 +106,17 @@ def hypothesis_settings(max_examples: int):
     """The deterministic profile: derandomized, no example database, no deadline, no health checks."""
     from hypothesis import HealthCheck, Phase, Verbosity, settings
 
-    return settings(max_examples=max_examples, derandomize=True, database=None, deadline=None,
-                    suppress_health_check=list(HealthCheck), phases=(Phase.generate, Phase.shrink),
-                    verbosity=Verbosity.quiet, report_multiple_bugs=False, print_blob=False)
+    return settings(
+        max_examples=max_examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        suppress_health_check=list(HealthCheck),
+        phases=(Phase.generate, Phase.shrink),
+        verbosity=Verbosity.quiet,
+        report_multiple_bugs=False,
+        print_blob=False,
+    )
 
 
 def _f32(x: float) -> float:
@@ -135,25 +156,31 @@ def strategy(kind: str, budget: Budget, profile: InputProfile = PROFILES["advers
 
         def grid(inside, outside=None):
             flat = [draw(inside if m or outside is None else outside) for m in mask]
-            return [flat[i * T:(i + 1) * T] for i in range(B)]
+            return [flat[i * T : (i + 1) * T] for i in range(B)]
 
         def near(base, steps):  # lp = old + step, kept inside the profile's range
-            return [[_f32(min(0.0, max(REALISTIC_FLOOR, b + s))) for b, s in zip(rb, rs)] for rb, rs in zip(base, steps)]
+            return [
+                [_f32(min(0.0, max(REALISTIC_FLOOR, b + s))) for b, s in zip(rb, rs)] for rb, rs in zip(base, steps)
+            ]
 
-        m = [mask[i * T:(i + 1) * T] for i in range(B)]
+        m = [mask[i * T : (i + 1) * T] for i in range(B)]
         if kind == "finite":
             old = grid(finite_lp)
             if not real:
                 return Batch.of(grid(finite_lp), old, grid(finite_lp), grid(finite_adv), m)
-            roll = [[r if mm else p for r, p, mm in zip(rr, rp, rm)]
-                    for rr, rp, rm in zip(grid(finite_lp), near(old, grid(step)), m)]
+            roll = [
+                [r if mm else p for r, p, mm in zip(rr, rp, rm)]
+                for rr, rp, rm in zip(grid(finite_lp), near(old, grid(step)), m)
+            ]
             return Batch.of(near(old, grid(step)), old, roll, grid(finite_adv), m)
         if kind == "padding":
             old = grid(finite_lp, garbage)
             if not real:
                 return Batch.of(grid(finite_lp, garbage), old, grid(finite_lp, garbage), grid(finite_adv, garbage), m)
-            roll = [[r if mm else p for r, p, mm in zip(rr, rp, rm)]  # at padding, roll is near old too
-                    for rr, rp, rm in zip(grid(finite_lp), near(old, grid(step)), m)]
+            roll = [
+                [r if mm else p for r, p, mm in zip(rr, rp, rm)]  # at padding, roll is near old too
+                for rr, rp, rm in zip(grid(finite_lp), near(old, grid(step)), m)
+            ]
             return Batch.of(near(old, grid(step)), old, roll, grid(finite_adv), m)
         if kind == "on-policy":
             lp = grid(finite_lp)
@@ -170,8 +197,12 @@ def strategy(kind: str, budget: Budget, profile: InputProfile = PROFILES["advers
             # lp in [−10, −5]: old and roll stay below 0, as log-probs do
             lp = torch.tensor(grid(st.floats(-10.0, -5.0, **f64)), dtype=torch.float64)
             # lp − old inside the clip band (|·| ≤ 0.15) or clearly outside it (0.3 … 1.5)
-            d = torch.tensor(grid(st.one_of(st.floats(-0.15, 0.15, **f64), st.floats(0.3, 1.5, **f64),
-                                            st.floats(-1.5, -0.3, **f64))), dtype=torch.float64)
+            d = torch.tensor(
+                grid(
+                    st.one_of(st.floats(-0.15, 0.15, **f64), st.floats(0.3, 1.5, **f64), st.floats(-1.5, -0.3, **f64))
+                ),
+                dtype=torch.float64,
+            )
             e = torch.tensor(grid(st.floats(-3.0, 3.0, **f64)), dtype=torch.float64)
             adv = grid(st.floats(-2.0, 2.0, **f64))
             old = lp - d
@@ -226,39 +257,93 @@ def hand_cases() -> list[Batch]:
     if seed:
         widest = max(b.shape[1] for b in seed)
         if all(b.shape[1] == widest for b in seed):
-            out.append(Batch(*(torch.cat([getattr(b, k) for b in seed]) for k in ("lp", "old", "roll", "adv", "mask")),
-                             name="seed-cases-stacked"))
+            out.append(
+                Batch(
+                    *(torch.cat([getattr(b, k) for b in seed]) for k in ("lp", "old", "roll", "adv", "mask")),
+                    name="seed-cases-stacked",
+                )
+            )
     # float32 overflows (e^100) where float64 does not: row 0 kept (ρ_geo = 1), row 1 rejected; the
     # kept row alone first, so a loss that turns it into −inf is not reported by its NaN twin
     out.append(Batch.of([[0.0, -100.0]], [[0.0, -100.0]], [[-100.0, 0.0]], [[1.0, 1.0]], name="float32-overflow-kept"))
-    out.append(Batch.of([[0.0, -100.0], [0.0, -1.0]], [[0.0, -100.0], [0.0, -1.0]], [[-100.0, 0.0], [-100.0, -1.0]],
-                        [[1.0, 1.0], [1.0, 1.0]], name="float32-overflow"))
+    out.append(
+        Batch.of(
+            [[0.0, -100.0], [0.0, -1.0]],
+            [[0.0, -100.0], [0.0, -1.0]],
+            [[-100.0, 0.0], [-100.0, -1.0]],
+            [[1.0, 1.0], [1.0, 1.0]],
+            name="float32-overflow",
+        )
+    )
     # a fully masked row (finite but extreme values under the mask) next to a normal one
-    out.append(Batch.of([[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]], [[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]],
-                        [[-1000.0, -10000.0, 0.0], [-0.2, -1.5, -0.5]], [[1.0, -1.0, 1.0], [1.0, -1.0, 0.5]],
-                        [[0, 0, 0], [1, 1, 1]], name="all-masked-row"))
+    out.append(
+        Batch.of(
+            [[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]],
+            [[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]],
+            [[-1000.0, -10000.0, 0.0], [-0.2, -1.5, -0.5]],
+            [[1.0, -1.0, 1.0], [1.0, -1.0, 0.5]],
+            [[0, 0, 0], [1, 1, 1]],
+            name="all-masked-row",
+        )
+    )
     # length-1 rows: ρ = e^1000, e^−1000, 1
-    out.append(Batch.of([[0.0], [-1000.0], [-1.0]], [[0.0], [-1000.0], [-1.0]], [[-1000.0], [0.0], [-1.0]],
-                        [[1.0], [1.0], [-1.0]], name="length-1-rows"))
+    out.append(
+        Batch.of(
+            [[0.0], [-1000.0], [-1.0]],
+            [[0.0], [-1000.0], [-1.0]],
+            [[-1000.0], [0.0], [-1.0]],
+            [[1.0], [1.0], [-1.0]],
+            name="length-1-rows",
+        )
+    )
     # T = 8192 with a per-token mismatch of ±0.02: ρ_seq = e^±164 overflows float32, ρ_geo ≈ 1.02
     T = 8192
     old = torch.full((2, T), -1.0, dtype=torch.float64)
     roll = torch.stack([torch.full((T,), -1.02), torch.full((T,), -0.98)]).to(torch.float64)
     roll = roll.to(torch.float32).to(torch.float64)
-    out.append(Batch(old.clone(), old.clone(), roll, torch.ones(2, T, dtype=torch.float64),
-                     torch.ones(2, T, dtype=torch.float64), name="long-rows-tiny-mismatch"))
+    out.append(
+        Batch(
+            old.clone(),
+            old.clone(),
+            roll,
+            torch.ones(2, T, dtype=torch.float64),
+            torch.ones(2, T, dtype=torch.float64),
+            name="long-rows-tiny-mismatch",
+        )
+    )
     # zero-probability tokens: log-probs of −1e4 on either side of the ratio
-    out.append(Batch.of([[-10000.0, 0.0], [-10000.0, -10000.0]], [[-10000.0, 0.0], [-10000.0, -10000.0]],
-                        [[0.0, -10000.0], [-10000.0, -10000.0]], [[1.0, -1.0], [-1.0, 1.0]], name="zero-probability"))
+    out.append(
+        Batch.of(
+            [[-10000.0, 0.0], [-10000.0, -10000.0]],
+            [[-10000.0, 0.0], [-10000.0, -10000.0]],
+            [[0.0, -10000.0], [-10000.0, -10000.0]],
+            [[1.0, -1.0], [-1.0, 1.0]],
+            name="zero-probability",
+        )
+    )
     # finite but extreme values under the mask of kept rows
-    out.append(Batch.of([[0.0, -1.0, 0.0], [-0.5, 0.0, 0.0]], [[0.0, -1.0, 0.0], [-0.5, 0.0, -10000.0]],
-                        [[0.0, -1.0, -1000.0], [-0.5, -1000.0, 0.0]], [[1.0, 1.0, 1.0], [-1.0, 1.0, 1.0]],
-                        [[1, 1, 0], [1, 0, 0]], name="extreme-padding"))
+    out.append(
+        Batch.of(
+            [[0.0, -1.0, 0.0], [-0.5, 0.0, 0.0]],
+            [[0.0, -1.0, 0.0], [-0.5, 0.0, -10000.0]],
+            [[0.0, -1.0, -1000.0], [-0.5, -1000.0, 0.0]],
+            [[1.0, 1.0, 1.0], [-1.0, 1.0, 1.0]],
+            [[1, 1, 0], [1, 0, 0]],
+            name="extreme-padding",
+        )
+    )
     # an ordinary batch with padding (ratios near 1): a target that raises on extreme input still
     # gets a padding check from the hand cases
-    out.append(Batch.of([[-0.5, -1.2, -0.3], [-2.0, -0.7, -1.0]], [[-0.6, -1.1, -0.3], [-1.9, -0.7, -1.0]],
-                        [[-0.55, -1.0, -0.3], [-2.1, -0.8, -1.0]], [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]],
-                        [[1, 1, 0], [1, 0, 0]], name="ordinary-with-padding"))
+    out.append(
+        Batch.of(
+            [[-0.5, -1.2, -0.3], [-2.0, -0.7, -1.0]],
+            [[-0.6, -1.1, -0.3], [-1.9, -0.7, -1.0]],
+            [[-0.55, -1.0, -0.3], [-2.1, -0.8, -1.0]],
+            [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]],
+            [[1, 1, 0], [1, 0, 0]],
+            name="ordinary-with-padding",
+        )
+    )
     return out
 
 
@@ -266,15 +351,29 @@ def all_masked_cases(profile: InputProfile) -> list[Batch]:
     """The all-masked check's batches: nothing is generated, so nothing may be non-finite (or the
     target refuses the batch, as documented)."""
     if profile.realistic:
-        return [Batch.of([[-0.5]], [[-0.5]], [[-0.7]], [[1.0]], [[0]], name="all-masked-1x1"),
-                # every log-prob a model's view of a pad token: within 20 nats of each other
-                Batch.of([[-1.0, -2.0, -0.1], [-0.3, -60.0, -4.0]], [[-1.2, -2.0, -0.1], [-0.3, -50.0, -4.0]],
-                         [[-0.2, -21.0, -0.1], [-0.3, -30.0, -24.0]], [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]],
-                         [[0, 0, 0], [0, 0, 0]], name="all-masked-2x3")]
-    return [Batch.of([[0.0]], [[0.0]], [[-1000.0]], [[1.0]], [[0]], name="all-masked-1x1"),
-            Batch.of([[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]], [[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]],
-                     [[-1000.0, -10000.0, 0.0], [-0.2, -1.5, -0.5]], [[1.0, -1.0, 1.0], [1.0, -1.0, 0.5]],
-                     [[0, 0, 0], [0, 0, 0]], name="all-masked-2x3")]
+        return [
+            Batch.of([[-0.5]], [[-0.5]], [[-0.7]], [[1.0]], [[0]], name="all-masked-1x1"),
+            # every log-prob a model's view of a pad token: within 20 nats of each other
+            Batch.of(
+                [[-1.0, -2.0, -0.1], [-0.3, -60.0, -4.0]],
+                [[-1.2, -2.0, -0.1], [-0.3, -50.0, -4.0]],
+                [[-0.2, -21.0, -0.1], [-0.3, -30.0, -24.0]],
+                [[1.0, 1.0, 1.0], [-1.0, -1.0, -1.0]],
+                [[0, 0, 0], [0, 0, 0]],
+                name="all-masked-2x3",
+            ),
+        ]
+    return [
+        Batch.of([[0.0]], [[0.0]], [[-1000.0]], [[1.0]], [[0]], name="all-masked-1x1"),
+        Batch.of(
+            [[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]],
+            [[0.0, -1.0, -1000.0], [-0.1, -2.0, -0.5]],
+            [[-1000.0, -10000.0, 0.0], [-0.2, -1.5, -0.5]],
+            [[1.0, -1.0, 1.0], [1.0, -1.0, 0.5]],
+            [[0, 0, 0], [0, 0, 0]],
+            name="all-masked-2x3",
+        ),
+    ]
 
 
 def ordinary_cases() -> list[Batch]:

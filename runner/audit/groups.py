@@ -52,9 +52,17 @@ class Cell:
         return self.status == "fail"
 
     def to_json(self) -> dict[str, Any]:
-        return {"preset": self.preset, "invariant": self.invariant, "status": self.status,
-                "faithful": self.faithful, "counterexample": self.counterexample,
-                "violation": self.detail if self.finding else None,
-                "reason": self.detail if self.status == "n/a" else None, "note": self.note,
-                "loss": self.loss, "found_by": self.found_by, "profile": self.profile,
-                "seconds": round(self.seconds, 3)}
+        return {
+            "preset": self.preset,
+            "invariant": self.invariant,
+            "status": self.status,
+            "faithful": self.faithful,
+            "counterexample": self.counterexample,
+            "violation": self.detail if self.finding else None,
+            "reason": self.detail if self.status == "n/a" else None,
+            "note": self.note,
+            "loss": self.loss,
+            "found_by": self.found_by,
+            "profile": self.profile,
+            "seconds": round(self.seconds, 3),
+        }

@@ -20,8 +20,8 @@ that raises is not a violation either: the audit reports each exception once (ru
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import torch
 
@@ -45,7 +45,7 @@ class Violation(str):
 
     kind: str
 
-    def __new__(cls, text: str, kind: str) -> "Violation":
+    def __new__(cls, text: str, kind: str) -> Violation:
         out = super().__new__(cls, text)
         out.kind = kind
         return out
@@ -92,8 +92,10 @@ def _compare(what: str, got: Outcome, want: Outcome, rtol: float, atol: float, g
         if not bool(ok.all()):
             i, j = (~ok).nonzero()[0].tolist()
             value = float(got.grad[i, j])
-            return Violation(f"{what}: grad{_where(~ok)} {_fmt(value)}, expected {_fmt(float(want.grad[i, j]))}",
-                             f"grad:{value_class(value)}")
+            return Violation(
+                f"{what}: grad{_where(~ok)} {_fmt(value)}, expected {_fmt(float(want.grad[i, j]))}",
+                f"grad:{value_class(value)}",
+            )
     return None
 
 
@@ -131,8 +133,10 @@ def check_finite(subject, batch: Batch) -> Violation | None:
         i, j = bad.nonzero()[0].tolist()
         value = float(out.grad[i, j])
         masked = " (a masked position)" if float(batch.mask[i, j]) == 0 else ""
-        return Violation(f"grad{_where(bad)}{masked} {_fmt(value)} on finite inputs (loss {_fmt(loss)})",
-                         f"grad:{value_class(value)}")
+        return Violation(
+            f"grad{_where(bad)}{masked} {_fmt(value)} on finite inputs (loss {_fmt(loss)})",
+            f"grad:{value_class(value)}",
+        )
     return None
 
 
@@ -163,8 +167,11 @@ def check_rejection(subject, batch: Batch) -> Violation | None:
             i, j = bad.nonzero()[0].tolist()
             value = float(out.grad[i, j])
             why = " (0·inf)" if math.isnan(value) else ""
-            return Violation(f"rejected unit{_where(bad)} (gradient exactly 0 in float64, where plain PPO's is not) "
-                             f"has gradient {_fmt(value)} in float32{why}", f"rejected-grad:{value_class(value)}")
+            return Violation(
+                f"rejected unit{_where(bad)} (gradient exactly 0 in float64, where plain PPO's is not) "
+                f"has gradient {_fmt(value)} in float32{why}",
+                f"rejected-grad:{value_class(value)}",
+            )
         return None
     out = subject(batch, F32)
     rejected = (batch.mask > 0) & ~out.keep
@@ -172,8 +179,10 @@ def check_rejection(subject, batch: Batch) -> Violation | None:
     if bool(bad.any()):
         i, j = bad.nonzero()[0].tolist()
         value = float(out.grad[i, j])
-        return Violation(f"rejected unit{_where(bad)} has gradient {_fmt(value)}, expected exactly 0",
-                         f"rejected-grad:{value_class(value)}")
+        return Violation(
+            f"rejected unit{_where(bad)} has gradient {_fmt(value)}, expected exactly 0",
+            f"rejected-grad:{value_class(value)}",
+        )
     return None
 
 
@@ -184,8 +193,11 @@ def applies_bounds(subject) -> str | None:
     if subject.loss_name == "gspo":
         return "gspo does not apply the correction"
     if declared_band(subject) is None:
-        return "no declared bounds (--band LOW,HIGH)" if subject.kind == "external" else \
-            "weight_op raw: no declared bounds"
+        return (
+            "no declared bounds (--band LOW,HIGH)"
+            if subject.kind == "external"
+            else "weight_op raw: no declared bounds"
+        )
     return None
 
 
@@ -226,10 +238,14 @@ def check_on_policy(subject, batch: Batch) -> Violation | None:
             return Violation(f"on-policy coefficient{_where(bad)} {_fmt(float(out.coef[i, j]))}, expected 1", "coef")
     ref = subject.none()
     if subject.kind == "external" and subject.reduction() is None:
-        return Violation("on-policy loss matches `none` under no reduction (token-mean, seq-mean-token-mean, "
-                         "seq-mean-token-sum) on the calibration batch", "reduction")
-    return _compare("on-policy differs from none", out, ref(batch, F32), rtol=1e-5, atol=1e-5,
-                    grad=subject.kind == "preset")
+        return Violation(
+            "on-policy loss matches `none` under no reduction (token-mean, seq-mean-token-mean, "
+            "seq-mean-token-sum) on the calibration batch",
+            "reduction",
+        )
+    return _compare(
+        "on-policy differs from none", out, ref(batch, F32), rtol=1e-5, atol=1e-5, grad=subject.kind == "preset"
+    )
 
 
 # --------------------------------------------------------------------------------- 6 permute
@@ -260,8 +276,9 @@ def check_permutation(subject, batch: Batch) -> Violation | None:
         if problem is None and base.coef is not None:
             ok = _same(got.coef, base.coef[idx], rtol, atol)
             if not bool(ok.all()):
-                problem = Violation(f"rows permuted as {perm}: coefficient{_where(~ok)} does not follow its row",
-                                    "coef")
+                problem = Violation(
+                    f"rows permuted as {perm}: coefficient{_where(~ok)} does not follow its row", "coef"
+                )
         if problem:
             return problem
     return None
@@ -298,26 +315,49 @@ def check_fd(subject, batch: Batch) -> Violation | None:
         if abs(coarse - fine) > 1e-6 * (1 + abs(fine)):
             continue  # a kink (clip edge, clamp, filter edge) within the step: not smooth here
         if abs(fine - analytic) > 1e-5 * (1 + abs(fine)):
-            return Violation(f"directional derivative {_fmt(analytic)} (autograd) vs {_fmt(fine)} (central "
-                             f"differences, h={FD_STEP / 4:g}, direction {k})", "fd")
+            return Violation(
+                f"directional derivative {_fmt(analytic)} (autograd) vs {_fmt(fine)} (central "
+                f"differences, h={FD_STEP / 4:g}, direction {k})",
+                "fd",
+            )
     return None
 
 
 INVARIANTS: dict[int, Invariant] = {
-    1: Invariant(1, "finite", "finite inputs give a finite loss and gradient", "finite", _applies_always,
-                 check_finite),
-    2: Invariant(2, "reject→0", "a rejected unit contributes exactly zero gradient", "finite", applies_rejection,
-                 check_rejection),
-    3: Invariant(3, "bounds", "truncated coefficients stay inside their declared bounds", "finite", applies_bounds,
-                 check_bounds),
-    4: Invariant(4, "padding", "values at mask = 0 (even NaN/±inf) change neither loss nor gradient", "padding",
-                 _applies_always, check_padding),
-    5: Invariant(5, "on-policy", "on-policy inputs give coefficient 1 and the loss of `none`", "on-policy",
-                 _applies_always, check_on_policy),
-    6: Invariant(6, "permute", "permuting the batch permutes per-sequence results, loss unchanged", "moderate",
-                 _applies_always, check_permutation),
-    7: Invariant(7, "grad=FD", "the gradient matches central finite differences where smooth", "smooth",
-                 applies_fd, check_fd),
+    1: Invariant(1, "finite", "finite inputs give a finite loss and gradient", "finite", _applies_always, check_finite),
+    2: Invariant(
+        2, "reject→0", "a rejected unit contributes exactly zero gradient", "finite", applies_rejection, check_rejection
+    ),
+    3: Invariant(
+        3, "bounds", "truncated coefficients stay inside their declared bounds", "finite", applies_bounds, check_bounds
+    ),
+    4: Invariant(
+        4,
+        "padding",
+        "values at mask = 0 (even NaN/±inf) change neither loss nor gradient",
+        "padding",
+        _applies_always,
+        check_padding,
+    ),
+    5: Invariant(
+        5,
+        "on-policy",
+        "on-policy inputs give coefficient 1 and the loss of `none`",
+        "on-policy",
+        _applies_always,
+        check_on_policy,
+    ),
+    6: Invariant(
+        6,
+        "permute",
+        "permuting the batch permutes per-sequence results, loss unchanged",
+        "moderate",
+        _applies_always,
+        check_permutation,
+    ),
+    7: Invariant(
+        7, "grad=FD", "the gradient matches central finite differences where smooth", "smooth", applies_fd, check_fd
+    ),
 }
 
 

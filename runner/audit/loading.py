@@ -28,8 +28,9 @@ import importlib.util
 import os
 import sys
 import types
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from runner.errors import UserError
 
@@ -131,7 +132,9 @@ def install_stubs(names: Sequence[str]) -> None:
         if not all(part.isidentifier() for part in n.split(".")):
             raise UserError(f"--stub: {n!r} is not a module name")
         if n.split(".")[0] in NEEDED:
-            raise UserError(f"--stub {n}: the audit itself needs {n.split('.')[0]}; stub only what the loss does not use")
+            raise UserError(
+                f"--stub {n}: the audit itself needs {n.split('.')[0]}; stub only what the loss does not use"
+            )
     finder = next((f for f in sys.meta_path if isinstance(f, StubFinder)), None)
     if finder is None:
         finder = StubFinder(())
@@ -153,8 +156,10 @@ def parse_stubs(text: str | Sequence[str] | None) -> list[str]:
 def split_spec(spec: str, flag: str = "--target") -> tuple[str, str]:
     where, sep, attr = spec.rpartition(":")
     if not sep or not where.strip() or not attr.strip() or not all(p.isidentifier() for p in attr.split(".")):
-        raise UserError(f"{flag} must be module:attr or path/to/file.py:attr "
-                        f"(e.g. openrlhf/models/loss.py:PolicyLoss), got {spec!r}")
+        raise UserError(
+            f"{flag} must be module:attr or path/to/file.py:attr "
+            f"(e.g. openrlhf/models/loss.py:PolicyLoss), got {spec!r}"
+        )
     return where, attr
 
 
@@ -202,7 +207,7 @@ def load_file(path: Path) -> types.ModuleType:
     else:
         parts = [p.name for p in packages]
         for depth, pkg_dir in enumerate(packages):
-            pkg = ".".join(parts[:depth + 1])
+            pkg = ".".join(parts[: depth + 1])
             existing = sys.modules.get(pkg)
             if existing is None or str(pkg_dir) not in list(getattr(existing, "__path__", [])):
                 sys.modules[pkg] = _hollow_package(pkg, pkg_dir)
@@ -245,7 +250,7 @@ def load_attr(spec: str, flag: str = "--target") -> Any:
                 obj = importlib.import_module(where)
     except UserError:
         raise
-    except (Exception, SystemExit) as exc:  # an import runs arbitrary code: any failure is the target's
+    except (Exception, SystemExit) as exc:  # noqa: BLE001 - an import runs arbitrary code: any failure is the target's
         hint = ""
         if isinstance(exc, ImportError) and getattr(exc, "name", None):
             hint = f"; stub what the loss does not need with --stub {exc.name.split('.')[0]}"

@@ -31,9 +31,9 @@ def parse(text: str) -> str:
 
 def reference_subject(subject, preset: str) -> PresetSubject:
     """Our preset under the subject's loss (a preset subject) or loss=ppo with the target's reduction."""
-    from runner.hydra_app import app as hydra_app
     from runner.core.corrections import Correction
     from runner.core.losses import LossSpec
+    from runner.hydra_app import app as hydra_app
 
     corr = Correction.from_config(hydra_app.to_container(hydra_app.compose([f"correction={preset}"]).correction))
     if subject.kind == "preset" or subject.fn is None:
@@ -60,11 +60,16 @@ def check(subject, ref: PresetSubject, batch: Batch) -> Violation | None:
     else:
         plain = float(subject.none()(batch, F64).grad[i, j])
         if plain == 0:
-            return Violation(f"grad{_where(~ok)} {_fmt(float(out.grad[i, j]))}, correction={ref.name} gives "
-                             f"{_fmt(float(want.grad[i, j]))}", "grad")
+            return Violation(
+                f"grad{_where(~ok)} {_fmt(float(out.grad[i, j]))}, correction={ref.name} gives "
+                f"{_fmt(float(want.grad[i, j]))}",
+                "grad",
+            )
         mine = float(out.grad[i, j]) / plain
         how = " (its gradient over plain PPO's)"
     side = "above" if mine > theirs else "below"
     kept = "" if bool(want.keep[i, j]) else " (rejects it)"
-    return Violation(f"token{_where(~ok)} gets weight {_fmt(mine)}{how}; correction={ref.name} gives "
-                     f"{_fmt(theirs)}{kept}", f"weight:{side}")
+    return Violation(
+        f"token{_where(~ok)} gets weight {_fmt(mine)}{how}; correction={ref.name} gives {_fmt(theirs)}{kept}",
+        f"weight:{side}",
+    )

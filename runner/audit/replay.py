@@ -30,12 +30,23 @@ def evaluate_target(case: Case, subject) -> dict[str, Any]:
     except SubjectRaised as raised:
         file, line = raising_frame(raised.error)
         msg = message_of(raised.error)
-        return {"name": case.name, "loss": None, "grad": None, "finite": False, "weights": None,
-                "raised": f"{type(raised.error).__name__}{': ' + msg if msg else ''} at {short_path(file)}:{line}"}
+        return {
+            "name": case.name,
+            "loss": None,
+            "grad": None,
+            "finite": False,
+            "weights": None,
+            "raised": f"{type(raised.error).__name__}{': ' + msg if msg else ''} at {short_path(file)}:{line}",
+        }
     loss = float(out.loss)
-    return {"name": case.name, "loss": encode_number(loss), "grad": encode_nested(out.grad.tolist()),
-            "finite": math.isfinite(loss) and bool(torch.isfinite(out.grad).all()),
-            "weights": encode_nested(out.coef.tolist()) if out.coef is not None else None, "raised": None}
+    return {
+        "name": case.name,
+        "loss": encode_number(loss),
+        "grad": encode_nested(out.grad.tolist()),
+        "finite": math.isfinite(loss) and bool(torch.isfinite(out.grad).all()),
+        "weights": encode_nested(out.coef.tolist()) if out.coef is not None else None,
+        "raised": None,
+    }
 
 
 def print_table(title: str, results: list[dict[str, Any]], console) -> None:
@@ -55,8 +66,13 @@ def print_table(title: str, results: list[dict[str, Any]], console) -> None:
         if r["raised"]:
             table.add_row(escape(r["name"]), f"[red]raises[/red] {escape(r['raised'])}", "—", "—", "[red]NO[/red]")
             continue
-        table.add_row(escape(r["name"]), fmt(r["loss"]), matrix(r["grad"]), matrix(r["weights"]),
-                      "[green]yes[/green]" if r["finite"] else "[red]NO[/red]")
+        table.add_row(
+            escape(r["name"]),
+            fmt(r["loss"]),
+            matrix(r["grad"]),
+            matrix(r["weights"]),
+            "[green]yes[/green]" if r["finite"] else "[red]NO[/red]",
+        )
     console.print(table)
 
 
@@ -73,10 +89,11 @@ def _label(audit: dict[str, Any]) -> str:
     check = audit["check"]
     if isinstance(check, int):
         return f"invariant {check} ({INVARIANTS[check].text})"
-    return {"all-masked": f"the all-masked check ({all_masked.TEXT})",
-            "reference": f"the reference check (the results of correction={audit.get('reference')} on ordinary "
-                         "inputs)",
-            "raises": "raises (an exception the audit found)"}[check]
+    return {
+        "all-masked": f"the all-masked check ({all_masked.TEXT})",
+        "reference": f"the reference check (the results of correction={audit.get('reference')} on ordinary inputs)",
+        "raises": "raises (an exception the audit found)",
+    }[check]
 
 
 def _audited_case(case_file: CaseFile) -> Case:
@@ -90,8 +107,9 @@ def validate(case_file: CaseFile) -> None:
     check = audit.get("check")
     where = str(case_file.path)
     if not (check in NAMED_CHECKS or (isinstance(check, int) and not isinstance(check, bool) and 1 <= check <= 7)):
-        raise UserError(f"{where}: `audit.check` must be an invariant 1-7 or one of {', '.join(NAMED_CHECKS)}, "
-                        f"got {check!r}")
+        raise UserError(
+            f"{where}: `audit.check` must be an invariant 1-7 or one of {', '.join(NAMED_CHECKS)}, got {check!r}"
+        )
     if check == "reference" and not isinstance(audit.get("reference"), str):
         raise UserError(f"{where}: `audit.check: reference` needs `reference:` (the preset compared with)")
     if audit.get("dtype", "float32") not in ("float32", "float64"):
@@ -154,8 +172,10 @@ def check_again(case_file: CaseFile, subject) -> Replayed:
                 subject(batch, dtype)
             except SubjectRaised as raised:
                 if CrashLog(_allowed(subject)).is_allowed(raised.error):
-                    return Replayed("pass", f"{head}: refused with {type(raised.error).__name__}, which "
-                                            f"--allow-raise allows{found_then}")
+                    return Replayed(
+                        "pass",
+                        f"{head}: refused with {type(raised.error).__name__}, which --allow-raise allows{found_then}",
+                    )
                 text = _raised_text(raised)
                 return Replayed("fail", f"{head}: {text}" + ("" if text == audit.get("violation") else found_then))
             return Replayed("pass", f"{head}: no longer raises{found_then}")

@@ -11,8 +11,9 @@ of the call, so a crash is reported (and shrunk) as what it is rather than as a 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -21,8 +22,13 @@ from runner.core.corrections import Correction
 from runner.core.losses import LossSpec, policy_loss
 
 FIELDS = ("lp", "old", "roll", "adv", "mask")
-CASE_KEYS = {"lp": "log_probs", "old": "old_log_probs", "roll": "rollout_log_probs", "adv": "advantages",
-             "mask": "action_mask"}
+CASE_KEYS = {
+    "lp": "log_probs",
+    "old": "old_log_probs",
+    "roll": "rollout_log_probs",
+    "adv": "advantages",
+    "mask": "action_mask",
+}
 
 
 @dataclass(frozen=True)
@@ -38,18 +44,23 @@ class Batch:
     name: str = "audit"
 
     @classmethod
-    def of(cls, lp, old, roll, adv, mask=None, name: str = "audit") -> "Batch":
+    def of(cls, lp, old, roll, adv, mask=None, name: str = "audit") -> Batch:
         def t(x):
-            return torch.as_tensor(x, dtype=torch.float64).reshape(len(x), -1) if not torch.is_tensor(x) \
+            return (
+                torch.as_tensor(x, dtype=torch.float64).reshape(len(x), -1)
+                if not torch.is_tensor(x)
                 else x.to(torch.float64)
+            )
+
         lp_t = t(lp)
         mask_t = torch.ones_like(lp_t) if mask is None else t(mask)
         return cls(lp_t, t(old), t(roll), t(adv), mask_t, name)
 
     @classmethod
-    def from_case(cls, case: Case) -> "Batch":
-        return cls.of(case.log_probs, case.old_log_probs, case.rollout_log_probs, case.advantages,
-                      case.action_mask, case.name)
+    def from_case(cls, case: Case) -> Batch:
+        return cls.of(
+            case.log_probs, case.old_log_probs, case.rollout_log_probs, case.advantages, case.action_mask, case.name
+        )
 
     def to_case(self, name: str | None = None) -> Case:
         return Case(name=name or self.name, **{CASE_KEYS[k]: getattr(self, k).tolist() for k in FIELDS})
@@ -65,36 +76,49 @@ class Batch:
     def tensors(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         return {k: getattr(self, k).to(dtype) for k in FIELDS}
 
-    def map(self, fn: Callable[[torch.Tensor], torch.Tensor], name: str | None = None) -> "Batch":
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor], name: str | None = None) -> Batch:
         return Batch(*(fn(getattr(self, k)) for k in FIELDS), name=name or self.name)
 
-    def rows(self, idx: Sequence[int], name: str | None = None) -> "Batch":
+    def rows(self, idx: Sequence[int], name: str | None = None) -> Batch:
         index = torch.as_tensor(list(idx), dtype=torch.long)
         return self.map(lambda t: t[index], name)
 
-    def cols(self, idx: Sequence[int]) -> "Batch":
+    def cols(self, idx: Sequence[int]) -> Batch:
         index = torch.as_tensor(list(idx), dtype=torch.long)
         return self.map(lambda t: t[:, index])
 
-    def on_policy(self) -> "Batch":
+    def on_policy(self) -> Batch:
         return replace(self, old=self.lp.clone(), roll=self.lp.clone())
 
-    def with_padding(self, value: float, name: str | None = None,
-                     fields: Sequence[str] = ("lp", "old", "roll", "adv")) -> "Batch":
+    def with_padding(
+        self, value: float, name: str | None = None, fields: Sequence[str] = ("lp", "old", "roll", "adv")
+    ) -> Batch:
         """Every masked-out entry of `fields` (all four by default) set to `value`."""
-        out = {k: torch.where(self.mask > 0, getattr(self, k), torch.tensor(value, dtype=torch.float64))
-               if k in fields else getattr(self, k) for k in ("lp", "old", "roll", "adv")}
+        out = {
+            k: torch.where(self.mask > 0, getattr(self, k), torch.tensor(value, dtype=torch.float64))
+            if k in fields
+            else getattr(self, k)
+            for k in ("lp", "old", "roll", "adv")
+        }
         return Batch(**out, mask=self.mask, name=name or self.name)
 
-    def clean_padding(self) -> "Batch":
+    def clean_padding(self) -> Batch:
         return self.with_padding(0.0, name=f"{self.name}-clean-padding")
 
-    def add_padding_column(self, value: float) -> "Batch":
+    def add_padding_column(self, value: float) -> Batch:
         B = self.shape[0]
+
         def grow(t, v):
             return torch.cat([t, torch.full((B, 1), v, dtype=torch.float64)], dim=1)
-        return Batch(grow(self.lp, value), grow(self.old, value), grow(self.roll, value), grow(self.adv, value),
-                     grow(self.mask, 0.0), name=self.name)
+
+        return Batch(
+            grow(self.lp, value),
+            grow(self.old, value),
+            grow(self.roll, value),
+            grow(self.adv, value),
+            grow(self.mask, 0.0),
+            name=self.name,
+        )
 
     @property
     def has_padding(self) -> bool:
@@ -127,7 +151,7 @@ class TargetError(Exception):
 class SubjectRaised(Exception):
     """`subject` raised on `batch` (evaluated in `dtype`); the original exception is `error`."""
 
-    def __init__(self, error: BaseException, batch: "Batch", dtype: torch.dtype, subject: Any = None):
+    def __init__(self, error: BaseException, batch: Batch, dtype: torch.dtype, subject: Any = None):
         super().__init__(str(error))
         self.error, self.batch, self.dtype, self.subject = error, batch, dtype, subject
 
@@ -172,10 +196,15 @@ class PresetSubject:
             grad = _backward(lp, res.loss)
         except Exception as exc:
             raise SubjectRaised(exc, batch, dtype, self) from exc
-        return Outcome(loss=res.loss.detach(), grad=grad, coef=res.correction.coef.detach(),
-                       keep=res.correction.keep, per_token=res.per_token.detach())
+        return Outcome(
+            loss=res.loss.detach(),
+            grad=grad,
+            coef=res.correction.coef.detach(),
+            keep=res.correction.keep,
+            per_token=res.per_token.detach(),
+        )
 
-    def none(self) -> "PresetSubject":
+    def none(self) -> PresetSubject:
         """Plain PPO (the `none` preset) under the same loss spec: the on-policy reference."""
         return PresetSubject(Correction(name="none"), self.spec, self.overrides)
 
@@ -190,9 +219,15 @@ class ExternalSubject:
     kind = "external"
     faithful = False
 
-    def __init__(self, name: str, fn: Callable[..., Any] | None, caller=None,
-                 weights: Callable[..., Any] | None = None, band: tuple[float | None, float | None] | None = None,
-                 spec: LossSpec | None = None):
+    def __init__(
+        self,
+        name: str,
+        fn: Callable[..., Any] | None,
+        caller=None,
+        weights: Callable[..., Any] | None = None,
+        band: tuple[float | None, float | None] | None = None,
+        spec: LossSpec | None = None,
+    ):
         from runner.audit.conventions import Caller
 
         if fn is None and (weights is None or spec is None):
@@ -221,8 +256,14 @@ class ExternalSubject:
         if not torch.is_tensor(coef):
             raise TargetError(f"the weights function returned {type(coef).__name__}, not a tensor of coefficients")
         coef = coef.detach().to(t["mask"].dtype).expand_as(t["mask"])
-        keep = next((x for x in items[1:] if torch.is_tensor(x) and x.dtype == torch.bool
-                     and x.shape[-1] in (1, coef.shape[-1])), None)
+        keep = next(
+            (
+                x
+                for x in items[1:]
+                if torch.is_tensor(x) and x.dtype == torch.bool and x.shape[-1] in (1, coef.shape[-1])
+            ),
+            None,
+        )
         keep = keep.expand_as(coef) if keep is not None else coef != 0  # no keep mask: weight 0 = rejected
         return coef, keep
 
@@ -236,8 +277,17 @@ class ExternalSubject:
             if self.fn is None:
                 from runner.core.corrections import CorrectionResult
 
-                res = policy_loss(self.spec, Correction(name="weights-fn"), lp, t["old"], t["roll"], t["adv"],
-                                  t["mask"], metrics=False, correction=CorrectionResult(coef, t["mask"], keep))
+                res = policy_loss(
+                    self.spec,
+                    Correction(name="weights-fn"),
+                    lp,
+                    t["old"],
+                    t["roll"],
+                    t["adv"],
+                    t["mask"],
+                    metrics=False,
+                    correction=CorrectionResult(coef, t["mask"], keep),
+                )
                 loss = res.loss
             else:
                 tensors = {"lp": lp, "old": t["old"], "roll": t["roll"], "adv": t["adv"], "mask": t["mask"]}

@@ -26,20 +26,34 @@ def render(cells: list[Cell], console) -> None:
     for c in cells:
         rows.setdefault(c.preset, []).append(c)
     upstream_fails = any(c.faithful and c.finding for c in cells)
-    need = max((len(p) for p in rows), default=6) + 8 + 4 * len(numbers) + 7 * len(extra) + 8 \
-        + (len(UPSTREAM) if upstream_fails else 7) + 2 * (len(numbers) + len(extra) + 4)
+    need = (
+        max((len(p) for p in rows), default=6)
+        + 8
+        + 4 * len(numbers)
+        + 7 * len(extra)
+        + 8
+        + (len(UPSTREAM) if upstream_fails else 7)
+        + 2 * (len(numbers) + len(extra) + 4)
+    )
     wide = console.width >= need
     if not wide:  # one letter each, spelled out in the legend
         heads = {ALL_MASKED: "E", REFERENCE: "R", RAISES: "X"}
-    meaning = {ALL_MASKED: "all-masked batch", REFERENCE: "matches the reference preset",
-               RAISES: "distinct exceptions"}
-    legend = "  ".join([f"{n} {INVARIANTS[n].short}" for n in numbers]
-                       + [f"{heads[k]}: {meaning[k]}" for k in (*extra, RAISES)])
+    meaning = {ALL_MASKED: "all-masked batch", REFERENCE: "matches the reference preset", RAISES: "distinct exceptions"}
+    legend = "  ".join(
+        [f"{n} {INVARIANTS[n].short}" for n in numbers] + [f"{heads[k]}: {meaning[k]}" for k in (*extra, RAISES)]
+    )
     if not wide and upstream_fails:
         legend += f"\nknown: a faithful preset that {UPSTREAM}"
-    table = Table(title="is-study audit  (preset × invariant)", title_justify="left", caption=legend,
-                  caption_justify="left", box=box.SIMPLE_HEAD, collapse_padding=not wide, pad_edge=wide,
-                  padding=(0, 1) if wide else 0)  # SIMPLE_HEAD already puts a space between columns
+    table = Table(
+        title="is-study audit  (preset × invariant)",
+        title_justify="left",
+        caption=legend,
+        caption_justify="left",
+        box=box.SIMPLE_HEAD,
+        collapse_padding=not wide,
+        pad_edge=wide,
+        padding=(0, 1) if wide else 0,
+    )  # SIMPLE_HEAD already puts a space between columns
     table.add_column("preset", style="bold", no_wrap=True, max_width=None if wide else 24)
     if wide:
         table.add_column("kind")
@@ -67,8 +81,11 @@ def render(cells: list[Cell], console) -> None:
         texts.append(("[yellow]" if faithful else "[bold red]") + f"{raised}[/]" if raised else "[green]0[/green]")
         failed = any(c.finding for c in row)
         upstream = UPSTREAM if wide else "known"
-        verdict = (f"[yellow]{upstream}[/yellow]" if faithful else "[bold red]BUG[/bold red]") if failed \
+        verdict = (
+            (f"[yellow]{upstream}[/yellow]" if faithful else "[bold red]BUG[/bold red]")
+            if failed
             else "[green]ok[/green]"
+        )
         kind = "faithful" if faithful else "external" if ":" in preset else "ours"
         table.add_row(escape(preset), *([kind] if wide else []), *texts, verdict)
     console.print(table)
@@ -78,8 +95,11 @@ def render(cells: list[Cell], console) -> None:
         for c in failures:
             loss = f" loss={c.loss}" if c.loss else ""
             tag = f"[yellow]({UPSTREAM})[/yellow]" if c.faithful else "[bold red](bug)[/bold red]"
-            console.print(f"  {escape(c.preset)} · {escape(_label(c))}{loss}: {escape(c.detail or '')} "
-                          f"{escape(f'[{c.profile} inputs]')} {tag} → {escape(c.counterexample or '')}", soft_wrap=True)
+            console.print(
+                f"  {escape(c.preset)} · {escape(_label(c))}{loss}: {escape(c.detail or '')} "
+                f"{escape(f'[{c.profile} inputs]')} {tag} → {escape(c.counterexample or '')}",
+                soft_wrap=True,
+            )
     notes = [c for c in cells if c.note and not c.finding]
     if notes:
         console.print("notes (not findings):")
@@ -87,7 +107,10 @@ def render(cells: list[Cell], console) -> None:
             console.print(f"  {escape(c.preset)} · {escape(_label(c))}: {escape(c.note or '')}", soft_wrap=True)
     ours = sorted({c.preset for c in failures if not c.faithful})
     if ours:
-        console.print(f"[bold red]{len(ours)} preset(s) or target(s) that are not faithful reproductions fail: "
-                      f"{escape(', '.join(ours))}[/bold red]", soft_wrap=True)
+        console.print(
+            f"[bold red]{len(ours)} preset(s) or target(s) that are not faithful reproductions fail: "
+            f"{escape(', '.join(ours))}[/bold red]",
+            soft_wrap=True,
+        )
     elif any(not c.faithful for c in cells):
         console.print("[green]no bug: every preset of ours (or target) passes every check that applies[/green]")

@@ -20,14 +20,15 @@ configs, files or the CLI, so every study (case, train, probe, audit) calls the 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 
-from runner.errors import UserError
 from runner.core.masking import shuffled_keep, zero_padding, zero_where_not
 from runner.core.metrics import correction_metrics, correction_metrics_by_group
+from runner.errors import UserError
 
 LEVELS = ("none", "token", "sequence", "geometric")
 CHOICES = {
@@ -78,16 +79,16 @@ class Correction:
         return self.weight != "none" or self.filter != "none" or self.veto is not None
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "Correction":
+    def from_config(cls, cfg: Mapping[str, Any]) -> Correction:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(cfg) - known)
         if unknown:
             raise UserError(f"correction: unknown key(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
-        corr = cls(**{k: v for k, v in cfg.items()})
+        corr = cls(**dict(cfg.items()))
         corr.validate()
         return corr
 
-    def with_band(self, low: float | None, high: float | None) -> "Correction":
+    def with_band(self, low: float | None, high: float | None) -> Correction:
         from dataclasses import replace
 
         out = replace(self, low=low, high=high)
@@ -197,8 +198,10 @@ def apply_correction_split(
     ev = _evaluate(corr, old, roll, mask, lp, generator)
     inputs = ev.metric_inputs()
     per_group = correction_metrics_by_group(corr, *inputs, groups=groups) if metrics else [{} for _ in groups]
-    return [CorrectionResult(coef=ev.coef[g], mask=ev.new_mask[g], keep=ev.keep_full[g], metrics=m)
-            for g, m in zip(groups, per_group)]
+    return [
+        CorrectionResult(coef=ev.coef[g], mask=ev.new_mask[g], keep=ev.keep_full[g], metrics=m)
+        for g, m in zip(groups, per_group)
+    ]
 
 
 @dataclass
@@ -256,8 +259,10 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         keep = _in_band(-stat if corr.filter_inverted else stat, corr)
         if corr.filter_shuffle:
             if generator is None:
-                raise UserError(f"correction={corr.name} with filter_shuffle=true needs a random stream; only the "
-                                "train study has one")
+                raise UserError(
+                    f"correction={corr.name} with filter_shuffle=true needs a random stream; only the "
+                    "train study has one"
+                )
             keep = shuffled_keep(keep, mask, generator)
     if corr.veto is not None:
         threshold = math.log(corr.veto) if corr.veto > 0 else -math.inf
@@ -277,5 +282,15 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         coef = zero_padding(coef, mask)
     coef = coef.detach()
     keep_full = (torch.ones((1, 1), dtype=torch.bool) if keep is None else keep).expand_as(lr)
-    return _Evaluation(coef=coef, new_mask=new_mask, keep_full=keep_full, old=old.detach(), roll=roll.detach(),
-                       mask=mask, lr=lr, raw=raw, weight=weight, keep=keep)
+    return _Evaluation(
+        coef=coef,
+        new_mask=new_mask,
+        keep_full=keep_full,
+        old=old.detach(),
+        roll=roll.detach(),
+        mask=mask,
+        lr=lr,
+        raw=raw,
+        weight=weight,
+        keep=keep,
+    )

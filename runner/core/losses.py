@@ -8,8 +8,9 @@ rollout's own log-probs roll (`behaviour`: verl's bypass mode and M2PO, whose cl
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -40,7 +41,7 @@ class LossSpec:
     ratio_against: str = "old"  # old | behaviour (RATIO_AGAINST)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "LossSpec":
+    def from_config(cls, cfg: Mapping[str, Any]) -> LossSpec:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(cfg) - known)
         if unknown:
@@ -57,8 +58,10 @@ class LossSpec:
         if spec.ratio_against not in RATIO_AGAINST:
             raise UserError(f"loss.ratio_against={spec.ratio_against!r} is not one of: {', '.join(RATIO_AGAINST)}")
         if spec.ratio_against == "behaviour" and spec.name == "reinforce":
-            raise UserError("loss.ratio_against=behaviour: loss=reinforce has no ratio to take against the behaviour "
-                            "policy (use loss=ppo, or a correction with ratio: bypass)")
+            raise UserError(
+                "loss.ratio_against=behaviour: loss=reinforce has no ratio to take against the behaviour "
+                "policy (use loss=ppo, or a correction with ratio: bypass)"
+            )
         return spec
 
     def check_correction(self, corr: Correction) -> None:
@@ -66,10 +69,12 @@ class LossSpec:
         a correction's weight would count the mismatch twice (verl's bypass mode passes no IS weights to its
         ppo_clip loss for this reason); its filter (rejection) still applies."""
         if self.name == "ppo" and self.ratio_against == "behaviour" and corr.weight != "none":
-            raise UserError(f"loss.ratio_against=behaviour with correction={corr.name} (weight: {corr.weight}): PPO's "
-                            "ratio against the behaviour policy already is the importance weight, and the "
-                            "correction's weight would count it twice; use loss.ratio_against=old, or a correction "
-                            "with weight: none (its filter still applies)")
+            raise UserError(
+                f"loss.ratio_against=behaviour with correction={corr.name} (weight: {corr.weight}): PPO's "
+                "ratio against the behaviour policy already is the importance weight, and the "
+                "correction's weight would count it twice; use loss.ratio_against=old, or a correction "
+                "with weight: none (its filter still applies)"
+            )
 
     @property
     def effective_reduction(self) -> str:
@@ -112,8 +117,9 @@ def loss_metrics(clipped: float, tokens: float, policy_k3: float) -> dict[str, f
     return {"ppo_clip_fraction": clipped / tokens, "policy_kl_k3": policy_k3 / tokens}
 
 
-def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, spec: LossSpec,
-                      want_clipped: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def clipped_surrogate(
+    ratio: torch.Tensor, adv: torch.Tensor, spec: LossSpec, want_clipped: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """−min(r·A, clip(r, 1−ε_low, 1+ε_high)·A), with the optional dual clip. Returns the per-token
     loss and (if wanted) where the clipped branch is the active one. Plain autograd (GSPO)."""
     surr1 = ratio * adv
@@ -125,8 +131,14 @@ def clipped_surrogate(ratio: torch.Tensor, adv: torch.Tensor, spec: LossSpec,
     return -pessimistic, clipped
 
 
-def reduce(per_token: torch.Tensor, mask: torch.Tensor, how: str, count: torch.Tensor | None = None,
-           premasked: bool = False, where_first: bool = False) -> torch.Tensor:
+def reduce(
+    per_token: torch.Tensor,
+    mask: torch.Tensor,
+    how: str,
+    count: torch.Tensor | None = None,
+    premasked: bool = False,
+    where_first: bool = False,
+) -> torch.Tensor:
     """Reduce [B, T] to a scalar. An empty mask gives 0 (never 0/0). `premasked` says per_token is
     already exactly 0 wherever mask is 0 (our presets sanitise first), so no multiply is needed;
     released code multiplies by the mask, and its faithful presets do the same (NaN·0 = NaN).
@@ -263,8 +275,11 @@ def policy_loss(
     batch), used instead of evaluating it here; its metrics are passed on. `generator`: the random stream
     of a correction with filter_shuffle."""
     mask = mask.to(lp.dtype)
-    cres = correction if correction is not None else apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics,
-                                                                          generator=generator)
+    cres = (
+        correction
+        if correction is not None
+        else apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics, generator=generator)
+    )
     old, roll, adv = old.detach(), roll.detach(), adv.detach()
     # Our presets: NaN/inf at masked positions must not reach the loss or any gradient. Zeroing each
     # difference (not each input) is enough: the backward of x·mask (or of a where) sends exactly 0
@@ -278,8 +293,14 @@ def policy_loss(
     # Under sanitisation every masked or rejected (where) position is already exactly 0.
     premasked = sanitise and (corr.reject == "where" or red_mask is mask)
     count = red_mask.sum()
-    loss = reduce(per_token, red_mask, spec.effective_reduction, count=count, premasked=premasked,
-                  where_first=corr.padding == "masked-sum")
+    loss = reduce(
+        per_token,
+        red_mask,
+        spec.effective_reduction,
+        count=count,
+        premasked=premasked,
+        where_first=corr.padding == "masked-sum",
+    )
     all_rejected = bool(count == 0)
     out = LossResult(loss=loss, per_token=per_token, correction=cres, all_rejected=all_rejected)
     if metrics:

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -104,12 +104,14 @@ def correction_metrics(corr, old, roll, mask, lr, raw, weight, coef, keep, backe
     intermediates: lr the log-ratio it used, raw / weight the coefficient before / after the
     clamp, coef after rejection, keep the [B, 1] or [B, T] survivors or None.
     `backend`: auto | torch | numpy."""
-    return correction_metrics_by_group(corr, old, roll, mask, lr, raw, weight, coef, keep,
-                                       groups=(slice(0, mask.shape[0]),), backend=backend)[0]
+    return correction_metrics_by_group(
+        corr, old, roll, mask, lr, raw, weight, coef, keep, groups=(slice(0, mask.shape[0]),), backend=backend
+    )[0]
 
 
-def correction_metrics_by_group(corr, old, roll, mask, lr, raw, weight, coef, keep, groups: Sequence[slice],
-                                backend: str = "auto") -> list[dict[str, float]]:
+def correction_metrics_by_group(
+    corr, old, roll, mask, lr, raw, weight, coef, keep, groups: Sequence[slice], backend: str = "auto"
+) -> list[dict[str, float]]:
     """correction_metrics of each group of rows: contiguous, non-empty slices that tile the batch
     in order (a step's mini-batches)."""
     bounds = _group_bounds(groups, mask.shape[0])
@@ -121,8 +123,9 @@ def correction_metrics_by_group(corr, old, roll, mask, lr, raw, weight, coef, ke
     else:
         tensors = (old, roll, mask, lr, raw, weight, coef)
         with torch.no_grad():
-            totals = [_totals_torch(corr, *(t[a:b] for t in tensors), None if keep is None else keep[a:b])
-                      for a, b in bounds]
+            totals = [
+                _totals_torch(corr, *(t[a:b] for t in tensors), None if keep is None else keep[a:b]) for a, b in bounds
+            ]
     return [metrics_from_totals(t) for t in totals]
 
 
@@ -213,11 +216,25 @@ def _totals_torch(corr, old, roll, mask, lr, raw, weight, coef, keep) -> Totals:
     lo, hi = torch.aminmax(prob_diff) if prob_diff.numel() else (zero, zero)
     del prob_diff, scratch
 
-    named = {"tokens": tokens, "sequences": nonempty.sum(), "sum_w": sum_w, "sum_w2": sum_w2, "min_w": min_w,
-             "max_w": max_w, "kept_tokens": kept_tokens, "rejected_sequences": rejected_sequences,
-             "clamped_tokens": clamped_tokens, "sum_lr": sum_lr, "sum_k3": sum_k3, "sum_rho_m1_sq": sum_rho_m1_sq,
-             "sum_rho_m1": sum_rho_m1, "sum_chi2_seq": sum_chi2_seq, "sum_log_ppl": sum_log_ppl,
-             "min_prob_diff": lo, "max_prob_diff": hi}
+    named = {
+        "tokens": tokens,
+        "sequences": nonempty.sum(),
+        "sum_w": sum_w,
+        "sum_w2": sum_w2,
+        "min_w": min_w,
+        "max_w": max_w,
+        "kept_tokens": kept_tokens,
+        "rejected_sequences": rejected_sequences,
+        "clamped_tokens": clamped_tokens,
+        "sum_lr": sum_lr,
+        "sum_k3": sum_k3,
+        "sum_rho_m1_sq": sum_rho_m1_sq,
+        "sum_rho_m1": sum_rho_m1,
+        "sum_chi2_seq": sum_chi2_seq,
+        "sum_log_ppl": sum_log_ppl,
+        "min_prob_diff": lo,
+        "max_prob_diff": hi,
+    }
     values = dict(zip(named, torch.stack(list(named.values())).tolist()))
     min_prob_diff, max_prob_diff = values.pop("min_prob_diff"), values.pop("max_prob_diff")
     return Totals(**values, max_abs_prob_diff=max(max_prob_diff, -min_prob_diff))
@@ -319,8 +336,10 @@ def _numpy_pass(corr, old, roll, mask, lr, raw, weight, coef, keep, bounds, boun
         cleaned = np.nan_to_num(np.where(mask > 0, extremes[2], 0.0).astype(coef.dtype), nan=0.0)
         maxima[2] = np.maximum.reduceat(cleaned.reshape(-1), runs)
     names = token_rows + seq_rows + ["max_w", "max_neg_w", "max_abs_prob_diff"]
-    return [dict(zip(names, group))
-            for group in np.concatenate([np.add.reduceat(per_seq, starts, axis=1), maxima]).T.tolist()]
+    return [
+        dict(zip(names, group))
+        for group in np.concatenate([np.add.reduceat(per_seq, starts, axis=1), maxima]).T.tolist()
+    ]
 
 
 @functools.lru_cache(maxsize=64)

@@ -24,9 +24,22 @@ CONSTANT_COLUMNS = ("seed", "correction", "staleness", "precision")  # the same 
 TRAINING_COLUMNS = ("reward", "objective", "loss", "grad_norm", "clipped", "update_norm", "entropy")
 MONTE_CARLO_COLUMNS = ("objective_se",)  # after `objective`, in worlds whose J is estimated
 FAULT_COLUMNS = ("nonfinite_loss", "nonfinite_grad", "skipped", "all_rejected")
-CORRECTION_METRICS = ("is_weight_mean", "is_weight_std", "is_weight_min", "is_weight_max", "ess",
-                      "token_masked_fraction", "seq_masked_fraction", "clamped_fraction", "kl_k1", "kl_k3",
-                      "chi2_token", "chi2_seq", "log_ppl_diff", "max_abs_prob_diff")
+CORRECTION_METRICS = (
+    "is_weight_mean",
+    "is_weight_std",
+    "is_weight_min",
+    "is_weight_max",
+    "ess",
+    "token_masked_fraction",
+    "seq_masked_fraction",
+    "clamped_fraction",
+    "kl_k1",
+    "kl_k3",
+    "chi2_token",
+    "chi2_seq",
+    "log_ppl_diff",
+    "max_abs_prob_diff",
+)
 LOSS_METRICS = ("ppo_clip_fraction", "policy_kl_k3")
 UPDATE_METRICS = CORRECTION_METRICS + LOSS_METRICS  # what log.metrics=false leaves out
 TIMING_COLUMNS = ("wall_ms",)
@@ -35,8 +48,9 @@ TIMING_COLUMNS = ("wall_ms",)
 def metrics_columns(metrics: bool = True, timing: bool = True, monte_carlo: bool = False) -> tuple[str, ...]:
     """metrics.csv's header for a run's log settings and how its world gives J."""
     training = TRAINING_COLUMNS[:2] + (MONTE_CARLO_COLUMNS if monte_carlo else ()) + TRAINING_COLUMNS[2:]
-    return (ID_COLUMNS + training + FAULT_COLUMNS + (UPDATE_METRICS if metrics else ())
-            + (TIMING_COLUMNS if timing else ()))
+    return (
+        ID_COLUMNS + training + FAULT_COLUMNS + (UPDATE_METRICS if metrics else ()) + (TIMING_COLUMNS if timing else ())
+    )
 
 
 ALL_METRICS_COLUMNS = metrics_columns(monte_carlo=True)
@@ -50,14 +64,59 @@ EVENT_COLUMNS = ("step", "kind", "detail", "action")
 EVENT_KINDS = ("nonfinite_loss", "nonfinite_grad", "all_rejected", "nonfinite_params", "collapse")
 
 # probe.csv (study=probe), one row per preset × band
-PROBE_FIGURES = ("bias_norm", "bias_norm_ci", "bias_norm_lo", "bias_norm_hi", "bias_significant",
-                 "bias_norm_debiased", "rel_bias", "variance", "mse", "rel_mse", "norm_ratio", "cosine",
-                 "mean_grad_norm", "nonfinite_rate", "n_finite", "mean_ess", "mean_masked_fraction",
-                 "mean_seq_masked_fraction", "clamped_fraction", "degenerate")
-PROBE_WORLD = ("seed", "task", "loss", "reduction", "baseline", "staleness", "precision", "logit_noise", "temperature",
-               "top_p", "outlier_rate", "outlier_shift", "vocab_size", "seq_len", "prompt_len", "eos_token",
-               "group_size", "batch_size", "repeats", "pretrain_steps", "drift_lr", "ci", "ci_level", "objective",
-               "exact_grad_norm", "engine_kl", "policy", "reference", "reference_noise")
+PROBE_FIGURES = (
+    "bias_norm",
+    "bias_norm_ci",
+    "bias_norm_lo",
+    "bias_norm_hi",
+    "bias_significant",
+    "bias_norm_debiased",
+    "rel_bias",
+    "variance",
+    "mse",
+    "rel_mse",
+    "norm_ratio",
+    "cosine",
+    "mean_grad_norm",
+    "nonfinite_rate",
+    "n_finite",
+    "mean_ess",
+    "mean_masked_fraction",
+    "mean_seq_masked_fraction",
+    "clamped_fraction",
+    "degenerate",
+)
+PROBE_WORLD = (
+    "seed",
+    "task",
+    "loss",
+    "reduction",
+    "baseline",
+    "staleness",
+    "precision",
+    "logit_noise",
+    "temperature",
+    "top_p",
+    "outlier_rate",
+    "outlier_shift",
+    "vocab_size",
+    "seq_len",
+    "prompt_len",
+    "eos_token",
+    "group_size",
+    "batch_size",
+    "repeats",
+    "pretrain_steps",
+    "drift_lr",
+    "ci",
+    "ci_level",
+    "objective",
+    "exact_grad_norm",
+    "engine_kl",
+    "policy",
+    "reference",
+    "reference_noise",
+)
 PROBE_COLUMNS = ("preset", "faithful", "low", "high", *PROBE_FIGURES, *PROBE_WORLD)
 PROBE_INTEGER = ("bias_significant", "n_finite", "degenerate")
 

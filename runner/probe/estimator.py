@@ -28,8 +28,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from runner.core.corrections import Correction
-from runner.errors import UserError
 from runner.core.losses import LossSpec, policy_loss
+from runner.errors import UserError
 from runner.probe.settings import Arm
 from runner.worlds.protocol import Params, flat
 
@@ -52,8 +52,10 @@ def plan(arms: list[Arm]) -> list[PresetGroup]:
     groups: dict[Correction, list[int]] = {}
     for i, arm in enumerate(arms):
         if arm.correction.filter_shuffle:  # the probe's estimator has no random stream for it
-            raise UserError(f"probe: correction={arm.correction.name} with filter_shuffle=true is a train-study "
-                            "control; the probe does not shuffle")
+            raise UserError(
+                f"probe: correction={arm.correction.name} with filter_shuffle=true is a train-study "
+                "control; the probe does not shuffle"
+            )
         groups.setdefault(replace(arm.correction, low=None, high=None), []).append(i)
     out = []
     for corr, index in groups.items():
@@ -71,14 +73,23 @@ def plan(arms: list[Arm]) -> list[PresetGroup]:
                     vals.append(v)
             return torch.tensor(vals, dtype=torch.float32).view(-1, 1, 1)
 
-        out.append(PresetGroup(corr, tuple(index), bounds(lows, -math.inf), bounds(highs, math.inf),
-                               bounds(lows, -math.inf, log=True), bounds(highs, math.inf, log=True),
-                               any(v is not None for v in lows + highs)))
+        out.append(
+            PresetGroup(
+                corr,
+                tuple(index),
+                bounds(lows, -math.inf),
+                bounds(highs, math.inf),
+                bounds(lows, -math.inf, log=True),
+                bounds(highs, math.inf, log=True),
+                any(v is not None for v in lows + highs),
+            )
+        )
     return out
 
 
-def band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor,
-                      full: bool = False):
+def band_coefficients(
+    group: PresetGroup, old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor, full: bool = False
+):
     """`apply_correction` for one preset and its K bands at once, at lp = old: (coef, reduction
     mask, keep or None, changed or None), each broadcastable to [K, B, T] (a sequence-level factor
     stays [.., B, 1] until it is used); `changed` is where the clamp changed the weight (None for a
@@ -178,15 +189,29 @@ def score_sums(world, params: Params, batch, weights: torch.Tensor) -> torch.Ten
     with torch.enable_grad():
         leaves = {name: p.detach().requires_grad_(True) for name, p in params.items()}
         logp = world.token_stats(leaves, batch.prompts, batch.tokens, entropy=False).logp
-        grads = torch.autograd.grad(logp, list(leaves.values()), grad_outputs=weights.to(logp.dtype),
-                                    is_grads_batched=True, allow_unused=True)
+        grads = torch.autograd.grad(
+            logp, list(leaves.values()), grad_outputs=weights.to(logp.dtype), is_grads_batched=True, allow_unused=True
+        )
     K = weights.shape[0]
-    return torch.cat([torch.zeros(K, p.numel(), dtype=weights.dtype) if g is None else g.reshape(K, -1)
-                      for p, g in zip(leaves.values(), grads)], dim=1)
+    return torch.cat(
+        [
+            torch.zeros(K, p.numel(), dtype=weights.dtype) if g is None else g.reshape(K, -1)
+            for p, g in zip(leaves.values(), grads)
+        ],
+        dim=1,
+    )
 
 
-def fast_estimates(groups: list[PresetGroup], n_arms: int, batch, world, params: Params, reduction: str,
-                   seq_len: int, metrics: bool = True) -> Estimates:
+def fast_estimates(
+    groups: list[PresetGroup],
+    n_arms: int,
+    batch,
+    world,
+    params: Params,
+    reduction: str,
+    seq_len: int,
+    metrics: bool = True,
+) -> Estimates:
     """Every arm's estimate from one batch: per preset, the coefficients of all its bands, times
     the shared A·mask'·s, written straight into one [arms, B, T] weight matrix; then one scatter."""
     mask = batch.mask
@@ -216,10 +241,11 @@ def fast_estimates(groups: list[PresetGroup], n_arms: int, batch, world, params:
             c = coef.expand(len(idx), B, T)
             w = c if full else torch.where(inside, c, 0.0)
             sum_w, sum_w2 = w.sum((-2, -1)), (w * w).sum((-2, -1))
-            ess[idx] = torch.where(sum_w2 > 0, sum_w * sum_w / (n_tok * sum_w2.clamp(min=torch.finfo(w.dtype).tiny)),
-                                   0.0)
+            ess[idx] = torch.where(
+                sum_w2 > 0, sum_w * sum_w / (n_tok * sum_w2.clamp(min=torch.finfo(w.dtype).tiny)), 0.0
+            )
             if keep is not None:
-                kept = (keep.expand(len(idx), B, T) & inside)
+                kept = keep.expand(len(idx), B, T) & inside
                 masked[idx] = (n_in - kept.sum((-2, -1))) / n_tok
                 seq_masked[idx] = (nonempty & ~kept.any(-1)).sum(-1) / n_seq
             if changed is not None:  # as metrics.csv's clamped_fraction: kept tokens the clamp changed

@@ -61,5 +61,9 @@ def reference_gradient(setup, params: Params, rollouts: int, chunk: int, seed_of
         halves[h] = g if halves[h] is None else halves[h] + g
     g1, g2 = (h / (n_chunks // 2) for h in halves)
     rewards = torch.cat(rewards_all)
-    return Reference(objective=float(rewards.mean()), objective_se=float(rewards.std() / math.sqrt(len(rewards))),
-                     grad=(g1 + g2) / 2, noise=float((g1 - g2).norm() / 2))
+    return Reference(
+        objective=float(rewards.mean()),
+        objective_se=float(rewards.std() / math.sqrt(len(rewards))),
+        grad=(g1 + g2) / 2,
+        noise=float((g1 - g2).norm() / 2),
+    )

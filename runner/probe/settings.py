@@ -7,18 +7,32 @@ here raises a one-line `UserError`, and the study runs them all before it writes
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
-from runner.core.corrections import Correction
-from runner.errors import UserError
-from runner.core.losses import REDUCTIONS
 from runner.config_checks import as_choice, as_float, as_int, check_keys
+from runner.core.corrections import Correction
+from runner.core.losses import REDUCTIONS
+from runner.errors import UserError
 
-KEYS = ("reference_rollouts", "pretrain_steps", "repeats", "batch_size", "presets", "bands", "baseline", "reduction", "ci", "ci_level",
-        "n_boot", "drift_lr", "threads")
+KEYS = (
+    "reference_rollouts",
+    "pretrain_steps",
+    "repeats",
+    "batch_size",
+    "presets",
+    "bands",
+    "baseline",
+    "reduction",
+    "ci",
+    "ci_level",
+    "n_boot",
+    "drift_lr",
+    "threads",
+)
 BASELINES = ("rloo", "group-mean", "none")
 CIS = ("bootstrap", "clt")
 LOSSES = ("ppo", "reinforce")  # at lp = old both give the gradient −coef·A·∇lp per token
@@ -55,7 +69,7 @@ class ProbeSettings:
     threads: int | None  # torch intra-op threads while probing; None leaves torch's setting
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any] | None) -> "ProbeSettings":
+    def from_config(cls, cfg: Mapping[str, Any] | None) -> ProbeSettings:
         s = "probe"
         if not isinstance(cfg, Mapping):
             raise UserError("probe: the section is missing (use study=probe)")

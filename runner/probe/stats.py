@@ -29,8 +29,15 @@ import math
 import torch
 
 
-def summarise(est: torch.Tensor, grad: torch.Tensor, ci: str, level: float, n_boot: int,
-              generator: torch.Generator, grad_noise: float = 0.0) -> dict[str, torch.Tensor]:
+def summarise(
+    est: torch.Tensor,
+    grad: torch.Tensor,
+    ci: str,
+    level: float,
+    n_boot: int,
+    generator: torch.Generator,
+    grad_noise: float = 0.0,
+) -> dict[str, torch.Tensor]:
     """est [R, K, D] (any float dtype), grad [D] → dict of [K] float64 tensors. `grad_noise`: the
     estimated norm of grad's own error when grad is a Monte Carlo reference (0 when exact); it widens
     every bias CI radius, so a bias is called significant only beyond both uncertainties."""
@@ -64,11 +71,11 @@ def summarise(est: torch.Tensor, grad: torch.Tensor, ci: str, level: float, n_bo
         "bias_norm_lo": keep((bias_norm - radius).clamp(min=0)),
         "bias_norm_hi": keep(bias_norm + radius),
         "bias_significant": keep((bias_norm > radius).to(torch.float64)),
-        "bias_norm_debiased": keep((bias_norm ** 2 - variance / n.clamp(min=1)).clamp(min=0).sqrt()),
+        "bias_norm_debiased": keep((bias_norm**2 - variance / n.clamp(min=1)).clamp(min=0).sqrt()),
         "rel_bias": keep(bias_norm / g_norm if g_norm > 0 else nan),
         "variance": keep(variance),
         "mse": keep(mse),
-        "rel_mse": keep(mse / g_norm ** 2 if g_norm > 0 else nan),
+        "rel_mse": keep(mse / g_norm**2 if g_norm > 0 else nan),
         "norm_ratio": keep(mean.norm(dim=-1) / g_norm if g_norm > 0 else nan),
         "cosine": keep(cosine),
         "mean_grad_norm": keep(grad_norm),
@@ -77,8 +84,9 @@ def summarise(est: torch.Tensor, grad: torch.Tensor, ci: str, level: float, n_bo
     }
 
 
-def _radius(dev: torch.Tensor, f: torch.Tensor, n: torch.Tensor, ci: str, level: float, n_boot: int,
-            generator: torch.Generator) -> torch.Tensor:
+def _radius(
+    dev: torch.Tensor, f: torch.Tensor, n: torch.Tensor, ci: str, level: float, n_boot: int, generator: torch.Generator
+) -> torch.Tensor:
     """The `level` quantile of ‖x̄* − x̄‖ per arm. dev [R, K, D] is x − x̄ (0 on non-finite
     batches), f [R, K] the finite indicator. The draws are [n_boot, R] weights times dev, in
     chunks so memory stays bounded."""

@@ -19,20 +19,21 @@ Gradients live in the flat parameter space of `runner.worlds.protocol.flat` (one
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from runner.core.corrections import Correction
 from runner.errors import UserError
+from runner.probe.reference import reference_gradient
 from runner.probe.settings import LOSSES, ProbeSettings
 from runner.training.advantages import baseline_advantages
 from runner.training.config import Setup, load
 from runner.training.loop import Trainer
 from runner.training.optim import Optimizer, clip_, global_norm
 from runner.worlds.engine import Engine, Mismatch
-from runner.probe.reference import reference_gradient
 from runner.worlds.protocol import Params, exact_gradient, flat, unflat
 
 # The probe's sampling streams are its own, so pretraining does not shift which tokens it draws.
@@ -71,8 +72,10 @@ class World:
     def generators(self) -> tuple[torch.Generator, torch.Generator]:
         """(token stream, noise-and-fault stream), as the train study splits them."""
         seed = self.setup.seed
-        return (torch.Generator().manual_seed(STREAM_OFFSET + 2 * seed),
-                torch.Generator().manual_seed(STREAM_OFFSET + 2 * seed + 1))
+        return (
+            torch.Generator().manual_seed(STREAM_OFFSET + 2 * seed),
+            torch.Generator().manual_seed(STREAM_OFFSET + 2 * seed + 1),
+        )
 
     def sample(self, gen: torch.Generator, noise_gen: torch.Generator) -> Batch:
         world, G = self.policy, self.group_size
@@ -82,8 +85,15 @@ class World:
         adv = baseline_advantages(rewards, G, self.probe.baseline)
         with torch.no_grad():
             old = world.token_stats(self.params, ro.prompts, ro.tokens, entropy=False).logp
-        return Batch(prompts=ro.prompts, tokens=ro.tokens, mask=ro.mask, old=old, roll=ro.roll,
-                     adv=adv.to(torch.float32).unsqueeze(-1).expand_as(ro.mask), outliers=ro.outliers)
+        return Batch(
+            prompts=ro.prompts,
+            tokens=ro.tokens,
+            mask=ro.mask,
+            old=old,
+            roll=ro.roll,
+            adv=adv.to(torch.float32).unsqueeze(-1).expand_as(ro.mask),
+            outliers=ro.outliers,
+        )
 
 
 def initial_params(setup: Setup, steps: int) -> Params:
@@ -91,8 +101,15 @@ def initial_params(setup: Setup, steps: int) -> Params:
     if steps == 0:
         params = setup.world.init_params(torch.Generator().manual_seed(2 * setup.seed))
         return {name: p.float() for name, p in params.items()}
-    pre = replace(setup, mismatch=Mismatch(), correction=Correction(), train=replace(setup.train, steps=steps),
-                  metrics=False, timing=False, quiet=True)
+    pre = replace(
+        setup,
+        mismatch=Mismatch(),
+        correction=Correction(),
+        train=replace(setup.train, steps=steps),
+        metrics=False,
+        timing=False,
+        quiet=True,
+    )
     trainer = Trainer(pre)
     for step in range(steps):
         if trainer.step(step).stop is not None:
@@ -103,8 +120,9 @@ def initial_params(setup: Setup, steps: int) -> Params:
     return params
 
 
-def drift(params: Params, setup: Setup, steps: int, lr: float, reference_rollouts: int = 4096,
-          chunk: int = 64) -> Params:
+def drift(
+    params: Params, setup: Setup, steps: int, lr: float, reference_rollouts: int = 4096, chunk: int = 64
+) -> Params:
     """θ after `steps` optimizer steps descending J (see the module docstring), with the configured
     optimizer and its clipping formula: the exact ∇J, or a fresh Monte Carlo reference each step."""
     th = {name: p.detach().clone() for name, p in params.items()}
@@ -113,8 +131,11 @@ def drift(params: Params, setup: Setup, steps: int, lr: float, reference_rollout
     opt = Optimizer(th, setup.train.optimizer, lr)
     solver = setup.world.exact
     for step in range(steps):
-        grads = exact_gradient(solver, th)[1] if solver is not None else \
-            unflat(reference_gradient(setup, th, reference_rollouts, chunk, seed_offset=1 + step).grad, th)
+        grads = (
+            exact_gradient(solver, th)[1]
+            if solver is not None
+            else unflat(reference_gradient(setup, th, reference_rollouts, chunk, seed_offset=1 + step).grad, th)
+        )
         for name, p in th.items():  # minimising J: the optimizer steps against ∇J
             p.grad = grads[name].to(p.dtype)
         if setup.train.grad_clip is not None:
@@ -130,14 +151,20 @@ def validate(cfg: Mapping[str, Any]) -> tuple[Setup, ProbeSettings, int]:
     setup = replace(load(cfg), device=torch.device("cpu"))  # the probe's statistics run on the CPU
     probe = ProbeSettings.from_config(cfg.get("probe"))
     if setup.loss.name not in LOSSES:
-        raise UserError(f"probe: loss={setup.loss.name} is not supported (the probe takes the gradient of the "
-                        f"per-token surrogate at lp = old: one of {', '.join(LOSSES)})")
+        raise UserError(
+            f"probe: loss={setup.loss.name} is not supported (the probe takes the gradient of the "
+            f"per-token surrogate at lp = old: one of {', '.join(LOSSES)})"
+        )
     if setup.adv_std_norm:
-        raise UserError("probe: rollout.adv_std_norm=true biases the estimate of ∇J; the probe sets its "
-                        "advantage with probe.baseline (rloo | group-mean | none)")
+        raise UserError(
+            "probe: rollout.adv_std_norm=true biases the estimate of ∇J; the probe sets its "
+            "advantage with probe.baseline (rloo | group-mean | none)"
+        )
     if setup.mismatch.sampling_stream:
-        raise UserError("probe: mismatch.sampling_stream applies to training runs only (the probe draws its "
-                        "batches from its own streams)")
+        raise UserError(
+            "probe: mismatch.sampling_stream applies to training runs only (the probe draws its "
+            "batches from its own streams)"
+        )
     G = setup.group_size
     if probe.baseline != "none" and G < 2:
         raise UserError(f"probe.baseline={probe.baseline} needs rollout.group_size >= 2, got {G}")
@@ -151,14 +178,30 @@ def validate(cfg: Mapping[str, Any]) -> tuple[Setup, ProbeSettings, int]:
 def build(setup: Setup, probe: ProbeSettings, batch_size: int) -> World:
     params = initial_params(setup, probe.pretrain_steps)
     k = setup.mismatch.staleness
-    engine_params = drift(params, setup, k, probe.drift_lr if probe.drift_lr is not None else setup.train.lr,
-                          probe.reference_rollouts, batch_size)
+    engine_params = drift(
+        params,
+        setup,
+        k,
+        probe.drift_lr if probe.drift_lr is not None else setup.train.lr,
+        probe.reference_rollouts,
+        batch_size,
+    )
     if setup.world.exact is not None:
         objective, grads = exact_gradient(setup.world.exact, params)
         objective, grad, reference, noise = float(objective), flat(grads), "exact", 0.0
     else:
         ref = reference_gradient(setup, params, probe.reference_rollouts, batch_size)
         objective, grad, reference, noise = ref.objective, ref.grad, "monte-carlo", ref.noise
-    return World(setup=setup, probe=probe, params=params, engine_params=engine_params, objective=objective,
-                 grad=grad, engine=Engine(setup.world, setup.mismatch), batch_size=batch_size,
-                 group_size=setup.group_size, reference=reference, reference_noise=noise)
+    return World(
+        setup=setup,
+        probe=probe,
+        params=params,
+        engine_params=engine_params,
+        objective=objective,
+        grad=grad,
+        engine=Engine(setup.world, setup.mismatch),
+        batch_size=batch_size,
+        group_size=setup.group_size,
+        reference=reference,
+        reference_noise=noise,
+    )

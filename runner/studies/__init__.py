@@ -14,10 +14,13 @@ from typing import Any
 
 from runner.lookup import LazyRegistry
 
-STUDIES = LazyRegistry("study.name", {
-    "train": "runner.studies.train:run",
-    "probe": "runner.studies.probe:run",
-})
+STUDIES = LazyRegistry(
+    "study.name",
+    {
+        "train": "runner.studies.train:run",
+        "probe": "runner.studies.probe:run",
+    },
+)
 
 
 def plain_config(cfg: Any) -> dict:
@@ -25,8 +28,11 @@ def plain_config(cfg: Any) -> dict:
     run-time values are not set inside a study, is left out): what the studies' loaders take."""
     from omegaconf import OmegaConf
 
-    return {key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
-            for key in cfg if key != "hydra"}
+    return {
+        key: OmegaConf.to_container(cfg[key], resolve=True) if OmegaConf.is_config(cfg[key]) else cfg[key]
+        for key in cfg
+        if key != "hydra"
+    }
 
 
 def validate_study(cfg: Any) -> None:

@@ -32,16 +32,23 @@ import contextlib
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 
+from runner.core.schema import (
+    DEGENERATE_MASKED,
+    DEGENERATE_NORM_RATIO,
+    PROBE_COLUMNS,
+    PROBE_FIGURES,
+    PROBE_INTEGER,
+    PROBE_WORLD,
+)
 from runner.errors import UserError
 from runner.progress import Progress
 from runner.records import CsvWriter, mark_done, write_json_atomic
-from runner.core.schema import (DEGENERATE_MASKED, DEGENERATE_NORM_RATIO, PROBE_COLUMNS, PROBE_FIGURES, PROBE_INTEGER,
-                           PROBE_WORLD)
 from runner.studies import plain_config
 
 FIGURES, WORLD, COLUMNS, INTEGER = PROBE_FIGURES, PROBE_WORLD, PROBE_COLUMNS, PROBE_INTEGER
@@ -71,9 +78,14 @@ def estimate_all(world, arms, progress: Progress | None = None) -> dict[str, tor
     R, K = probe.repeats, len(arms)
     groups = plan(arms)
     gen, noise_gen = world.generators()
-    out = {"grad": torch.empty(R, K, world.grad.numel()), "ess": torch.empty(R, K), "masked": torch.empty(R, K),
-           "seq_masked": torch.empty(R, K), "clamped": torch.empty(R, K),
-           "engine_kl": torch.empty(R, dtype=torch.float64)}
+    out = {
+        "grad": torch.empty(R, K, world.grad.numel()),
+        "ess": torch.empty(R, K),
+        "masked": torch.empty(R, K),
+        "seq_masked": torch.empty(R, K),
+        "clamped": torch.empty(R, K),
+        "engine_kl": torch.empty(R, dtype=torch.float64),
+    }
     for r in range(R):
         batch = world.sample(gen, noise_gen)
         est = fast_estimates(groups, K, batch, policy, world.params, probe.reduction, policy.seq_len)
@@ -112,29 +124,55 @@ def run(cfg: Any, run_dir: Path) -> dict:
         finally:
             progress.close()
         t_probe = time.perf_counter()
-        stats = summarise(raw["grad"], world.grad, probe.ci, probe.ci_level, probe.n_boot,
-                          torch.Generator().manual_seed(setup.seed), grad_noise=world.reference_noise)
+        stats = summarise(
+            raw["grad"],
+            world.grad,
+            probe.ci,
+            probe.ci_level,
+            probe.n_boot,
+            torch.Generator().manual_seed(setup.seed),
+            grad_noise=world.reference_noise,
+        )
     stats["mean_ess"] = raw["ess"].double().nanmean(0)
     stats["mean_masked_fraction"] = raw["masked"].double().mean(0)
     stats["mean_seq_masked_fraction"] = raw["seq_masked"].double().mean(0)
     stats["clamped_fraction"] = raw["clamped"].double().mean(0)
-    stats["degenerate"] = ((stats["mean_masked_fraction"] >= DEGENERATE_MASKED)
-                           | (stats["norm_ratio"] < DEGENERATE_NORM_RATIO)).double()
+    stats["degenerate"] = (
+        (stats["mean_masked_fraction"] >= DEGENERATE_MASKED) | (stats["norm_ratio"] < DEGENERATE_NORM_RATIO)
+    ).double()
 
     m = setup.mismatch
     policy = setup.world
     world_values = {
-        "seed": setup.seed, "task": setup.task.name, "loss": setup.loss.name, "reduction": probe.reduction,
-        "baseline": probe.baseline, "staleness": m.staleness, "precision": m.precision,
-        "logit_noise": m.logit_noise, "temperature": m.temperature, "top_p": m.top_p,
-        "outlier_rate": m.outlier_rate, "outlier_shift": m.outlier_shift, "vocab_size": policy.vocab_size,
-        "seq_len": policy.seq_len, "prompt_len": policy.prompt_len, "eos_token": policy.eos_token,
-        "group_size": world.group_size, "batch_size": batch_size, "repeats": probe.repeats,
+        "seed": setup.seed,
+        "task": setup.task.name,
+        "loss": setup.loss.name,
+        "reduction": probe.reduction,
+        "baseline": probe.baseline,
+        "staleness": m.staleness,
+        "precision": m.precision,
+        "logit_noise": m.logit_noise,
+        "temperature": m.temperature,
+        "top_p": m.top_p,
+        "outlier_rate": m.outlier_rate,
+        "outlier_shift": m.outlier_shift,
+        "vocab_size": policy.vocab_size,
+        "seq_len": policy.seq_len,
+        "prompt_len": policy.prompt_len,
+        "eos_token": policy.eos_token,
+        "group_size": world.group_size,
+        "batch_size": batch_size,
+        "repeats": probe.repeats,
         "pretrain_steps": probe.pretrain_steps,
         "drift_lr": probe.drift_lr if probe.drift_lr is not None else setup.train.lr,
-        "ci": probe.ci, "ci_level": probe.ci_level, "objective": world.objective,
-        "exact_grad_norm": float(world.grad.norm()), "engine_kl": float(raw["engine_kl"].mean()),
-        "policy": policy.name, "reference": world.reference, "reference_noise": world.reference_noise,
+        "ci": probe.ci,
+        "ci_level": probe.ci_level,
+        "objective": world.objective,
+        "exact_grad_norm": float(world.grad.norm()),
+        "engine_kl": float(raw["engine_kl"].mean()),
+        "policy": policy.name,
+        "reference": world.reference,
+        "reference_noise": world.reference_noise,
     }
     rows = []
     for k, arm in enumerate(arms):
@@ -200,28 +238,45 @@ def _print_summary(summary: dict, rows: list[dict], train_reduction: str = "toke
     console = Console(stderr=True, highlight=False)
     if not console.is_terminal:
         console.width = max(console.width, 130)  # a log file: do not squeeze the table into 80 columns
-    console.print(f"[bold]probe[/bold] staleness={w['staleness']} precision={w['precision']} "
-                  f"seq_len={w['seq_len']} vocab={w['vocab_size']} seed={w['seed']}: {w['repeats']} batches × "
-                  f"{w['batch_size']} rollouts; J={w['objective']:.4f} ‖∇J‖={w['exact_grad_norm']:.4g} "
-                  + ("" if w["reference"] == "exact" else
-                     f"(Monte Carlo reference, its own error ≈{w['reference_noise']:.2g}, added to every CI) ")
-                  + f"engine KL={w['engine_kl']:.3g}/token; CI {w['ci']} {w['ci_level']:g}")
+    console.print(
+        f"[bold]probe[/bold] staleness={w['staleness']} precision={w['precision']} "
+        f"seq_len={w['seq_len']} vocab={w['vocab_size']} seed={w['seed']}: {w['repeats']} batches × "
+        f"{w['batch_size']} rollouts; J={w['objective']:.4f} ‖∇J‖={w['exact_grad_norm']:.4g} "
+        + (
+            ""
+            if w["reference"] == "exact"
+            else f"(Monte Carlo reference, its own error ≈{w['reference_noise']:.2g}, added to every CI) "
+        )
+        + f"engine KL={w['engine_kl']:.3g}/token; CI {w['ci']} {w['ci_level']:g}"
+    )
     if (w["reduction"], w["baseline"]) != (train_reduction, "group-mean"):
         # the probe's defaults are chosen for an unbiased on-policy estimate, not to match training
-        console.print(f"  estimator: {w['reduction']} reduction, {w['baseline']} baseline; not study=train's "
-                      f"(loss.reduction={train_reduction}, group-mean advantages): probe.reduction / "
-                      f"probe.baseline set it", soft_wrap=True)
+        console.print(
+            f"  estimator: {w['reduction']} reduction, {w['baseline']} baseline; not study=train's "
+            f"(loss.reduction={train_reduction}, group-mean advantages): probe.reduction / "
+            f"probe.baseline set it",
+            soft_wrap=True,
+        )
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col in ("preset", "band", "bias ± ci", "MSE/‖∇J‖²", "masked", "clamped", "NaN/inf", ""):
         table.add_column(col, no_wrap=True, justify="left" if col in ("preset", "band", "") else "right")
     for a in rows:
         biased = a["bias_significant"] == 1
         bias = f"{num(a['bias_norm'])} ± {num(a['bias_norm_ci'], '.2g')}"
-        table.add_row(escape(a["preset"]), band(a["low"], a["high"]), f"[red]{bias}[/red]" if biased else bias,
-                      num(a["rel_mse"]), num(a["mean_masked_fraction"], ".0%"), num(a["clamped_fraction"], ".0%"),
-                      num(a["nonfinite_rate"], ".0%"), "[yellow]degenerate[/yellow]" if a["degenerate"] == 1 else "")
+        table.add_row(
+            escape(a["preset"]),
+            band(a["low"], a["high"]),
+            f"[red]{bias}[/red]" if biased else bias,
+            num(a["rel_mse"]),
+            num(a["mean_masked_fraction"], ".0%"),
+            num(a["clamped_fraction"], ".0%"),
+            num(a["nonfinite_rate"], ".0%"),
+            "[yellow]degenerate[/yellow]" if a["degenerate"] == 1 else "",
+        )
     console.print(table)
     if summary["n_degenerate"]:
-        console.print(f"  degenerate: masks ≥ {DEGENERATE_MASKED:.0%} of tokens or ‖E ĝ‖ < "
-                      f"{DEGENERATE_NORM_RATIO:g}·‖∇J‖ (it barely updates; never picked as the best MSE)")
+        console.print(
+            f"  degenerate: masks ≥ {DEGENERATE_MASKED:.0%} of tokens or ‖E ĝ‖ < "
+            f"{DEGENERATE_NORM_RATIO:g}·‖∇J‖ (it barely updates; never picked as the best MSE)"
+        )
     console.print(f"  {summary['wall_s']:.1f} s; probe.csv in {escape(summary['run_dir'])}")

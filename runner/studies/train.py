@@ -54,13 +54,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from runner.errors import StudyFailed, UserError
 from runner.core.losses import loss_metrics
+from runner.core.schema import CONSTANT_COLUMNS, EVENT_KINDS, TOKEN_COLUMNS, metrics_columns
+from runner.errors import StudyFailed, UserError
 from runner.progress import Progress
 from runner.records import CsvWriter, EventWriter, NumberCsvWriter, fmt, mark_done, write_json_atomic
-from runner.core.schema import CONSTANT_COLUMNS, EVENT_KINDS, TOKEN_COLUMNS, metrics_columns
 from runner.studies import plain_config
-from runner.training.config import Setup, load as load_setup
+from runner.training.config import Setup
+from runner.training.config import load as load_setup
 from runner.training.loop import StepRecord, Trainer
 
 # tokens.csv's cells by column: the run's constants are formatted once (token_row_template), the rest per row
@@ -96,19 +97,26 @@ def run(cfg: DictConfig, run_dir: Path) -> dict:
 
 def run_constants(s: Setup) -> dict:
     """The run's keys, repeated on every row of metrics.csv and tokens.csv (CONSTANT_COLUMNS)."""
-    constants = {"seed": s.seed, "correction": s.correction.name, "staleness": s.mismatch.staleness,
-                 "precision": s.mismatch.precision}
+    constants = {
+        "seed": s.seed,
+        "correction": s.correction.name,
+        "staleness": s.mismatch.staleness,
+        "precision": s.mismatch.precision,
+    }
     assert tuple(constants) == CONSTANT_COLUMNS
     return constants
 
 
-def open_writers(s: Setup, run_dir: Path, monte_carlo: bool = False) -> tuple[NumberCsvWriter, EventWriter, CsvWriter | None]:
+def open_writers(
+    s: Setup, run_dir: Path, monte_carlo: bool = False
+) -> tuple[NumberCsvWriter, EventWriter, CsvWriter | None]:
     """metrics.csv, events.csv and (unless log.tokens_every=0) tokens.csv in run_dir."""
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         constants = run_constants(s)
-        metrics_csv = NumberCsvWriter(run_dir / "metrics.csv", metrics_columns(s.metrics, s.timing, monte_carlo),
-                                      constants=constants)
+        metrics_csv = NumberCsvWriter(
+            run_dir / "metrics.csv", metrics_columns(s.metrics, s.timing, monte_carlo), constants=constants
+        )
         events = EventWriter(run_dir / "events.csv")
         tokens_csv = CsvWriter(run_dir / "tokens.csv", TOKEN_COLUMNS) if s.tokens_every else None
     except OSError as exc:
@@ -121,7 +129,8 @@ def token_row_template(constants: dict) -> str:
     as the csv module would quote them, and a format per variable cell (TOKEN_FORMATS)."""
     line = io.StringIO()
     csv.writer(line, lineterminator="").writerow(
-        [fmt(constants[c]).replace("%", "%%") if c in constants else "\0" for c in TOKEN_COLUMNS])
+        [fmt(constants[c]).replace("%", "%%") if c in constants else "\0" for c in TOKEN_COLUMNS]
+    )
     parts = line.getvalue().split("\0")
     variable = [c for c in TOKEN_COLUMNS if c not in constants]
     return "".join(p + f for p, f in zip(parts, [TOKEN_FORMATS[c] for c in variable] + [""])) + "\n"
@@ -147,18 +156,33 @@ class Writer:
         for u in rec.updates:
             # one stack (it promotes to float64, the objective's dtype) and one .tolist() for the row;
             # the correction metrics already are Python floats
-            named = {"reward": rec.reward, **objective, "loss": u.loss, "grad_norm": u.grad_norm,
-                     "clipped": u.clipped, "update_norm": u.update_norm, "entropy": u.entropy}
+            named = {
+                "reward": rec.reward,
+                **objective,
+                "loss": u.loss,
+                "grad_norm": u.grad_norm,
+                "clipped": u.clipped,
+                "update_norm": u.update_norm,
+                "entropy": u.entropy,
+            }
             values = torch.stack([*named.values(), *u.loss_counts]).tolist()
             row = {"objective": "", "objective_se": "", **dict(zip(named, values))}  # "": not evaluated this step
-            loss_counts = values[len(named):]
+            loss_counts = values[len(named) :]
             row["clipped"] = int(row["clipped"])
             self.updates_written += 1
             self.zero_grad_updates += row["grad_norm"] == 0.0  # exactly: a NaN norm is not a zero gradient
             # metrics.csv's writer takes the constant cells (seed, correction, ...) from the run, the rest by name
-            row.update({"step": rec.step, "update": u.update, "nonfinite_loss": int(not u.loss_finite),
-                        "nonfinite_grad": int(not u.grad_finite), "skipped": int(u.skipped),
-                        "all_rejected": int(u.all_rejected), **u.correction_metrics})
+            row.update(
+                {
+                    "step": rec.step,
+                    "update": u.update,
+                    "nonfinite_loss": int(not u.loss_finite),
+                    "nonfinite_grad": int(not u.grad_finite),
+                    "skipped": int(u.skipped),
+                    "all_rejected": int(u.all_rejected),
+                    **u.correction_metrics,
+                }
+            )
             if s.metrics:
                 row.update(loss_metrics(*loss_counts))
             if s.timing:
@@ -171,7 +195,7 @@ class Writer:
         """metrics.csv's last row: J(θ_T) after the last update, at step T = train.steps, update 0, with
         every per-update cell empty (no update was made). It is summary.json's final_objective, so the
         table's last J is the summary's final J."""
-        row = {c: "" for c in self.metrics_csv.columns}
+        row = dict.fromkeys(self.metrics_csv.columns, "")
         row.update({"step": step, "update": 0, "objective": float(objective)})
         if objective_se is not None:
             row["objective_se"] = float(objective_se)
@@ -188,7 +212,13 @@ def _token_rows(rec: StepRecord) -> list[tuple]:
     """One row per generated (masked-in) token; one tolist() per tensor, not one .item() per value."""
     ro, old = rec.rollout, rec.old
     seq, pos = ro.mask.nonzero(as_tuple=True)
-    columns = [seq.tolist(), pos.tolist(), ro.tokens[seq, pos].tolist(), old[seq, pos].tolist(), ro.roll[seq, pos].tolist()]
+    columns = [
+        seq.tolist(),
+        pos.tolist(),
+        ro.tokens[seq, pos].tolist(),
+        old[seq, pos].tolist(),
+        ro.roll[seq, pos].tolist(),
+    ]
     return [(rec.step, *values) for values in zip(*columns)]
 
 
@@ -212,8 +242,10 @@ class Run:
             self.last_reward = float(rec.reward)
             if rec.stop == "nonfinite":
                 u = rec.updates[-1]
-                raise NonfiniteError(f"step {step} update {u.update}: non-finite "
-                                     f"{'loss' if not u.loss_finite else 'gradient'} (train.on_nonfinite=raise)")
+                raise NonfiniteError(
+                    f"step {step} update {u.update}: non-finite "
+                    f"{'loss' if not u.loss_finite else 'gradient'} (train.on_nonfinite=raise)"
+                )
             if rec.stop is not None:
                 return
             if rec.objective is not None:
@@ -242,8 +274,9 @@ class Run:
             "steps_run": self.steps_run,
             "updates_run": trainer.updates_run,
             "updates_skipped": trainer.updates_skipped,
-            "zero_grad_fraction": (self.writer.zero_grad_updates / self.writer.updates_written
-                                   if self.writer.updates_written else 0.0),
+            "zero_grad_fraction": (
+                self.writer.zero_grad_updates / self.writer.updates_written if self.writer.updates_written else 0.0
+            ),
             "initial_objective": trainer.initial_objective,
             "final_objective": self.final_objective,
             "peak_objective": trainer.collapse.peak,
@@ -291,10 +324,15 @@ def _print_summary(summary: dict) -> None:
         collapsed = f"[red]yes[/red] at step {summary['collapse_step']}: {summary['collapse_reason']}"
     else:
         collapsed = "no" if summary["learned"] else "no, but it never learned (J never rose above its start)"
-    console.print(f"[bold]train[/bold]  {summary['policy']} · {summary['correction']} · {summary['loss']} · "
-                  f"k={summary['staleness']} {summary['precision']} · seed {summary['seed']}")
-    console.print(f"  objective {summary['initial_objective']:.4f} → {summary['final_objective']:.4f}, "
-                  f"peak {summary['peak_objective']:.4f} at step {summary['peak_step']}")
-    console.print(f"  {summary['steps_run']} steps · {summary['updates_skipped']} updates skipped · "
-                  f"{summary['wall_s']:.1f} s")
+    console.print(
+        f"[bold]train[/bold]  {summary['policy']} · {summary['correction']} · {summary['loss']} · "
+        f"k={summary['staleness']} {summary['precision']} · seed {summary['seed']}"
+    )
+    console.print(
+        f"  objective {summary['initial_objective']:.4f} → {summary['final_objective']:.4f}, "
+        f"peak {summary['peak_objective']:.4f} at step {summary['peak_step']}"
+    )
+    console.print(
+        f"  {summary['steps_run']} steps · {summary['updates_skipped']} updates skipped · {summary['wall_s']:.1f} s"
+    )
     console.print(f"  events: {events} · collapsed: {collapsed}")

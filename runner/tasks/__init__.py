@@ -3,17 +3,21 @@ family of tasks; `task.name` picks one through the lazy registry below."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from runner.lookup import LazyRegistry
 from runner.tasks.base import CountTask, Task
 
-TASKS = LazyRegistry("task.name", {
-    "target-count": "runner.tasks.targets:TargetCount",
-    "target-threshold": "runner.tasks.targets:TargetThreshold",
-    "count-exact": "runner.tasks.count_exact:CountExact",
-    "sort": "runner.tasks.sorting:Sort",
-})
+TASKS = LazyRegistry(
+    "task.name",
+    {
+        "target-count": "runner.tasks.targets:TargetCount",
+        "target-threshold": "runner.tasks.targets:TargetThreshold",
+        "count-exact": "runner.tasks.count_exact:CountExact",
+        "sort": "runner.tasks.sorting:Sort",
+    },
+)
 
 
 def make_task(cfg: Mapping[str, Any], rollout: Mapping[str, Any]) -> Task:

@@ -13,7 +13,8 @@ leave both to the world.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import torch
 
@@ -23,7 +24,7 @@ class Task:
     vocab_size: int | None = None  # None: the world's (rollout.vocab_size)
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], rollout: Mapping[str, Any]) -> "Task":
+    def from_config(cls, cfg: Mapping[str, Any], rollout: Mapping[str, Any]) -> Task:
         raise NotImplementedError
 
     def reward(self, prompts: torch.Tensor, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -55,8 +55,9 @@ class Sort(Task):
             raise UserError(f"rollout.seq_len must be <= {MAX_RESPONSE} for task=sort, got {seq_len}")
         length = seq_len - 1 if cfg.get("length") is None else as_int("task", cfg, "length", low=1)
         if length + 1 > seq_len:
-            raise UserError(f"task.length={length} needs rollout.seq_len >= {length + 1} (the sorted list and EOS), "
-                            f"got {seq_len}")
+            raise UserError(
+                f"task.length={length} needs rollout.seq_len >= {length + 1} (the sorted list and EOS), got {seq_len}"
+            )
         values = as_int("task", cfg, "values", low=2, high=4096)
         return cls(length, values, as_bool("task", cfg, "partial_credit", default=False))
 
@@ -77,7 +78,7 @@ class Sort(Task):
 
     def answer(self, prompts: torch.Tensor) -> torch.Tensor:
         """[n, L + 1]: the sorted items, then EOS."""
-        items = prompts[:, 1:1 + self.length].sort(dim=-1).values
+        items = prompts[:, 1 : 1 + self.length].sort(dim=-1).values
         return torch.cat([items, torch.full_like(items[:, :1], self.eos)], dim=1)
 
     def reward(self, prompts, tokens, mask):
@@ -101,8 +102,9 @@ class Sort(Task):
         repeat[:, 1:] = answer[:, 1:] == answer[:, :-1]
         return repeat
 
-    def teacher(self, prompts: torch.Tensor, generator: torch.Generator, fork_error: float,
-                width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def teacher(
+        self, prompts: torch.Tensor, generator: torch.Generator, fork_error: float, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Noisy demonstrations: ([n, width] tokens padded with EOS, [n, width] 0/1 mask up to and
         including the EOS). At each fork the teacher drops the rest of the run with probability
         `fork_error` (see the module docstring)."""
@@ -118,6 +120,6 @@ class Sort(Task):
         written = answer.gather(1, order)  # [n, L+1]
         n_kept = keep.sum(1, keepdim=True)  # [n, 1], EOS included
         out = torch.full((answer.shape[0], width), self.eos, dtype=torch.long, device=answer.device)
-        out[:, :answer.shape[1]] = torch.where(position < n_kept, written, self.eos)
+        out[:, : answer.shape[1]] = torch.where(position < n_kept, written, self.eos)
         mask = (torch.arange(width, device=answer.device) < n_kept).float()
         return out, mask

@@ -9,7 +9,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -79,4 +80,4 @@ class TargetThreshold(CountTask):
         return (self.count(tokens, mask) >= self.min_count).to(mask.dtype)
 
     def expected(self, law):
-        return law[self.min_count:].sum()
+        return law[self.min_count :].sum()

@@ -5,8 +5,7 @@ from __future__ import annotations
 import torch
 
 
-def grpo_advantages(rewards: torch.Tensor, group_size: int, std_norm: bool = False,
-                    eps: float = 1e-6) -> torch.Tensor:
+def grpo_advantages(rewards: torch.Tensor, group_size: int, std_norm: bool = False, eps: float = 1e-6) -> torch.Tensor:
     """GRPO: the reward minus its group's mean, optionally divided by the group's std (+ eps, so a
     uniform group gives 0)."""
     groups = rewards.reshape(-1, group_size)

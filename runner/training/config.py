@@ -3,15 +3,16 @@ Every bad value raises a one-line UserError naming its key."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
 from runner.config_checks import as_bool, as_choice, as_float, as_int, check_keys
 from runner.core.corrections import Correction
-from runner.errors import UserError
 from runner.core.losses import LossSpec
+from runner.errors import UserError
 from runner.tasks import Task, make_task
 from runner.training.device import resolve as resolve_device
 from runner.training.faults import ON_NONFINITE, CollapseRules
@@ -36,7 +37,7 @@ class TrainSettings:
     objective_samples: int  # rollouts per Monte Carlo J, where the world has no exact objective
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "TrainSettings":
+    def from_config(cls, cfg: Mapping[str, Any]) -> TrainSettings:
         s = "train"
         check_keys(s, cfg, cls.__dataclass_fields__)
         clip = cfg.get("grad_clip")
@@ -92,8 +93,10 @@ def load(cfg: Mapping[str, Any]) -> Setup:
     batch_size = as_int("rollout", rollout, "batch_size", low=1)
     group_size = as_int("rollout", rollout, "group_size", low=1)
     if train.updates_per_step > batch_size * group_size:
-        raise UserError(f"train.updates_per_step ({train.updates_per_step}) > rollout.batch_size × "
-                        f"rollout.group_size ({batch_size * group_size}): a mini-batch would be empty")
+        raise UserError(
+            f"train.updates_per_step ({train.updates_per_step}) > rollout.batch_size × "
+            f"rollout.group_size ({batch_size * group_size}): a mini-batch would be empty"
+        )
     log = _section(cfg, "log")
     correction = Correction.from_config(_section(cfg, "correction"))
     loss = LossSpec.from_config(_section(cfg, "loss"))

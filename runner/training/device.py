@@ -22,8 +22,10 @@ def resolve(name: object) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise UserError(f"device={name}: torch {torch.__version__} sees no CUDA device here "
-                            f"(use device=cpu, or device=auto to take a GPU when there is one)")
+            raise UserError(
+                f"device={name}: torch {torch.__version__} sees no CUDA device here "
+                f"(use device=cpu, or device=auto to take a GPU when there is one)"
+            )
         index = int(name.split(":")[1]) if ":" in name else 0
         if index >= torch.cuda.device_count():
             raise UserError(f"device={name}: only {torch.cuda.device_count()} CUDA device(s) here")

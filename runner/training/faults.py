@@ -27,8 +27,9 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -61,16 +62,21 @@ def indices(flags: torch.Tensor, offset: int = 0, limit: int = 20) -> str:
 def nonfinite_loss_detail(where: str, per_token: torch.Tensor, offset: int, outliers: torch.Tensor) -> str:
     bad = ~torch.isfinite(per_token.detach())
     seqs = bad.any(-1)
-    return (f"{where}: {int(bad.sum())} token(s) in {int(seqs.sum())} sequence(s) {indices(seqs, offset=offset)}; "
-            f"injected outliers in batch: {int(outliers.sum())}")
+    return (
+        f"{where}: {int(bad.sum())} token(s) in {int(seqs.sum())} sequence(s) {indices(seqs, offset=offset)}; "
+        f"injected outliers in batch: {int(outliers.sum())}"
+    )
 
 
 def nonfinite_grad_detail(where: str, grads: dict[str, torch.Tensor]) -> str:
     total = sum(g.numel() for g in grads.values())
     bad = {name: ~torch.isfinite(g) for name, g in grads.items()}
     n_bad = sum(int(b.sum()) for b in bad.values())
-    rows = "; ".join(f"{name if len(grads) > 1 else 'parameter'} rows {indices(b.reshape(b.shape[0], -1).any(-1))}"
-                     for name, b in bad.items() if b.any())
+    rows = "; ".join(
+        f"{name if len(grads) > 1 else 'parameter'} rows {indices(b.reshape(b.shape[0], -1).any(-1))}"
+        for name, b in bad.items()
+        if b.any()
+    )
     return f"{where}: {n_bad} of {total} entries, {rows}"
 
 
@@ -89,17 +95,19 @@ class CollapseRules:
     learned_margin: float = 0.01
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any] | None) -> "CollapseRules":
+    def from_config(cls, cfg: Mapping[str, Any] | None) -> CollapseRules:
         s = "train.collapse"
         cfg = dict(cfg or {})
         check_keys(s, cfg, cls.__dataclass_fields__)
         d = cls()
-        return cls(drop=as_float(s, cfg, "drop", low=0.0, high=1.0, low_open=True, default=d.drop),
-                   window=as_int(s, cfg, "window", low=1, default=d.window),
-                   spike_factor=as_float(s, cfg, "spike_factor", low=1.0, low_open=True, default=d.spike_factor),
-                   spike_updates=as_int(s, cfg, "spike_updates", low=1, default=d.spike_updates),
-                   min_history=as_int(s, cfg, "min_history", low=1, default=d.min_history),
-                   learned_margin=as_float(s, cfg, "learned_margin", low=0.0, default=d.learned_margin))
+        return cls(
+            drop=as_float(s, cfg, "drop", low=0.0, high=1.0, low_open=True, default=d.drop),
+            window=as_int(s, cfg, "window", low=1, default=d.window),
+            spike_factor=as_float(s, cfg, "spike_factor", low=1.0, low_open=True, default=d.spike_factor),
+            spike_updates=as_int(s, cfg, "spike_updates", low=1, default=d.spike_updates),
+            min_history=as_int(s, cfg, "min_history", low=1, default=d.min_history),
+            learned_margin=as_float(s, cfg, "learned_margin", low=0.0, default=d.learned_margin),
+        )
 
 
 class CollapseWatch:
@@ -134,9 +142,12 @@ class CollapseWatch:
         if self._below_since is None:
             self._below_since = step
         if step - self._below_since >= self.rules.window:
-            return self._collapse("drop", self._below_since,
-                                  f"objective {value:.4g} has stayed more than {self.rules.drop:.0%} below its peak "
-                                  f"{self.peak:.4g} (step {self.peak_step}) since step {self._below_since}")
+            return self._collapse(
+                "drop",
+                self._below_since,
+                f"objective {value:.4g} has stayed more than {self.rules.drop:.0%} below its peak "
+                f"{self.peak:.4g} (step {self.peak_step}) since step {self._below_since}",
+            )
         return None
 
     def observe_grad_norm(self, step: int, update: int, norm: float) -> Event | None:
@@ -148,8 +159,11 @@ class CollapseWatch:
             return None
         history = self._norms
         if len(history) >= self.rules.min_history:
-            median = history[len(history) // 2] if len(history) % 2 else \
-                0.5 * (history[len(history) // 2 - 1] + history[len(history) // 2])
+            median = (
+                history[len(history) // 2]
+                if len(history) % 2
+                else 0.5 * (history[len(history) // 2 - 1] + history[len(history) // 2])
+            )
             if norm > self.rules.spike_factor * median:
                 self._spike_run.append((step, update, norm, median))
             else:
@@ -159,10 +173,13 @@ class CollapseWatch:
             first_step, first_update, first_norm, median = self._spike_run[0]
             run = self._spike_run
             self._spike_run = []
-            return self._collapse("spike", first_step,
-                                  f"{len(run)} consecutive updates from step {first_step} update {first_update} had "
-                                  f"grad_norm above {self.rules.spike_factor:g}× the running median ({median:.3g}); "
-                                  f"the first was {first_norm:.3g}")
+            return self._collapse(
+                "spike",
+                first_step,
+                f"{len(run)} consecutive updates from step {first_step} update {first_update} had "
+                f"grad_norm above {self.rules.spike_factor:g}× the running median ({median:.3g}); "
+                f"the first was {first_norm:.3g}",
+            )
         return None
 
     def nonfinite_params(self, step: int, where: str) -> Event | None:

@@ -18,7 +18,6 @@ Each update's record keeps its numbers as 0-d tensors, so the writer converts a 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
@@ -80,13 +79,17 @@ class Trainer:
         self.gen = torch.Generator(device=s.device).manual_seed(2 * s.seed)
         self.noise_gen = torch.Generator(device=s.device).manual_seed(2 * s.seed + 1)
         # A third stream, only for a shuffled filter (a control arm), so that every other run's streams are untouched.
-        self.shuffle_gen = (torch.Generator(device=s.device).manual_seed(SHUFFLE_SEED_OFFSET + s.seed)
-                            if s.correction.filter_shuffle else None)
+        self.shuffle_gen = (
+            torch.Generator(device=s.device).manual_seed(SHUFFLE_SEED_OFFSET + s.seed)
+            if s.correction.filter_shuffle
+            else None
+        )
         self.params = {name: p.requires_grad_(True) for name, p in s.world.init_params(self.gen).items()}
         if s.mismatch.sampling_stream:
             # The same θ₀, other prompts and tokens: a fresh generator, far from every other stream.
             self.gen = torch.Generator(device=s.device).manual_seed(
-                SAMPLING_STREAM * s.mismatch.sampling_stream + 2 * s.seed)
+                SAMPLING_STREAM * s.mismatch.sampling_stream + 2 * s.seed
+            )
         self.opt = Optimizer(self.params, s.train.optimizer, s.train.lr)
         self.engine = Engine(s.world, s.mismatch)
         self.history = ParamHistory(s.mismatch.staleness)
@@ -121,9 +124,13 @@ class Trainer:
             self._note(record, self.collapse.observe_objective(step, float(record.objective)))
         else:
             self._note(record, self.collapse.observe_objective(step, float(record.reward), estimate=True))
-        parts = (apply_correction_split(s.correction, old, ro.roll, ro.mask, self.slices, metrics=s.metrics,
-                                        generator=self.shuffle_gen)
-                 if s.correction.ratio == "decoupled" else [None] * len(self.slices))
+        parts = (
+            apply_correction_split(
+                s.correction, old, ro.roll, ro.mask, self.slices, metrics=s.metrics, generator=self.shuffle_gen
+            )
+            if s.correction.ratio == "decoupled"
+            else [None] * len(self.slices)
+        )
         for update, (sl, part) in enumerate(zip(self.slices, parts)):
             record.updates.append(self._update(record, update, sl, adv, part))
             if record.stop is not None:
@@ -142,14 +149,25 @@ class Trainer:
         if event is not None:
             record.events.append(event)
 
-    def _update(self, record: StepRecord, update: int, sl: slice, adv: torch.Tensor,
-                correction: CorrectionResult | None) -> UpdateRecord:
+    def _update(
+        self, record: StepRecord, update: int, sl: slice, adv: torch.Tensor, correction: CorrectionResult | None
+    ) -> UpdateRecord:
         """One mini-batch update on the sequences `sl` of the step's batch."""
         s, ro, step = self.s, record.rollout, record.step
         mask = ro.mask[sl]
         stats = s.world.token_stats(self.params, ro.prompts[sl], ro.tokens[sl])
-        res = policy_loss(s.loss, s.correction, stats.logp, record.old[sl], ro.roll[sl], adv[sl], mask,
-                          metrics=s.metrics, correction=correction, generator=self.shuffle_gen)
+        res = policy_loss(
+            s.loss,
+            s.correction,
+            stats.logp,
+            record.old[sl],
+            ro.roll[sl],
+            adv[sl],
+            mask,
+            metrics=s.metrics,
+            correction=correction,
+            generator=self.shuffle_gen,
+        )
         with torch.no_grad():
             tokens = res.tokens if res.tokens is not None else mask.sum()
             entropy = (stats.entropy * mask).sum() / tokens.clamp(min=1)
@@ -166,13 +184,25 @@ class Trainer:
         where = f"update {update}"
         action = faults.ACTIONS[s.train.on_nonfinite]
         if not loss_finite:
-            record.events.append(Event(step, "nonfinite_loss", faults.nonfinite_loss_detail(
-                where, res.per_token, sl.start, ro.outliers[sl]), action))
+            record.events.append(
+                Event(
+                    step,
+                    "nonfinite_loss",
+                    faults.nonfinite_loss_detail(where, res.per_token, sl.start, ro.outliers[sl]),
+                    action,
+                )
+            )
         if not grad_finite:
             record.events.append(Event(step, "nonfinite_grad", faults.nonfinite_grad_detail(where, grads), action))
         if res.all_rejected:
-            record.events.append(Event(step, "all_rejected", f"{where}: all {int(mask.sum())} tokens of "
-                                       f"{mask.shape[0]} sequences rejected", "step (zero gradient)"))
+            record.events.append(
+                Event(
+                    step,
+                    "all_rejected",
+                    f"{where}: all {int(mask.sum())} tokens of {mask.shape[0]} sequences rejected",
+                    "step (zero gradient)",
+                )
+            )
         skipped = faults.skips(s.train.on_nonfinite, nonfinite)
 
         clip = s.train.grad_clip
@@ -189,12 +219,21 @@ class Trainer:
             update_norm = global_norm([p.detach() - b for p, b in zip(self.params.values(), before)])
             params_finite = torch.stack([torch.isfinite(p).all() for p in self.params.values()]).all()
 
-        out = UpdateRecord(update=update, loss=res.loss.detach(), grad_norm=grad_norm, clipped=clipped,
-                           update_norm=update_norm,
-                           entropy=entropy, params_finite=params_finite, loss_finite=loss_finite,
-                           grad_finite=grad_finite, skipped=skipped, all_rejected=res.all_rejected,
-                           correction_metrics=res.correction.metrics,
-                           loss_counts=res.counts if s.metrics else [])
+        out = UpdateRecord(
+            update=update,
+            loss=res.loss.detach(),
+            grad_norm=grad_norm,
+            clipped=clipped,
+            update_norm=update_norm,
+            entropy=entropy,
+            params_finite=params_finite,
+            loss_finite=loss_finite,
+            grad_finite=grad_finite,
+            skipped=skipped,
+            all_rejected=res.all_rejected,
+            correction_metrics=res.correction.metrics,
+            loss_counts=res.counts if s.metrics else [],
+        )
         if grad_finite:
             self._note(record, self.collapse.observe_grad_norm(step, update, float(grad_norm)))
         if nonfinite and s.train.on_nonfinite == "raise":
@@ -202,7 +241,8 @@ class Trainer:
         elif not bool(params_finite):
             self.params_nonfinite = True
             record.stop = "nonfinite_params"
-            record.events.append(Event(step, "nonfinite_params", faults.nonfinite_params_detail(where, self.params),
-                                       "stop"))
+            record.events.append(
+                Event(step, "nonfinite_params", faults.nonfinite_params_detail(where, self.params), "stop")
+            )
             self._note(record, self.collapse.nonfinite_params(step, where))
         return out

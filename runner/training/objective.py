@@ -50,5 +50,6 @@ class MonteCarloObjective:
 
 def make_objective(world, task, samples: int, seed: int, device: torch.device | str = "cpu"):
     solver = world.exact
-    return ExactObjective(solver) if solver is not None else MonteCarloObjective(world, task, samples, seed,
-                                                                                   device=device)
+    return (
+        ExactObjective(solver) if solver is not None else MonteCarloObjective(world, task, samples, seed, device=device)
+    )

@@ -16,8 +16,9 @@ OPTIMIZERS = ("adam", "sgd")
 
 
 class Optimizer:
-    def __init__(self, params: Params, kind: str, lr: float, betas: tuple[float, float] = (0.9, 0.999),
-                 eps: float = 1e-8):
+    def __init__(
+        self, params: Params, kind: str, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8
+    ):
         self.params = list(params.values())
         self.kind, self.lr, self.betas, self.eps = kind, lr, betas, eps
         self.t = 0

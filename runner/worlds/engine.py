@@ -29,8 +29,9 @@ With k = 0, fp32, σ = 0, temperature 1, top_p 1 and p = 0, `roll` equals the tr
 from __future__ import annotations
 
 import collections
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -58,7 +59,7 @@ class Mismatch:
     sampling_stream: int = 0
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "Mismatch":
+    def from_config(cls, cfg: Mapping[str, Any]) -> Mismatch:
         s = "mismatch"
         check_keys(s, cfg, cls.__dataclass_fields__)
         return cls(
@@ -78,8 +79,14 @@ class Mismatch:
     @property
     def exact(self) -> bool:
         """No mismatch at all: roll == old."""
-        return (self.staleness == 0 and self.precision == "fp32" and self.logit_noise == 0
-                and self.temperature == 1 and self.top_p == 1 and self.outlier_rate == 0)
+        return (
+            self.staleness == 0
+            and self.precision == "fp32"
+            and self.logit_noise == 0
+            and self.temperature == 1
+            and self.top_p == 1
+            and self.outlier_rate == 0
+        )
 
     @property
     def compute_precision(self) -> Precision:
@@ -136,8 +143,13 @@ class Engine:
         return logp
 
     @torch.no_grad()
-    def sample(self, params: Params, prompts: torch.Tensor, generator: torch.Generator,
-               noise_generator: torch.Generator | None = None) -> Rollout:
+    def sample(
+        self,
+        params: Params,
+        prompts: torch.Tensor,
+        generator: torch.Generator,
+        noise_generator: torch.Generator | None = None,
+    ) -> Rollout:
         """Sample one response per prompt from the engine's parameters (the caller passes θ_{t−k}).
         Vectorised over the batch; the only loop is over the T positions."""
         world, m = self.world, self.mismatch
@@ -173,8 +185,13 @@ class Engine:
         return Rollout(prompts=prompts, tokens=tokens, mask=mask, roll=roll, outliers=outliers)
 
     @torch.no_grad()
-    def score(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
-              noise_generator: torch.Generator | None = None) -> torch.Tensor:
+    def score(
+        self,
+        params: Params,
+        prompts: torch.Tensor,
+        tokens: torch.Tensor,
+        noise_generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """What this engine would report for given tokens (teacher forcing), [N, T] float32 without
         outliers. With σ = 0 these are the `roll` values `sample` reports (exactly where the world's
         teacher-forced and sampled forward passes round alike)."""

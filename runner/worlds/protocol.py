@@ -29,8 +29,9 @@ space) and back.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Mapping, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 
@@ -69,7 +70,7 @@ class World:
     exact: ExactSolver | None = None
 
     @classmethod
-    def from_config(cls, policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any) -> "World":
+    def from_config(cls, policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any) -> World:
         """Validate `policy.*` and `rollout.*` (one-line UserErrors) and build the world for `task`."""
         raise NotImplementedError
 
@@ -79,15 +80,17 @@ class World:
     def sample_prompts(self, n: int, generator: torch.Generator) -> torch.Tensor:
         raise NotImplementedError
 
-    def logits(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
-               precision: Precision = FP32) -> torch.Tensor:
+    def logits(
+        self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor, precision: Precision = FP32
+    ) -> torch.Tensor:
         raise NotImplementedError
 
     def sampler(self, params: Params, prompts: torch.Tensor, precision: Precision) -> Sampler:
         raise NotImplementedError
 
-    def token_stats(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
-                    entropy: bool = True) -> TokenStats:
+    def token_stats(
+        self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor, entropy: bool = True
+    ) -> TokenStats:
         logp_all = torch.log_softmax(self.logits(params, prompts, tokens, FP32).float(), dim=-1)
         logp = logp_all.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
         ent = None
@@ -96,14 +99,20 @@ class World:
                 ent = -(logp_all.exp() * logp_all).sum(-1)
         return TokenStats(logp=logp, entropy=ent)
 
-    def score_sums(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
-                   weights: torch.Tensor) -> torch.Tensor | None:
+    def score_sums(
+        self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor | None:
         return None
 
     def summary(self) -> dict[str, Any]:
         """The world's shape for summary.json and probe.csv (plain values)."""
-        return {"policy": self.name, "vocab_size": self.vocab_size, "seq_len": self.seq_len,
-                "prompt_len": self.prompt_len, "eos_token": self.eos_token}
+        return {
+            "policy": self.name,
+            "vocab_size": self.vocab_size,
+            "seq_len": self.seq_len,
+            "prompt_len": self.prompt_len,
+            "eos_token": self.eos_token,
+        }
 
 
 def flat(params: Params) -> torch.Tensor:
@@ -114,7 +123,7 @@ def flat(params: Params) -> torch.Tensor:
 def unflat(vector: torch.Tensor, like: Params) -> Params:
     out, i = {}, 0
     for name, p in like.items():
-        out[name] = vector[i:i + p.numel()].view_as(p)
+        out[name] = vector[i : i + p.numel()].view_as(p)
         i += p.numel()
     return out
 
@@ -123,8 +132,9 @@ def param_count(params: Params) -> int:
     return sum(p.numel() for p in params.values())
 
 
-def exact_gradient(solver: ExactSolver, params: Params,
-                   dtype: torch.dtype = torch.float64) -> tuple[torch.Tensor, Params]:
+def exact_gradient(
+    solver: ExactSolver, params: Params, dtype: torch.dtype = torch.float64
+) -> tuple[torch.Tensor, Params]:
     """(J(θ), ∇J(θ)) exactly, in `dtype` (float64: a ground truth needs no rounding of its own)."""
     with torch.enable_grad():
         leaves = {k: v.detach().to(dtype).requires_grad_(True) for k, v in params.items()}

@@ -3,15 +3,19 @@ solver, sampler); the studies reach it only through runner/worlds/protocol.py.""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from runner.lookup import LazyRegistry
 
-WORLDS = LazyRegistry("policy.name", {
-    "bigram": "runner.worlds.bigram.world:BigramWorld",
-    "mlp": "runner.worlds.mlp.world:MLPWorld",
-    "transformer": "runner.worlds.transformer.world:TransformerWorld",
-})
+WORLDS = LazyRegistry(
+    "policy.name",
+    {
+        "bigram": "runner.worlds.bigram.world:BigramWorld",
+        "mlp": "runner.worlds.mlp.world:MLPWorld",
+        "transformer": "runner.worlds.transformer.world:TransformerWorld",
+    },
+)
 
 
 def make_world(policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any):

@@ -50,8 +50,9 @@ def icepop_with_ess(log_probs, old_log_probs, advantages, action_mask=None, roll
 
 def nan_when_empty(log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None):
     """Ours, reduced with an unguarded token mean: 0/0 = NaN on an all-masked batch, on-policy or not."""
-    res = policy_loss(LossSpec(), OURS, log_probs, old_log_probs, rollout_log_probs, advantages, action_mask,
-                      metrics=False)
+    res = policy_loss(
+        LossSpec(), OURS, log_probs, old_log_probs, rollout_log_probs, advantages, action_mask, metrics=False
+    )
     return token_mean(res.per_token, action_mask)
 
 
@@ -70,8 +71,9 @@ def shape_error(log_probs, old_log_probs, advantages, action_mask=None, rollout_
     return token_mean(_ppo(log_probs, old_log_probs, advantages, action_mask), action_mask)
 
 
-def verl_style(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None,
-               rollout_is_weights=None):
+def verl_style(
+    old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean", config=None, rollout_is_weights=None
+):
     """verl's calling convention: config object, (loss, metrics) back, weights precomputed."""
     assert loss_agg_mode == "token-mean" and config.clip_ratio == 0.2
     per_token = _ppo(log_prob, old_log_prob, advantages, response_mask)

@@ -68,11 +68,13 @@ class CorrectLoss(torch.nn.Module):
         return policy_loss(LossSpec(), self.corr, log_probs, old_log_probs, roll, advantages, mask, metrics=False).loss
 
 
-def correct_policy_loss(log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None,
-                        low: float = 0.5, high: float = 5.0):
+def correct_policy_loss(
+    log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None, low: float = 0.5, high: float = 5.0
+):
     """The function form of CorrectLoss (kwargs come from --target-kwargs)."""
-    return CorrectLoss(low, high)(log_probs, old_log_probs, advantages, action_mask=action_mask,
-                                  rollout_log_probs=rollout_log_probs)
+    return CorrectLoss(low, high)(
+        log_probs, old_log_probs, advantages, action_mask=action_mask, rollout_log_probs=rollout_log_probs
+    )
 
 
 NOT_CALLABLE = 42

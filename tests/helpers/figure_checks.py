@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 
 def _bbox(artist, renderer):
@@ -41,13 +41,13 @@ def ticklabels(ax, axis: str) -> list:
 
 
 def _overlap(a, b, slack: float = 0.5) -> bool:
-    return (a.x0 < b.x1 - slack and b.x0 < a.x1 - slack and a.y0 < b.y1 - slack and b.y0 < a.y1 - slack)
+    return a.x0 < b.x1 - slack and b.x0 < a.x1 - slack and a.y0 < b.y1 - slack and b.y0 < a.y1 - slack
 
 
 def _overlapping(named_texts, renderer) -> list[tuple[str, str]]:
     """The pairs of (name, text) whose drawn boxes overlap."""
     boxes = [(n, b) for n, b in ((n, _bbox(t, renderer)) for n, t in named_texts) if b is not None]
-    return [(na, nb) for i, (na, a) in enumerate(boxes) for nb, b in boxes[i + 1:] if _overlap(a, b)]
+    return [(na, nb) for i, (na, a) in enumerate(boxes) for nb, b in boxes[i + 1 :] if _overlap(a, b)]
 
 
 def visible_axes(fig) -> list:
@@ -79,8 +79,11 @@ def problems(fig, widths: Sequence[float] | None = None, max_rows: int | None = 
     if fig._suptitle is not None:
         texts.append(("figure title", fig._suptitle))
     for i, ax in enumerate(visible_axes(fig)):
-        texts += [(f"panel {i} title", ax.title), (f"panel {i} x label", ax.xaxis.label),
-                  (f"panel {i} y label", ax.yaxis.label)]
+        texts += [
+            (f"panel {i} title", ax.title),
+            (f"panel {i} x label", ax.xaxis.label),
+            (f"panel {i} y label", ax.yaxis.label),
+        ]
         texts += [(f"panel {i} x tick {t.get_text()!r}", t) for t in ticklabels(ax, "x")]
         texts += [(f"panel {i} y tick {t.get_text()!r}", t) for t in ticklabels(ax, "y")]
         texts += [(f"panel {i} note", t) for t in ax.texts]
@@ -90,8 +93,11 @@ def problems(fig, widths: Sequence[float] | None = None, max_rows: int | None = 
         b = _bbox(t, renderer)
         if b is not None and (b.x0 < -1 or b.y0 < -1 or b.x1 > W + 1 or b.y1 > H + 1):
             out.append(f"{name} is clipped by the figure's edge")
-    labels = [(f"panel {i} {w} label", a.label) for i, ax in enumerate(visible_axes(fig))
-              for w, a in (("x", ax.xaxis), ("y", ax.yaxis))]
+    labels = [
+        (f"panel {i} {w} label", a.label)
+        for i, ax in enumerate(visible_axes(fig))
+        for w, a in (("x", ax.xaxis), ("y", ax.yaxis))
+    ]
     out += [f"the {a} and the {b} overlap" for a, b in _overlapping(labels, renderer)]
     titles = [(f"panel {i}", ax.title) for i, ax in enumerate(visible_axes(fig))]
     if fig._suptitle is not None:
@@ -103,8 +109,10 @@ def problems(fig, widths: Sequence[float] | None = None, max_rows: int | None = 
             for j in range(len(boxes)):
                 for k in range(j + 1, len(boxes)):
                     if _overlap(boxes[j], boxes[k], slack=0.0 if axis == "x" else 0.5):
-                        out.append(f"panel {i}: {axis} tick labels "
-                                   f"{labels[j].get_text()!r} and {labels[k].get_text()!r} overlap")
+                        out.append(
+                            f"panel {i}: {axis} tick labels "
+                            f"{labels[j].get_text()!r} and {labels[k].get_text()!r} overlap"
+                        )
     return out
 
 

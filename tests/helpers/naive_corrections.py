@@ -89,7 +89,9 @@ def coefficients(preset: str, old, roll, mask, low, high):
 
 def ppo_token_mean(preset, case, low, high, eps=0.2):
     """Loss and d loss / d log_probs of PPO + token-mean, by hand."""
-    lp, old, roll, adv, mask = (case[k] for k in ("log_probs", "old_log_probs", "rollout_log_probs", "advantages", "action_mask"))
+    lp, old, roll, adv, mask = (
+        case[k] for k in ("log_probs", "old_log_probs", "rollout_log_probs", "advantages", "action_mask")
+    )
     coef, red = coefficients(preset, old, roll, mask, low, high)
     B, T = len(lp), len(lp[0])
     denom = sum(red[i][t] for i in range(B) for t in range(T))

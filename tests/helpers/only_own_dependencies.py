@@ -39,8 +39,11 @@ def own_requirements() -> list[str]:
     except ModuleNotFoundError:  # Python 3.10: the installed metadata, without extras
         from packaging.requirements import Requirement
 
-        return [r for r in metadata.requires("is-study") or []
-                if not (Requirement(r).marker and not Requirement(r).marker.evaluate({"extra": ""}))]
+        return [
+            r
+            for r in metadata.requires("is-study") or []
+            if not (Requirement(r).marker and not Requirement(r).marker.evaluate({"extra": ""}))
+        ]
     return tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
 
 

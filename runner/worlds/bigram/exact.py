@@ -36,7 +36,9 @@ class AdditiveObjective:
         self.world, self.task = world, task
         self._constants: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
-    def _constants_in(self, dtype: torch.dtype, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def _constants_in(
+        self, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(per-token reward [V], d_0 [S], [[0, I], [0, I]] [2S, 2S]) in dtype, built once: the
         objective runs every step and each torch call costs a few µs at this size."""
         cached = self._constants.get((dtype, device))
@@ -44,8 +46,11 @@ class AdditiveObjective:
             S = self.world.num_states
             block = torch.zeros(2 * S, 2 * S, dtype=dtype, device=device)
             block[:, S:] = torch.eye(S, dtype=dtype, device=device).repeat(2, 1)
-            cached = self._constants[(dtype, device)] = (self.task.token_reward(dtype).to(device),
-                                                         self.world.start_distribution(dtype, device), block)
+            cached = self._constants[(dtype, device)] = (
+                self.task.token_reward(dtype).to(device),
+                self.world.start_distribution(dtype, device),
+                block,
+            )
         return cached
 
     def objective(self, params, dtype=torch.float64):
@@ -53,8 +58,11 @@ class AdditiveObjective:
         theta = params["theta"]
         token_reward, start, identity_columns = self._constants_in(dtype, theta.device)
         probs = torch.softmax(theta, dim=-1, dtype=dtype)  # [S, V]
-        move = probs if world.eos_token is None else probs.index_fill(
-            1, torch.tensor([world.eos_token], device=theta.device), 0.0)
+        move = (
+            probs
+            if world.eos_token is None
+            else probs.index_fill(1, torch.tensor([world.eos_token], device=theta.device), 0.0)
+        )
         S, V = world.num_states, world.vocab_size
         block = identity_columns.clone()
         block[:S, :V] = move  # the BOS column stays empty

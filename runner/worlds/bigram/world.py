@@ -17,9 +17,10 @@ logit by at most half a unit in the 8th bit: this world's mismatch is small and 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 
@@ -42,7 +43,7 @@ class BigramWorld(World):
     name = "bigram"
 
     @classmethod
-    def from_config(cls, policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any) -> "BigramWorld":
+    def from_config(cls, policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any) -> BigramWorld:
         """Reads the world's shape from `rollout.*` and the initialisation from `policy.*`."""
         policy = dict(policy or {})
         check_keys("policy", policy, POLICY_KEYS)
@@ -52,9 +53,14 @@ class BigramWorld(World):
             eos = as_int("rollout", rollout, "eos_token", low=0)
             if eos >= vocab:
                 raise UserError(f"rollout.eos_token must be a token id in [0, {vocab - 1}] or null, got {eos}")
-        return cls(vocab_size=vocab, seq_len=as_int("rollout", rollout, "seq_len", low=1),
-                   prompt_len=as_int("rollout", rollout, "prompt_len", low=1, default=1), eos_token=eos,
-                   init_std=as_float("policy", policy, "init_std", low=0.0, default=0.0), task=task)
+        return cls(
+            vocab_size=vocab,
+            seq_len=as_int("rollout", rollout, "seq_len", low=1),
+            prompt_len=as_int("rollout", rollout, "prompt_len", low=1, default=1),
+            eos_token=eos,
+            init_std=as_float("policy", policy, "init_std", low=0.0, default=0.0),
+            task=task,
+        )
 
     @property
     def bos(self) -> int:
@@ -82,11 +88,14 @@ class BigramWorld(World):
         device = generator.device
         prompts = torch.full((n, self.prompt_len), self.bos, dtype=torch.long, device=device)
         if self.prompt_len > 1:
-            prompts[:, 1:] = torch.randint(self.vocab_size, (n, self.prompt_len - 1), generator=generator,
-                                           device=device)
+            prompts[:, 1:] = torch.randint(
+                self.vocab_size, (n, self.prompt_len - 1), generator=generator, device=device
+            )
         return prompts
 
-    def start_distribution(self, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu") -> torch.Tensor:
+    def start_distribution(
+        self, dtype: torch.dtype = torch.float64, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
         """[V+1]: the law of the state (previous token) the first response token is drawn from."""
         dist = torch.zeros(self.num_states, dtype=dtype, device=device)
         if self.prompt_len == 1:
@@ -100,19 +109,21 @@ class BigramWorld(World):
         """[N, T] the state (previous token, or the prompt's last token) each response token follows."""
         return torch.cat([prompts[:, -1:], tokens[:, :-1]], dim=1)
 
-    def logits(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
-               precision: Precision = FP32) -> torch.Tensor:
+    def logits(
+        self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor, precision: Precision = FP32
+    ) -> torch.Tensor:
         theta = params["theta"]
         table = theta if precision.exact else precision.cast(theta)
         return table[self.states(prompts, tokens)]  # [N, T, V]
 
-    def sampler(self, params: Params, prompts: torch.Tensor, precision: Precision) -> "_TableSampler":
+    def sampler(self, params: Params, prompts: torch.Tensor, precision: Precision) -> _TableSampler:
         return _TableSampler(precision.cast(params["theta"]), prompts[:, -1])
 
     # The trainer's route: log π_θ(· | s) for every state s once per θ, indexed per token. Cheap, and
     # the value (not the route) is what `logits` gives; the protocol test checks they agree.
-    def token_stats(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
-                    entropy: bool = True) -> TokenStats:
+    def token_stats(
+        self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor, entropy: bool = True
+    ) -> TokenStats:
         table = torch.log_softmax(params["theta"], dim=-1)
         prev = self.states(prompts, tokens)
         ent = None
@@ -121,8 +132,9 @@ class BigramWorld(World):
                 ent = (-(table.exp() * table).sum(-1))[prev]
         return TokenStats(logp=table[prev, tokens], entropy=ent)
 
-    def score_sums(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
-                   weights: torch.Tensor) -> torch.Tensor:
+    def score_sums(
+        self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         """Σ_{i,t} w_kit ∇_θ log π_θ(y_it | s_it) in closed form for K weightings at once: [K, N, T] →
         [K, (V+1)·V]. The score of a softmax row is e_y − π(· | s), so the sum is a scatter of w into the
         (state, token) cells minus each row's total times softmax(θ[s]): what autograd's gather +

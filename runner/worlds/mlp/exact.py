@@ -41,8 +41,9 @@ class CountDP:
     def objective(self, params: Params, dtype: torch.dtype = torch.float64) -> torch.Tensor:
         return self.task.expected(self.count_law(params, dtype))
 
-    def count_law(self, params: Params, dtype: torch.dtype = torch.float64,
-                  visits: list[tuple[torch.Tensor, ...]] | None = None) -> torch.Tensor:
+    def count_law(
+        self, params: Params, dtype: torch.dtype = torch.float64, visits: list[tuple[torch.Tensor, ...]] | None = None
+    ) -> torch.Tensor:
         """[T+1] the law of the response's count of target tokens. `visits`, when given, receives
         (prev, count, position, P(running in that state)) per position, each [S·(t+1)]."""
         net, T, V = self.net, self.net.seq_len, self.net.vocab_size

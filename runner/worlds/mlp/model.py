@@ -87,8 +87,9 @@ class Net:
         table = torch.cat([x / self.seq_len, torch.sin(x * omega), torch.cos(x * omega)], -1)
         return table.to(device=device, dtype=dtype)
 
-    def features(self, prev: torch.Tensor, count: torch.Tensor, position: torch.Tensor,
-                 table: torch.Tensor) -> torch.Tensor:
+    def features(
+        self, prev: torch.Tensor, count: torch.Tensor, position: torch.Tensor, table: torch.Tensor
+    ) -> torch.Tensor:
         """[N] long prev (BOS = V), count, position → [N, D] in the table's dtype."""
         one_hot = F.one_hot(prev, self.vocab_size + 1).to(table.dtype)  # [N, V+1]
         return torch.cat([one_hot, table[count], table[position]], -1)  # [N, D]
@@ -104,11 +105,11 @@ class Net:
         fan_in, H, E = self.feature_dim, self.hidden, self.experts
         for layer in range(self.layers):
             if E:
-                params[f"layer{layer}.router"] = normal(E, fan_in, std=fan_in ** -0.5)  # [E, D_in]
-                params[f"layer{layer}.weight"] = normal(E, H, fan_in, std=fan_in ** -0.5)  # [E, H, D_in]
+                params[f"layer{layer}.router"] = normal(E, fan_in, std=fan_in**-0.5)  # [E, D_in]
+                params[f"layer{layer}.weight"] = normal(E, H, fan_in, std=fan_in**-0.5)  # [E, H, D_in]
                 params[f"layer{layer}.bias"] = torch.zeros(E, H, device=device)
             else:
-                params[f"layer{layer}.weight"] = normal(H, fan_in, std=fan_in ** -0.5)  # [H, D_in]
+                params[f"layer{layer}.weight"] = normal(H, fan_in, std=fan_in**-0.5)  # [H, D_in]
                 params[f"layer{layer}.bias"] = torch.zeros(H, device=device)
             fan_in = H
         params["out.weight"] = normal(self.vocab_size, H, std=self.init_std)  # [V, H]
@@ -123,13 +124,20 @@ class Net:
         return {name: precision.weights(p) for name, p in params.items()}
 
     # ------------------------------------------------------------------------------- forward
-    def forward(self, params: Params, feats: torch.Tensor, precision: Precision,
-                routes: list[Route] | None = None, batch_invariant: bool = True) -> tuple[torch.Tensor, list[Route]]:
+    def forward(
+        self,
+        params: Params,
+        feats: torch.Tensor,
+        precision: Precision,
+        routes: list[Route] | None = None,
+        batch_invariant: bool = True,
+    ) -> tuple[torch.Tensor, list[Route]]:
         """[N, D] features → ([N, V] logits in the compute dtype, the routes taken). `params` come
         from `cast(·, precision)`; `routes` replays given routing decisions instead of routing.
         `batch_invariant=False` (the exact solver, whose float64 does not care about a row's last
         bits) computes only each row's own expert, rows grouped by expert (1/E of the work), and the
         router as a plain matmul."""
+
         def rounded(x: torch.Tensor) -> torch.Tensor:
             return x if precision.exact else precision.activations(x)
 
@@ -140,8 +148,14 @@ class Net:
             if not self.experts:
                 x = F.silu(x @ weight.T + bias)  # [N, H]
             else:
-                route = routes[layer] if routes is not None else self._route(x, params[f"layer{layer}.router"], batch_invariant)
-                chosen = (self._every_expert if batch_invariant else self._own_expert)(x, weight, bias, route.expert)  # [N, H]
+                route = (
+                    routes[layer]
+                    if routes is not None
+                    else self._route(x, params[f"layer{layer}.router"], batch_invariant)
+                )
+                chosen = (self._every_expert if batch_invariant else self._own_expert)(
+                    x, weight, bias, route.expert
+                )  # [N, H]
                 x = route.gate.to(chosen.dtype).unsqueeze(-1) * F.silu(chosen)  # [N, H]
                 taken.append(route)
             x = rounded(x)

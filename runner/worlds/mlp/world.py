@@ -19,7 +19,8 @@ that looks like it, which a table cannot do.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -37,8 +38,7 @@ POLICY_KEYS = ("name", "description", "layers", "hidden", "experts", "init_std")
 class MLPWorld(World):
     name = "mlp"
 
-    def __init__(self, net: Net, prompt_len: int = 1, eos_token: int | None = None,
-                 task: Any = None):
+    def __init__(self, net: Net, prompt_len: int = 1, eos_token: int | None = None, task: Any = None):
         self.net = net
         self.vocab_size, self.seq_len = net.vocab_size, net.seq_len
         self.prompt_len, self.eos_token = prompt_len, eos_token
@@ -51,7 +51,7 @@ class MLPWorld(World):
             self.exact = CountDP(net, task, start_prev, eos_token)
 
     @classmethod
-    def from_config(cls, policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any) -> "MLPWorld":
+    def from_config(cls, policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any) -> MLPWorld:
         check_keys("policy", policy, POLICY_KEYS)
         experts = as_int("policy", policy, "experts", low=0, default=0)
         if experts == 1:
@@ -85,12 +85,14 @@ class MLPWorld(World):
         device = generator.device
         prompts = torch.full((n, self.prompt_len), self.bos, dtype=torch.long, device=device)
         if self.prompt_len > 1:
-            prompts[:, 1:] = torch.randint(self.vocab_size, (n, self.prompt_len - 1), generator=generator,
-                                           device=device)
+            prompts[:, 1:] = torch.randint(
+                self.vocab_size, (n, self.prompt_len - 1), generator=generator, device=device
+            )
         return prompts
 
-    def logits(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
-               precision: Precision = FP32) -> torch.Tensor:
+    def logits(
+        self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor, precision: Precision = FP32
+    ) -> torch.Tensor:
         n, T = tokens.shape
         prev = torch.cat([prompts[:, -1:], tokens[:, :-1]], 1)  # [N, T]
         hits = self.is_target.to(tokens.device)[tokens].long()  # [N, T]
@@ -100,11 +102,18 @@ class MLPWorld(World):
         logits = self.state_logits(engine, params, prev.reshape(-1), count.reshape(-1), position.reshape(-1), precision)
         return logits.view(n, T, self.vocab_size)
 
-    def sampler(self, params: Params, prompts: torch.Tensor, precision: Precision) -> "MLPSampler":
+    def sampler(self, params: Params, prompts: torch.Tensor, precision: Precision) -> MLPSampler:
         return MLPSampler(self, params, prompts, precision)
 
-    def state_logits(self, engine: Params, params: Params, prev: torch.Tensor, count: torch.Tensor,
-                     position: torch.Tensor, precision: Precision) -> torch.Tensor:
+    def state_logits(
+        self,
+        engine: Params,
+        params: Params,
+        prev: torch.Tensor,
+        count: torch.Tensor,
+        position: torch.Tensor,
+        precision: Precision,
+    ) -> torch.Tensor:
         """[N] states → [N, V] logits in the compute dtype. `engine` = Net.cast(params, precision);
         the fp32 `params` give the routes when the precision replays the trainer's routing."""
         table = self.net.encoding_table(params["out.bias"].dtype, params["out.bias"].device)
@@ -117,9 +126,15 @@ class MLPWorld(World):
 
     def summary(self) -> dict[str, Any]:
         net = self.net
-        return {**super().summary(), "layers": net.layers, "hidden": net.hidden, "experts": net.experts,
-                "init_std": net.init_std, "features": net.feature_dim,
-                "parameters": param_count(net.init_params(torch.Generator().manual_seed(0)))}
+        return {
+            **super().summary(),
+            "layers": net.layers,
+            "hidden": net.hidden,
+            "experts": net.experts,
+            "init_std": net.init_std,
+            "features": net.feature_dim,
+            "parameters": param_count(net.init_params(torch.Generator().manual_seed(0))),
+        }
 
 
 class MLPSampler:
@@ -146,5 +161,6 @@ class MLPSampler:
 
     def _logits(self) -> torch.Tensor:
         with torch.no_grad():
-            return self.world.state_logits(self.engine, self.params, self.prev, self.count,
-                                           torch.full_like(self.prev, self.t), self.precision)  # [N, V]
+            return self.world.state_logits(
+                self.engine, self.params, self.prev, self.count, torch.full_like(self.prev, self.t), self.precision
+            )  # [N, V]

@@ -15,8 +15,16 @@ import torch
 
 
 class KVCache:
-    def __init__(self, n_layer: int, batch: int, n_head: int, max_len: int, head_dim: int,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        n_layer: int,
+        batch: int,
+        n_head: int,
+        max_len: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         shape = (n_layer, batch, n_head, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # [L, N, H, max_len, hd]
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # [L, N, H, max_len, hd]

@@ -28,8 +28,13 @@ PROB_BINS = (0.0, 0.1, 0.5, 0.9, 0.99, 1.0 + 1e-9)
 
 
 @torch.no_grad()
-def token_mismatch(world: "TransformerWorld", params: dict[str, torch.Tensor], prompts: torch.Tensor,
-                   precision: Precision, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def token_mismatch(
+    world: TransformerWorld,
+    params: dict[str, torch.Tensor],
+    prompts: torch.Tensor,
+    precision: Precision,
+    generator: torch.Generator,
+) -> dict[str, torch.Tensor]:
     """Per-token tensors over the engine's sampled response tokens (flattened, mask 1 only):
     old, roll (log-probs), p_old, k3, abs_dp, entropy (the trainer's, nats)."""
     tokens, mask, roll = sample(world, params, prompts, generator, precision)
@@ -38,7 +43,9 @@ def token_mismatch(world: "TransformerWorld", params: dict[str, torch.Tensor], p
     old, roll = stats.logp[on].double(), roll[on].double()
     lr = old - roll
     return {
-        "old": old, "roll": roll, "p_old": old.exp(),
+        "old": old,
+        "roll": roll,
+        "p_old": old.exp(),
         "k3": torch.expm1(lr) - lr,
         "abs_dp": (old.exp() - roll.exp()).abs(),
         "entropy": stats.entropy[on].double(),
@@ -64,8 +71,11 @@ def by_probability(tok: dict[str, torch.Tensor]) -> list[dict[str, float]]:
         n = int(sel.sum())
         row = {"p_low": lo, "p_high": min(hi, 1.0), "share": n / max(1, tok["p_old"].numel())}
         if n:
-            row.update(kl_k3=tok["k3"][sel].mean().item(), mean_abs_dp=tok["abs_dp"][sel].mean().item(),
-                       max_abs_dp=tok["abs_dp"][sel].max().item(),
-                       mean_abs_dlogp=(tok["old"][sel] - tok["roll"][sel]).abs().mean().item())
+            row.update(
+                kl_k3=tok["k3"][sel].mean().item(),
+                mean_abs_dp=tok["abs_dp"][sel].mean().item(),
+                max_abs_dp=tok["abs_dp"][sel].max().item(),
+                mean_abs_dlogp=(tok["old"][sel] - tok["roll"][sel]).abs().mean().item(),
+            )
         rows.append(row)
     return rows

@@ -132,8 +132,9 @@ class _Round:
         """An activation entering a Linear (fp8: per-token scaled rounding)."""
         return t if self.exact else self.precision.activations(t).float()
 
-    def linear(self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None,
-               quantized: bool = True) -> torch.Tensor:
+    def linear(
+        self, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, quantized: bool = True
+    ) -> torch.Tensor:
         """A GEMM; `quantized=False` for a layer fp8 serving keeps in the compute dtype (the router)."""
         y = (self.act(x) if quantized else self(x)) @ w  # fp32 accumulate of rounded operands
         if b is not None:
@@ -144,9 +145,15 @@ class _Round:
         return self(F.layer_norm(x, (x.shape[-1],), w, b))  # fp32 statistics, rounded output
 
 
-def forward(shape: Shape, weights: Params, idx: torch.Tensor, precision: Precision = FP32,
-            cache: KVCache | None = None, routes: list[torch.Tensor] | None = None,
-            record_routes: list[torch.Tensor] | None = None) -> torch.Tensor:
+def forward(
+    shape: Shape,
+    weights: Params,
+    idx: torch.Tensor,
+    precision: Precision = FP32,
+    cache: KVCache | None = None,
+    routes: list[torch.Tensor] | None = None,
+    record_routes: list[torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Logits [N, t, V] (float32 holding compute-dtype values) for the tokens `idx` [N, t].
 
     `weights` come from `engine_weights(params, precision)`. Without a cache the t tokens are the
@@ -171,8 +178,9 @@ def forward(shape: Shape, weights: Params, idx: torch.Tensor, precision: Precisi
     return rnd(x @ weights["wte"].T)  # [N, t, V]: the LM head is the tied embedding
 
 
-def _attention(shape: Shape, w: Params, h: str, x: torch.Tensor, rnd: _Round,
-               cache: KVCache | None, layer: int) -> torch.Tensor:
+def _attention(
+    shape: Shape, w: Params, h: str, x: torch.Tensor, rnd: _Round, cache: KVCache | None, layer: int
+) -> torch.Tensor:
     N, t, d = x.shape
     H, hd = shape.n_head, shape.head_dim
     qkv = rnd.linear(x, w[h + "attn.w_qkv"], w[h + "attn.b_qkv"])  # [N, t, 3d]
@@ -190,8 +198,15 @@ def _attention(shape: Shape, w: Params, h: str, x: torch.Tensor, rnd: _Round,
     return rnd.linear(y, w[h + "attn.w_out"], w[h + "attn.b_out"])  # [N, t, d]
 
 
-def _mlp(shape: Shape, w: Params, h: str, x: torch.Tensor, rnd: _Round,
-         routes: torch.Tensor | None, record: list[torch.Tensor] | None) -> torch.Tensor:
+def _mlp(
+    shape: Shape,
+    w: Params,
+    h: str,
+    x: torch.Tensor,
+    rnd: _Round,
+    routes: torch.Tensor | None,
+    record: list[torch.Tensor] | None,
+) -> torch.Tensor:
     if shape.experts == 0:
         u = rnd(F.gelu(rnd.linear(x, w[h + "mlp.w_in"], w[h + "mlp.b_in"])))  # [N, t, 4d]
         return rnd.linear(u, w[h + "mlp.w_out"], w[h + "mlp.b_out"])  # [N, t, d]

@@ -34,8 +34,9 @@ import math
 import os
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +44,8 @@ import torch.nn.functional as F
 from runner.config_checks import as_float, as_int, check_keys
 from runner.errors import UserError
 from runner.worlds.precision import FP32, Precision
-from runner.worlds.transformer.model import init_params
 from runner.worlds.protocol import World  # the transformer world, typed by its protocol (no import circle)
+from runner.worlds.transformer.model import init_params
 
 CACHE_VERSION = 1  # bump when the model, the teacher or the training loop changes what SFT produces
 FORK_ENTROPY = 0.3  # nats: a token whose next-token distribution is at least this spread is a fork
@@ -63,7 +64,7 @@ class SFTConfig:
     cache_dir: str | None = None
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any]) -> "SFTConfig":
+    def from_config(cls, cfg: Mapping[str, Any]) -> SFTConfig:
         s = "policy.sft"
         cfg = dict(cfg)
         check_keys(s, cfg, [f.name for f in dataclasses.fields(cls)])
@@ -147,14 +148,19 @@ def _load(path: Path, device: torch.device) -> tuple[dict[str, torch.Tensor], di
     return blob["params"], dict(blob["record"])
 
 
-def _train_and_save(world: World, device: torch.device, identity: Mapping[str, Any],
-                    path: Path) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def _train_and_save(
+    world: World, device: torch.device, identity: Mapping[str, Any], path: Path
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     start, cpu_start = time.perf_counter(), time.process_time()
     params = train(world, device)
     # CPU time beside wall time: on a shared machine the wall time measures the neighbours too
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
-    record = {"sft_seconds": round(seconds, 2), "sft_cpu_seconds": round(cpu_seconds, 2), "sft_steps": world.sft.steps,
-              **measure(world, params)}
+    record = {
+        "sft_seconds": round(seconds, 2),
+        "sft_cpu_seconds": round(cpu_seconds, 2),
+        "sft_steps": world.sft.steps,
+        **measure(world, params),
+    }
     blob = {"params": {k: v.detach().cpu() for k, v in params.items()}, "record": record, "identity": dict(identity)}
     _atomic_write(path, lambda f: torch.save(blob, f))
     sidecar = {"record": record, "identity": dict(identity)}
@@ -218,9 +224,15 @@ class _progress:
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self.bar = Progress(TextColumn("SFT warm start"), BarColumn(), MofNCompleteColumn(),
-                                TextColumn("{task.fields[loss]}"), TimeRemainingColumn(),
-                                console=Console(stderr=True), transient=True)
+            self.bar = Progress(
+                TextColumn("SFT warm start"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[loss]}"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=True,
+            )
             self.bar.start()
             self.task = self.bar.add_task("sft", total=self.total, loss="")
         return self.advance
@@ -238,8 +250,13 @@ class _progress:
 
 # ---------------------------------------------------------------------------------- measurement
 @torch.no_grad()
-def sample(world: World, params: dict[str, torch.Tensor], prompts: torch.Tensor,
-           generator: torch.Generator, precision: Precision = FP32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def sample(
+    world: World,
+    params: dict[str, torch.Tensor],
+    prompts: torch.Tensor,
+    generator: torch.Generator,
+    precision: Precision = FP32,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A minimal engine: (tokens [N, T], mask [N, T], the sampler's log-probs of them [N, T] in
     fp32, 0 at padding), sampling at temperature 1 with the cached sampler in `precision`. The
     log-softmax runs in the compute dtype. After the first EOS, tokens are EOS with mask 0."""
@@ -262,8 +279,9 @@ def sample(world: World, params: dict[str, torch.Tensor], prompts: torch.Tensor,
 
 
 @torch.no_grad()
-def measure(world: World, params: dict[str, torch.Tensor], n: int | None = None,
-            seed: int | None = None) -> dict[str, float]:
+def measure(
+    world: World, params: dict[str, torch.Tensor], n: int | None = None, seed: int | None = None
+) -> dict[str, float]:
     """The warm start's accuracy and entropy profile, from n fp32 samples on held-out prompts
     (their own seed, apart from SFT's data)."""
     n = n or world.sft.eval_samples

@@ -19,7 +19,8 @@ on the device of the generator given to `init_params`, and every forward runs wh
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -31,15 +32,26 @@ from runner.worlds.transformer import sft as sft_module
 from runner.worlds.transformer.kv_cache import KVCache
 from runner.worlds.transformer.model import Shape, engine_weights, forward, init_params
 
-POLICY_KEYS = ("name", "description", "n_layer", "n_head", "d_model", "mlp_ratio", "context", "experts",
-               "init_std", "sft")
+POLICY_KEYS = (
+    "name",
+    "description",
+    "n_layer",
+    "n_head",
+    "d_model",
+    "mlp_ratio",
+    "context",
+    "experts",
+    "init_std",
+    "sft",
+)
 
 
 class TransformerWorld(World):
     name = "transformer"
 
-    def __init__(self, shape: Shape, seq_len: int, task: Any, init_std: float = 0.02,
-                 sft: sft_module.SFTConfig | None = None):
+    def __init__(
+        self, shape: Shape, seq_len: int, task: Any, init_std: float = 0.02, sft: sft_module.SFTConfig | None = None
+    ):
         self.shape = shape
         self.task = task
         self.vocab_size = shape.vocab_size
@@ -51,12 +63,14 @@ class TransformerWorld(World):
         self.warm_start: dict[str, Any] = {}  # filled by init_params: SFT's measurements and cache entry
 
     @classmethod
-    def from_config(cls, policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any) -> "TransformerWorld":
+    def from_config(cls, policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any) -> TransformerWorld:
         s = "policy"
         check_keys(s, policy, POLICY_KEYS)
         if getattr(task, "vocab_size", None) is None or not hasattr(task, "eos"):
-            raise UserError(f"policy=transformer needs a task with its own vocabulary, prompts and EOS "
-                            f"(e.g. task=sort); task={getattr(task, 'name', task)!r} has none")
+            raise UserError(
+                f"policy=transformer needs a task with its own vocabulary, prompts and EOS "
+                f"(e.g. task=sort); task={getattr(task, 'name', task)!r} has none"
+            )
         d_model = as_int(s, policy, "d_model", low=1, default=64)
         n_head = as_int(s, policy, "n_head", low=1, default=4)
         if d_model % n_head:
@@ -74,15 +88,19 @@ class TransformerWorld(World):
             raise UserError("policy.experts must be 0 (a dense MLP) or >= 2, got 1")
         seq_len = as_int("rollout", rollout, "seq_len", low=1)
         if seq_len < task.response_len:
-            raise UserError(f"rollout.seq_len ({seq_len}) is shorter than task={task.name}'s answer "
-                            f"({task.response_len} tokens)")
+            raise UserError(
+                f"rollout.seq_len ({seq_len}) is shorter than task={task.name}'s answer ({task.response_len} tokens)"
+            )
         if task.prompt_len + seq_len > shape.context:
-            raise UserError(f"prompt ({task.prompt_len}) + rollout.seq_len ({seq_len}) exceeds "
-                            f"policy.context ({shape.context})")
+            raise UserError(
+                f"prompt ({task.prompt_len}) + rollout.seq_len ({seq_len}) exceeds policy.context ({shape.context})"
+            )
         sft = sft_module.SFTConfig.from_config(policy.get("sft") or {})
         if sft.steps > 0 and not hasattr(task, "teacher"):
-            raise UserError(f"policy.sft.steps > 0 needs a task with a teacher (e.g. task=sort); "
-                            f"task={task.name!r} has none (set policy.sft.steps=0)")
+            raise UserError(
+                f"policy.sft.steps > 0 needs a task with a teacher (e.g. task=sort); "
+                f"task={task.name!r} has none (set policy.sft.steps=0)"
+            )
         return cls(shape, seq_len, task, as_float(s, policy, "init_std", low=0.0, default=0.02), sft)
 
     # ------------------------------------------------------------------------------- parameters
@@ -101,8 +119,9 @@ class TransformerWorld(World):
         return self.task.sample_prompts(n, generator)
 
     # ------------------------------------------------------------------------ the trainer's route
-    def logits(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor,
-               precision: Precision = FP32) -> torch.Tensor:
+    def logits(
+        self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor, precision: Precision = FP32
+    ) -> torch.Tensor:
         """[N, T, V] teacher-forced: position t's logits given the prompt and tokens[:, :t], in one
         pass over the whole sequence (no cache), in the precision's compute dtype."""
         device = params["wte"].device
@@ -110,11 +129,12 @@ class TransformerWorld(World):
         idx = torch.cat([prompts, tokens[:, :-1]], dim=1)  # [N, P + T − 1]
         routes = self._replayed_routes(params, idx, precision)
         out = forward(self.shape, engine_weights(params, precision), idx, precision, routes=routes)
-        out = out[:, prompts.shape[1] - 1:]  # [N, T, V]
+        out = out[:, prompts.shape[1] - 1 :]  # [N, T, V]
         return out if precision.exact else out.to(precision.compute)
 
-    def _replayed_routes(self, params: Params, idx: torch.Tensor, precision: Precision,
-                         cache: KVCache | None = None) -> list[torch.Tensor] | None:
+    def _replayed_routes(
+        self, params: Params, idx: torch.Tensor, precision: Precision, cache: KVCache | None = None
+    ) -> list[torch.Tensor] | None:
         """Routing replay: the fp32 trainer's expert choices for these tokens, or None."""
         if not (self.shape.experts and precision.router_fp32 and not precision.exact):
             return None
@@ -124,15 +144,22 @@ class TransformerWorld(World):
         return routes
 
     # ------------------------------------------------------------------------- the engine's route
-    def sampler(self, params: Params, prompts: torch.Tensor, precision: Precision) -> "CachedSampler":
+    def sampler(self, params: Params, prompts: torch.Tensor, precision: Precision) -> CachedSampler:
         return CachedSampler(self, params, prompts, precision)
 
     def summary(self) -> dict[str, Any]:
         out = super().summary()
-        out.update(n_layer=self.shape.n_layer, n_head=self.shape.n_head, d_model=self.shape.d_model,
-                   mlp_ratio=self.shape.mlp_ratio, context=self.shape.context, experts=self.shape.experts,
-                   task=self.task.name, prompt_len=self.prompt_len,
-                   n_params=param_count(init_params(self.shape, torch.Generator().manual_seed(0))))
+        out.update(
+            n_layer=self.shape.n_layer,
+            n_head=self.shape.n_head,
+            d_model=self.shape.d_model,
+            mlp_ratio=self.shape.mlp_ratio,
+            context=self.shape.context,
+            experts=self.shape.experts,
+            task=self.task.name,
+            prompt_len=self.prompt_len,
+            n_params=param_count(init_params(self.shape, torch.Generator().manual_seed(0))),
+        )
         if self.warm_start:
             out["warm_start"] = self.warm_start
         return out
