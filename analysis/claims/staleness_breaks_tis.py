@@ -27,6 +27,9 @@ collapses" in this world: it is "untestable here", with its numbers, never "does
 gradient is exactly 0 (θ not moving) are left out of every ESS and grad-norm statistic: there ESS ≡ 1 says
 nothing about stability.
 Read top to bottom: the reducer (one row per run), the rule (`staleness_verdict`), the figure, `evaluate`.
+
+About 600 lines in one module on purpose: the three parts share one frame (arms × k × seeds), one
+collapse rule and one positive control, and the verdict reads top to bottom in the sources' order.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ shared legends (`finish`), the facet × correction loop (`facet_arms`), axis hel
 ticks, y ranges from zero, lines that coincide drawn as rims), and saving PNG + PDF with the style
 and config in their metadata.
 
-One module of ~590 lines on purpose: `Grid`, `finish` and the legend and tick helpers call each
+One module of ~640 lines on purpose: `Grid`, `finish` and the legend and tick helpers call each
 other, and split apart each piece would import the rest back.
 """
 

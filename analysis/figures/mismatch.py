@@ -1,6 +1,9 @@
 """The figures of the engines' mismatch: mismatch (tokens.csv: the log-ratios' histogram, p_rollout
 against p_train, |Δp| by p) and mismatch-over-training (kl_k3, χ² per token, max|Δp| and the
 entropy against step, a line per engine precision: the analogue of Qi et al. 2025, Fig. 3).
+
+About 520 lines on purpose: both kinds draw the mismatch per engine precision, with one colour and axis
+scheme.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """The figures of train runs: training (J and reward against step), grad-norm (‖∇L‖ against step,
 spikes and NaN/inf marked), stability (NaN/inf-update and collapse rates against staleness) and
 masking (masked and clamped fractions and the ESS against step).
+
+About 530 lines on purpose: the four kinds share the per-step frame, the step axis and the spike marks.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ cell (mean over seeds, seed count, worst seed), and the key figures embedded by 
 into PATH/figures/ when missing).
 OVERRIDES filter the jobs of a sweep (`correction=tis mismatch.staleness=0,8`).
 
-~550 lines in one module on purpose: one report, read top to bottom in the order of its sections.
+~650 lines in one module on purpose: one report, read top to bottom in the order of its sections.
 """
 
 from __future__ import annotations
