@@ -446,3 +446,22 @@ def test_threshold_ticks_name_both_thresholds_and_the_legend_keeps_off_the_title
         assert legend.y1 < min(a.get_window_extent(renderer).y0 for a in visible_axes(fig))
         if fig._suptitle is not None and fig._suptitle.get_text():
             assert not legend.overlaps(fig._suptitle.get_window_extent(renderer))
+
+
+def test_a_band_without_a_lower_bound_is_one_band_at_its_upper_threshold():
+    """TIS's band has no lower bound (low: null, NaN in the frame). Every run's NaN is a new float, and
+    NaN never equals itself: as a key, each run was a band of its own, found by no lookup (its runs were
+    dropped from the figure) and ordered by memory address (the figure changed between processes)."""
+    import pandas as pd
+
+    from analysis.figures.threshold_training import _band_positions, band_key
+
+    per = pd.DataFrame({"low": [float("nan"), float("nan"), 0.5, 0.5], "high": [2.0, 2.0, 2.0, 5.0]})
+    xs, where, log_x = _band_positions(per)
+    assert xs == {(-math.inf, 2.0): 2.0, (0.5, 2.0): 2.0, (0.5, 5.0): 5.0}
+    assert (where, log_x) == ("upper", False)
+    assert [xs.get(band_key(lo, hi)) for lo, hi in zip(per["low"], per["high"])] == [2.0, 2.0, 2.0, 5.0]
+    same_high = pd.DataFrame({"low": [float("nan"), 0.1, 0.5], "high": [2.0, 2.0, 2.0]})
+    xs, where, log_x = _band_positions(same_high)
+    assert where == "lower" and math.isnan(xs[(-math.inf, 2.0)]) and xs[(0.1, 2.0)] == 0.1
+    assert log_x  # 0.1 … 0.5: a 5× span

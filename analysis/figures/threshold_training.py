@@ -76,13 +76,22 @@ def threshold_training_figure(ds: Dataset, style: str = "default"):
         return _threshold_training(ds, style)
 
 
+def band_key(lo, hi) -> tuple[float, float]:
+    """(low, high) as a key: an absent bound (NaN in the frame) is −inf / +inf. NaN cannot be a key:
+    it never equals itself, so every row's NaN would be a band of its own, in an order set by memory
+    addresses."""
+    lo, hi = float(lo), float(hi)
+    return (-np.inf if np.isnan(lo) else lo, np.inf if np.isnan(hi) else hi)
+
+
 def _band_positions(per) -> tuple[dict, str, bool]:
     """{(low, high): x}, the x label and whether x is a log axis: a band sits at its upper threshold
-    when the upper ones differ, else at its lower one."""
-    pairs = sorted({(lo, hi) for lo, hi in zip(per["low"], per["high"])}, key=lambda p: (p[1], -p[0]))
+    when the upper ones differ, else at its lower one; a band whose bound there is absent has no x."""
+    pairs = sorted({band_key(lo, hi) for lo, hi in zip(per["low"], per["high"])}, key=lambda p: (p[1], -p[0]))
     highs = {hi for _, hi in pairs if np.isfinite(hi)}
     by_high = len(highs) >= 2
     xs = {p: (p[1] if by_high else p[0]) for p in pairs}
+    xs = {p: (x if np.isfinite(x) else np.nan) for p, x in xs.items()}
     vals = np.array([v for v in xs.values() if np.isfinite(v)])
     log = len(vals) > 1 and (vals > 0).all() and vals.max() / vals.min() >= 4
     where = "upper" if by_high else "lower"
@@ -95,7 +104,7 @@ def _threshold_training(ds: Dataset, style: str):
     paper = style == "paper"
     per = band_frame(ds)
     xs, where, log_x = _band_positions(per)
-    per["_x"] = [xs.get((lo, hi), np.nan) for lo, hi in zip(per["low"], per["high"])]
+    per["_x"] = [xs.get(band_key(lo, hi), np.nan) for lo, hi in zip(per["low"], per["high"])]
     per = per.dropna(subset=["_x"])
     metrics = [m for m in BAND_METRICS if per[m].notna().any()]
     empty = [m for m in metrics if m in BAND_EMPTY and per[m].fillna(0).eq(0).all()]
@@ -129,10 +138,10 @@ def _threshold_training(ds: Dataset, style: str):
                     alpha=0.6,
                     gid="range",
                 )
-    bands = sorted(xs.items(), key=lambda kv: kv[1])
+    bands = sorted(((p, x) for p, x in xs.items() if np.isfinite(x)), key=lambda kv: kv[1])
     named = {}
     if "band" in per.columns:
-        named = {(lo, hi): str(b) for b, lo, hi in zip(per["band"], per["low"], per["high"])}
+        named = {band_key(lo, hi): str(b) for b, lo, hi in zip(per["band"], per["low"], per["high"])}
     ticks = [x for _, x in bands]
     labels = [_band_label(p, named.get(p), paper) for p, _ in bands]
     for f in range(len(fs)):
