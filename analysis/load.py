@@ -16,6 +16,9 @@ key of the jobs (`correction`, `mismatch.staleness`, `seed`, ...), read from eac
 `.hydra/overrides.yaml`. `attrs["keys"]` lists those keys and `attrs["swept"]` the ones that vary
 across jobs. Where a key already is a column of the study's CSV (`seed`, `correction`), the CSV's
 column is kept.
+
+Built from a `Dataset`: the tidy tables of the figures and reports in analysis.tables (`per_job`,
+`update_rows`, `probe_frame`), the command that made it in analysis.provenance (`command`, `describe`).
 """
 
 from __future__ import annotations
@@ -23,8 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
-import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -32,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from runner.core.schema import ALL_METRICS_COLUMNS, DEGENERATE_MASKED, DEGENERATE_NORM_RATIO
+from runner.core.schema import ALL_METRICS_COLUMNS
 from runner.errors import UserError
 from runner.values import parse_override, same_value
 
@@ -481,228 +483,3 @@ def load(path: str | os.PathLike):
     """The tidy table under `path`: one row per optimizer update (train) or per probe cell (probe),
     with `job` and one column per override key. `attrs`: keys, swept, path, kind."""
     return load_dataset(path).table
-
-
-# ----------------------------------------------------------------------------------------- words
-def _quote(args: Iterable[str]) -> str:
-    return " ".join(shlex.quote(a) for a in args)
-
-
-def _multirun_overrides(path: Path) -> tuple[list[str], list[str]] | None:
-    cfg = _yaml(path / "multirun.yaml")
-    try:
-        ov = cfg["hydra"]["overrides"]
-    except (TypeError, KeyError):
-        return None
-    hydra_ov = [str(o) for o in (ov.get("hydra") or []) if not str(o).startswith("hydra.mode=")]
-    return [str(o) for o in (ov.get("task") or [])], hydra_ov
-
-
-def _recorded_command(data: dict) -> str | None:
-    """The whole command line, when `is-study sweep` recorded it in sweep.json (`command`, a string
-    or an argv list, at the top or in the latest run's entry): --jobs, --name, --launcher included."""
-    runs = data.get("runs") if isinstance(data.get("runs"), list) else []
-    for where in [data, *(r for r in reversed(runs) if isinstance(r, dict))]:
-        for key in ("command", "argv"):
-            value = where.get(key)
-            if isinstance(value, str) and value.strip():
-                return value.strip()
-            if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
-                argv = list(value)
-                if argv[0] != "is-study":  # an argv without the program name
-                    argv = ["is-study", *argv[1:]] if argv[0].endswith(("is-study", "runner")) else ["is-study", *argv]
-                return _quote(argv)
-    return None
-
-
-def _sweep_manifest(path: Path) -> tuple[list[str] | str, str] | None:
-    """(the command, its source) from sweep.json: the recorded command line when there is one,
-    else the overrides with --launcher, --jobs and --name put back from what the manifest and the
-    sweep dir say."""
-    try:
-        data = json.loads((path / "sweep.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    recorded = _recorded_command(data)
-    if recorded is not None:
-        return recorded, "sweep.json (the command as typed)"
-    try:
-        overrides = [str(o) for o in data["overrides"]]
-    except (KeyError, TypeError):
-        return None
-    runs = data.get("runs") or [{}]
-    first = runs[0] if isinstance(runs[0], dict) else {}
-    extra: list[str] = []
-    launcher = first.get("launcher")
-    if launcher and launcher != "basic" and not any(o.startswith("hydra/launcher=") for o in overrides):
-        extra += ["--launcher", str(launcher)]
-    parallel = first.get("parallelism", first.get("n_jobs"))
-    if isinstance(parallel, int) and not isinstance(parallel, bool):
-        extra += ["--jobs", str(parallel)]
-    if not any(o.startswith("hydra.sweep.dir=") for o in overrides) and path.parent.name == "multirun":
-        extra += ["--name", path.name]
-    return overrides + extra, "sweep.json"
-
-
-def command(ds: Dataset) -> tuple[str, str]:
-    """(the is-study command that produced the data, how it was found)."""
-    if ds.kind == "run":
-        job = ds.first
-        return _quote(["is-study", "run", *job.overrides, *job.hydra_overrides]), ".hydra/overrides.yaml"
-    manifest = _sweep_manifest(ds.path)
-    if manifest is not None:
-        cmd, source = manifest
-        return (cmd if isinstance(cmd, str) else _quote(["is-study", "sweep", *cmd])), source
-    multi = _multirun_overrides(ds.path)
-    if multi is not None:
-        task, hydra_ov = multi
-        return _quote(["is-study", "sweep", *task, *hydra_ov]), "multirun.yaml"
-    parts = []
-    for k in ds.keys:
-        vals: list[str] = []
-        for j in ds.jobs:
-            if k in j.values:
-                v = next(o.partition("=")[2] for o in j.overrides if parse_override(o)[0] == k)
-                if v not in vals:
-                    vals.append(v)
-        prefix = next((o.partition("=")[0] for j in ds.jobs for o in j.overrides if parse_override(o)[0] == k), k)
-        parts.append(f"{prefix}={','.join(vals)}")
-    return (
-        _quote(["is-study", "sweep", *parts, f"hydra.sweep.dir={ds.path}"]),
-        f"reconstructed from the {len(ds.jobs)} jobs' .hydra/overrides.yaml",
-    )
-
-
-QUIET_KEYS = ("log.quiet", "log.timing", "log.metrics")  # change no number: left out of titles
-
-
-def describe(ds: Dataset) -> str:
-    """A short line naming the config, for figure titles."""
-    if ds.kind == "run":
-        ov = [o for o in ds.first.overrides if parse_override(o)[0] not in QUIET_KEYS]
-        return "is-study run " + (" ".join(ov) if ov else "(defaults)")
-    if not ds.jobs:
-        return f"{ds.sweep_csv}: " + (" × ".join(ds.swept) if ds.swept else "nothing swept")
-    fixed = [
-        o for o in ds.first.overrides if parse_override(o)[0] not in ds.swept and parse_override(o)[0] not in QUIET_KEYS
-    ]
-    swept = " × ".join(ds.swept) if ds.swept else "nothing swept"
-    n = len(ds.jobs)
-    return f"{ds.name}: {swept} ({n} job{'s' if n != 1 else ''})" + (f"; {' '.join(fixed)}" if fixed else "")
-
-
-# ----------------------------------------------------------------------------------------- per job
-def update_rows(df):
-    """metrics rows of updates only: without each run's final row (J after the last update, no reward,
-    its per-update cells empty, which a figure would otherwise take for NaN/inf values)."""
-    if df is None or "reward" not in df.columns:
-        return df
-    return df[df["reward"].notna()]
-
-
-def per_job(ds: Dataset):
-    """One row per train job: correction, staleness, precision, the key columns, and
-    updates, nonfinite (fraction of updates with a NaN/inf loss or gradient), nonfinite_events
-    (NaN/inf loss events + NaN/inf gradient events, as events.csv counts them), first_bad (step),
-    skipped, final_objective, best_objective, final_reward, collapsed (1/0; NaN without
-    summary.json), nonfinite_params (1 when the run ended with NaN/inf parameters), done. Values come
-    from summary.json where the job has one, else from the metrics."""
-    import numpy as np
-
-    df = ds.metrics
-    if df is None:
-        return None
-    loss_bad = df["nonfinite_loss"].fillna(0) if "nonfinite_loss" in df.columns else 0
-    grad_bad = df["nonfinite_grad"].fillna(0) if "nonfinite_grad" in df.columns else 0
-    events = loss_bad + grad_bad
-    # metrics.csv's final row (J after the last update, runner/core/schema.py) is no update: it has no reward
-    updates = df["reward"].notna() if "reward" in df.columns else True
-    frame = df.assign(
-        _bad=events > 0,
-        _events=events,
-        _update=updates,
-        _skipped=df["skipped"].fillna(0) if "skipped" in df.columns else 0,
-    )
-    seed = {"seed": ("seed", "first")} if "seed" in frame.columns else {}
-    precision = {"precision": ("precision", "first")} if "precision" in frame.columns else {}
-    per = (
-        frame.groupby("job", sort=True)
-        .agg(
-            correction=("correction", "first"),
-            staleness=("staleness", "first"),
-            **precision,
-            **seed,
-            updates=("_update", "sum"),
-            nonfinite=("_bad", "sum"),
-            nonfinite_events=("_events", "sum"),
-            skipped=("_skipped", "sum"),
-            last_objective=("objective", "last"),
-            max_objective=("objective", "max"),
-            last_reward=("reward", "last"),
-        )
-        .reset_index()
-    )
-    per["nonfinite"] = per["nonfinite"] / per["updates"].where(per["updates"] > 0)
-    per["updates"] = per["updates"].astype(int)
-    per["first_bad"] = per["job"].map(frame.loc[frame["_bad"]].groupby("job")["step"].min())
-    summ = {j.index: j.summary or {} for j in ds.jobs}
-    done = {j.index: j.done for j in ds.jobs}
-
-    def from_summary(key, fallback):
-        return [
-            summ.get(j, {}).get(key, fb) if summ.get(j, {}).get(key) is not None else fb
-            for j, fb in zip(per["job"], fallback)
-        ]
-
-    per["final_objective"] = from_summary("final_objective", per["last_objective"])
-    per["best_objective"] = from_summary("peak_objective", per["max_objective"])
-    per["final_reward"] = from_summary("final_reward", per["last_reward"])
-    per["collapsed"] = [float(summ[j]["collapsed"]) if "collapsed" in summ.get(j, {}) else np.nan for j in per["job"]]
-    # learned: False when J never rose above its start (summary.json); NaN for runs that predate it
-    per["learned"] = [
-        float(summ[j]["learned"]) if summ.get(j, {}).get("learned") is not None else np.nan for j in per["job"]
-    ]
-    per["initial_objective"] = [summ.get(j, {}).get("initial_objective", np.nan) for j in per["job"]]
-    for key in ("peak_step", "collapse_step", "collapse_reason"):
-        per[key] = [summ.get(j, {}).get(key) for j in per["job"]]
-    # final_objective: J after the last update, the last J of metrics.csv (its final row) and summary.json's.
-    # NaN/inf parameters end a run: its J is undefined from then on (summary.json's final_objective
-    # is null, and final_objective above falls back to the last finite J, from before the NaN).
-    per["nonfinite_params"] = [
-        float(summ[j]["nonfinite_params"]) if "nonfinite_params" in summ.get(j, {}) else np.nan for j in per["job"]
-    ]
-    per["done"] = [done.get(j, True) for j in per["job"]]
-    per = per.drop(columns=["last_objective", "max_objective", "last_reward"])
-    firsts = df.drop_duplicates("job").set_index("job")
-    for k in ds.keys:
-        if k not in per.columns and k in firsts.columns:
-            per[k] = per["job"].map(firsts[k])
-    per.attrs.update(keys=list(ds.keys), swept=list(ds.swept))
-    return per
-
-
-# ----------------------------------------------------------------------------------------- probe
-def probe_frame(ds: Dataset):
-    """probe.csv's rows with rel_mse (MSE / ‖∇J‖²) and `degenerate` filled in for files written
-    before the probe wrote them: degenerate from the masked fraction (and the norm ratio, where the
-    file has it). None without probe results."""
-    import numpy as np
-
-    pr = ds.probe
-    if pr is None:
-        return None
-    pr = pr.copy()
-    if "rel_mse" not in pr.columns and {"mse", "exact_grad_norm"} <= set(pr.columns):
-        g2 = pr["exact_grad_norm"].astype(float) ** 2
-        pr["rel_mse"] = pr["mse"].astype(float) / g2.where(g2 > 0)
-    if "degenerate" not in pr.columns:
-        masked = pr["mean_masked_fraction"].astype(float) if "mean_masked_fraction" in pr.columns else 0.0
-        ratio = pr["norm_ratio"].astype(float) if "norm_ratio" in pr.columns else np.inf
-        pr["degenerate"] = ((masked >= DEGENERATE_MASKED) | (ratio < DEGENERATE_NORM_RATIO)).astype(int)
-    pr["degenerate"] = pr["degenerate"].fillna(0).astype(int)
-    return pr
-
-
-DEGENERATE_RULE = f"degenerate: masks ≥ {DEGENERATE_MASKED:.0%} of the tokens or ‖E ĝ‖ < {DEGENERATE_NORM_RATIO:g}·‖∇J‖"

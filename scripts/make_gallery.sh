@@ -205,7 +205,7 @@ old_gallery = (out.parent / "gallery.md").read_text() if (out.parent / "gallery.
 # Every number below is read off the runs just made, so the text cannot drift from the figures.
 from analysis import load_dataset
 from analysis.figures.collapse import job_lengths
-from analysis.load import per_job
+from analysis.tables import per_job
 
 BUG = "openrlhf-bc71bb1/seq-mask-tis"
 

@@ -112,7 +112,8 @@ def test_per_job_counts_updates_not_the_final_row(sweep_dir):
     updates, its NaN/inf fraction is over those 12, and its final J is the table's last J."""
     import pandas as pd
 
-    from analysis.load import load_dataset, per_job
+    from analysis.load import load_dataset
+    from analysis.tables import per_job
 
     ds = load_dataset(sweep_dir)
     per = per_job(ds).set_index("job")

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.load import update_rows
+from analysis.tables import update_rows
 from tests.helpers.cli import run_cli
 from tests.helpers.figure_checks import problems, visible_axes
 

@@ -189,7 +189,7 @@ def test_all_zero_panels_start_at_zero_and_say_so(one_seed, cells):
     tick, nor do J and the reward."""
     from analysis import figures, load_dataset
     from analysis.figures import training
-    from analysis.load import update_rows
+    from analysis.tables import update_rows
 
     ds = load_dataset(one_seed)
     updates = update_rows(ds.metrics)  # not the final rows (J after the last update: no update cells)
@@ -216,7 +216,7 @@ def test_ess_of_nan_weights_is_a_gap_with_marks(cells):
     under the data at every step where some seed's is."""
     from analysis import load_dataset
     from analysis.figures import training
-    from analysis.load import update_rows
+    from analysis.tables import update_rows
 
     ds = load_dataset(cells)
     fig = training.masking_figure(ds)

@@ -42,8 +42,8 @@ ANALYSIS_MAY_IMPORT = {
     "runner.lookup",  # lazy registries
     "runner.paths",  # conf_dir
     "runner.registry",  # preset names and order (analysis.style, analysis.reports)
-    "runner.core.schema",  # column names (analysis.load)
-    "runner.values",  # override values as CSV / YAML / command line give them (analysis.load)
+    "runner.core.schema",  # column names (analysis.load, analysis.tables)
+    "runner.values",  # override values as CSV / YAML / command line give them (analysis.load, analysis.provenance)
     "runner.worlds.registry",  # the world list (analysis.claims.registry)
 }
 RUNNER_MAY_IMPORT_ANALYSIS = {"runner.cli"}

@@ -48,7 +48,7 @@ def _verdict(text: str, name: str) -> str:
 
 def test_a_run_that_never_learned_says_so(sweep):
     from analysis.load import load_dataset
-    from analysis.load import per_job as per_job_frame
+    from analysis.tables import per_job as per_job_frame
 
     per = per_job_frame(load_dataset(sweep))
     bug = per[per["correction"] == BUG]
@@ -68,7 +68,7 @@ def test_a_run_that_never_learned_says_so(sweep):
 
 def test_the_worst_cell_is_named_not_pooled(sweep):
     from analysis.load import load_dataset
-    from analysis.load import per_job as per_job_frame
+    from analysis.tables import per_job as per_job_frame
 
     per = per_job_frame(load_dataset(sweep))
     tis = per[per["correction"] == "tis"]

@@ -55,7 +55,7 @@ def _panel_titles(fig) -> list[str]:
 
 
 def _per(ds):
-    from analysis.load import per_job
+    from analysis.tables import per_job
 
     return per_job(ds)
 

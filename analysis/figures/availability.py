@@ -12,7 +12,8 @@ import numpy as np
 from analysis.figures.collapse import job_lengths
 from analysis.figures.threshold_training import band_frame
 from analysis.figures.training import FLAT_FRACTION
-from analysis.load import Dataset, fmt_value, per_job, update_rows
+from analysis.load import Dataset, fmt_value
+from analysis.tables import per_job, update_rows
 
 
 # ----------------------------------------------------------------------------------------- the base kinds

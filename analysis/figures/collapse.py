@@ -28,7 +28,8 @@ from analysis.figures.layout import (
     step_label,
     style_label,
 )
-from analysis.load import Dataset, fmt_value, per_job, update_rows
+from analysis.load import Dataset, fmt_value
+from analysis.tables import per_job, update_rows
 
 LENGTH_KEYS = ("rollout.seq_len",)
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from analysis import style as st
 from analysis.figures.facets import MAX_FACETS, Facet, seed_counts
-from analysis.load import Dataset, describe
+from analysis.load import Dataset
+from analysis.provenance import describe
 from runner.errors import UserError
 
 TITLES = {

@@ -27,7 +27,8 @@ from analysis.figures.layout import (
     step_label,
     style_label,
 )
-from analysis.load import Dataset, fmt_value, update_rows
+from analysis.load import Dataset, fmt_value
+from analysis.tables import update_rows
 
 MAX_GROUPS = 6
 MAX_SCATTER = 4000

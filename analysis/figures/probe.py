@@ -29,7 +29,8 @@ from analysis.figures.layout import (
     seeds_text,
     style_label,
 )
-from analysis.load import DEGENERATE_RULE, Dataset, fmt_value, probe_frame
+from analysis.load import Dataset, fmt_value
+from analysis.tables import DEGENERATE_RULE, probe_frame
 
 # ----------------------------------------------------------------------------------------- probe
 PROBE_YLABELS = {

@@ -22,7 +22,8 @@ from analysis.figures.layout import (
     rows_grid,
     seeds_text,
 )
-from analysis.load import Dataset, per_job
+from analysis.load import Dataset
+from analysis.tables import per_job
 
 # ----------------------------------------------------------------------------------------- threshold (training)
 BAND_KEYS = ("band", "correction.low", "correction.high")  # swept keys that set a correction's [low, high]

@@ -40,7 +40,8 @@ from analysis.figures.layout import (
     step_label,
     style_label,
 )
-from analysis.load import Dataset, fmt_value, per_job, update_rows
+from analysis.load import Dataset, fmt_value
+from analysis.tables import per_job, update_rows
 
 SPIKE_FACTOR = 5.0  # a spike: grad norm above this many times the median of the trailing window
 SPIKE_WINDOW = 20

@@ -20,18 +20,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.load import (
-    DEGENERATE_RULE,
-    QUIET_KEYS,
-    Dataset,
-    command,
-    flatten,
-    fmt_value,
-    load_dataset,
-    per_job,
-    probe_frame,
-)
+from analysis.load import Dataset, flatten, fmt_value, load_dataset
+from analysis.provenance import QUIET_KEYS, command
 from analysis.reports import destination, fmt, table
+from analysis.tables import DEGENERATE_RULE, per_job, probe_frame
 from runner.errors import UserError
 
 MAX_TABLE_ROWS = 120
