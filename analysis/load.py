@@ -52,7 +52,7 @@ MAX_TOKEN_ROWS = 400_000  # per dataset: enough for every histogram, bounded mem
 
 
 # ----------------------------------------------------------------------------------------- helpers
-def _yaml(path: Path) -> Any:
+def read_yaml(path: Path) -> Any:
     try:
         return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
     except (OSError, yaml.YAMLError, UnicodeDecodeError):
@@ -127,7 +127,7 @@ class Job:
 
     @classmethod
     def read(cls, index: int, path: Path) -> Job:
-        raw = _yaml(path / ".hydra" / "overrides.yaml")
+        raw = read_yaml(path / ".hydra" / "overrides.yaml")
         overrides = [str(o) for o in raw] if isinstance(raw, list) else []
         values = dict(parse_override(o) for o in overrides if "=" in o)
         return cls(index, path, overrides, values)
@@ -147,7 +147,7 @@ class Job:
 
     @cached_property
     def config(self) -> dict:
-        cfg = _yaml(self.path / ".hydra" / "config.yaml")
+        cfg = read_yaml(self.path / ".hydra" / "config.yaml")
         return cfg if isinstance(cfg, dict) else {}
 
     @cached_property
@@ -156,7 +156,7 @@ class Job:
 
     @cached_property
     def _hydra(self) -> dict:
-        cfg = _yaml(self.path / ".hydra" / "hydra.yaml")
+        cfg = read_yaml(self.path / ".hydra" / "hydra.yaml")
         return cfg.get("hydra", {}) if isinstance(cfg, dict) and isinstance(cfg.get("hydra"), dict) else {}
 
     @property

@@ -10,7 +10,7 @@ import shlex
 from collections.abc import Iterable
 from pathlib import Path
 
-from analysis.load import Dataset, _yaml
+from analysis.load import Dataset, read_yaml
 from runner.values import parse_override
 
 
@@ -20,7 +20,7 @@ def _quote(args: Iterable[str]) -> str:
 
 
 def _multirun_overrides(path: Path) -> tuple[list[str], list[str]] | None:
-    cfg = _yaml(path / "multirun.yaml")
+    cfg = read_yaml(path / "multirun.yaml")
     try:
         ov = cfg["hydra"]["overrides"]
     except (TypeError, KeyError):
