@@ -19,9 +19,10 @@ validates with the same functions.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any
 
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
@@ -31,7 +32,7 @@ from omegaconf import OmegaConf
 CONFIG_NAME = "is-study"  # hydra/sweeper=is-study
 
 
-def expand_jobs(params: Optional[Dict[str, Any]], arguments: Sequence[str], config_loader: Any = None) -> list[list[str]]:
+def expand_jobs(params: dict[str, Any] | None, arguments: Sequence[str], config_loader: Any = None) -> list[list[str]]:
     """The jobs of a sweep, as Hydra's BasicSweeper expands them: the config's `params` (an experiment's
     sweep) first, then the command line's task overrides; each override's key keeps the place where it
     first appeared (a later one replaces its values); the cartesian product, the last key fastest."""
@@ -49,7 +50,7 @@ def expand_jobs(params: Optional[Dict[str, Any]], arguments: Sequence[str], conf
     return [list(job) for job in itertools.product(*choices.values())]
 
 
-def batches(jobs: list[list[str]], max_batch_size: Optional[int]) -> Iterable[list[list[str]]]:
+def batches(jobs: list[list[str]], max_batch_size: int | None) -> Iterable[list[list[str]]]:
     """The jobs in launch order, at most max_batch_size at a time (null: all at once)."""
     if max_batch_size is None:
         yield jobs
@@ -102,7 +103,7 @@ def validate_jobs(loader: Any, master_config: Any, jobs: list[list[str]]) -> Non
 class ExpandingSweeper(Sweeper):
     """BasicSweeper's behaviour with one composition per job (the launcher's) instead of two."""
 
-    def __init__(self, max_batch_size: Optional[int] = None, params: Optional[Dict[str, str]] = None) -> None:
+    def __init__(self, max_batch_size: int | None = None, params: dict[str, str] | None = None) -> None:
         super().__init__()
         self.max_batch_size = max_batch_size
         self.params = params or {}
@@ -118,7 +119,7 @@ class ExpandingSweeper(Sweeper):
         self.launcher = Plugins.instance().instantiate_launcher(
             hydra_context=hydra_context, task_function=task_function, config=config)
 
-    def sweep(self, arguments: List[str]) -> Any:
+    def sweep(self, arguments: list[str]) -> Any:
         loader = self.hydra_context.config_loader
         jobs = expand_jobs(self.params, arguments, loader)
         chunks = list(batches(jobs, self.max_batch_size))
@@ -143,8 +144,8 @@ class ExpandingSweeperConf:
     experiment's `hydra.sweeper.params` composes as it did under BasicSweeper."""
 
     _target_: str = ""
-    max_batch_size: Optional[int] = None
-    params: Optional[Dict[str, str]] = None
+    max_batch_size: int | None = None
+    params: dict[str, str] | None = None
 
 
 def register_config(target: str) -> None:
