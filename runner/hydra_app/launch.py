@@ -13,8 +13,6 @@ from runner.errors import UserError
 from runner.hydra_app import worker
 from runner.hydra_app.app import CONFIG_NAME, initialized
 
-PROJECT_SWEEPER = "hydra_plugins.is_study_sweeper.IsStudySweeper"  # hydra/sweeper=is-study
-
 
 def sweep_plan(overrides: list[str], validate: bool = False) -> dict:
     """Compose the sweep's master config (multirun mode) and expand its jobs exactly as the project's
@@ -29,14 +27,14 @@ def sweep_plan(overrides: list[str], validate: bool = False) -> dict:
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
-    from runner.hydra_app.sweeper import expand_jobs, validate_jobs
+    from runner.hydra_app.sweeper import PLUGIN_CLASS, expand_jobs, validate_jobs
 
     with initialized() as hydra:
         cfg = hydra.compose_config(config_name=CONFIG_NAME, overrides=list(overrides), run_mode=RunMode.MULTIRUN,
                                    with_log_configuration=False)
         sweeper = cfg.hydra.sweeper
         target = sweeper.get("_target_")
-        if target != PROJECT_SWEEPER:
+        if target != PLUGIN_CLASS:
             raise UserError(f"sweep: only is-study's sweeper is supported (hydra/sweeper=is-study; "
                             f"hydra.sweeper is {target})")
         params = sweeper.get("params")

@@ -11,8 +11,8 @@ by `expand_jobs` (Hydra's override grammar; the order and strings of `BasicSweep
 multirun.yaml is saved in the sweep dir, and the batches go to the configured launcher in order.
 
 Hydra instantiates plugins only from the `hydra_plugins` namespace package, so the class Hydra is
-given is hydra_plugins/is_study_sweeper.py's subclass of `ExpandingSweeper`, which also registers the
-config (`register_config`); `is-study sweep --dry-run` (runner/hydra_app/launch.py) expands and
+given (PLUGIN_CLASS) is hydra_plugins/is_study_sweeper.py's subclass of `ExpandingSweeper`; its config is
+registered by `register_config`. `is-study sweep --dry-run` (runner/hydra_app/launch.py) expands and
 validates with the same functions.
 """
 
@@ -30,6 +30,7 @@ from hydra.plugins.sweeper import Sweeper
 from omegaconf import OmegaConf
 
 CONFIG_NAME = "is-study"  # hydra/sweeper=is-study
+PLUGIN_CLASS = "hydra_plugins.is_study_sweeper.IsStudySweeper"  # hydra.sweeper._target_
 
 
 def expand_jobs(params: dict[str, Any] | None, arguments: Sequence[str], config_loader: Any = None) -> list[list[str]]:
@@ -148,9 +149,12 @@ class ExpandingSweeperConf:
     params: dict[str, str] | None = None
 
 
-def register_config(target: str) -> None:
-    """`hydra/sweeper=is-study` in Hydra's ConfigStore, as a Hydra plugin registers its config."""
+def register_config() -> None:
+    """`hydra/sweeper=is-study` in Hydra's ConfigStore, as a Hydra plugin registers its config. Called
+    whenever Hydra is initialised (runner.hydra_app.app.initialized), not from the plugin module, so a
+    config composes (the root config names this sweeper) even where hydra_plugins is not importable;
+    a launcher's workers get it with the ConfigStore Hydra hands them."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(group="hydra/sweeper", name=CONFIG_NAME, node=ExpandingSweeperConf(_target_=target),
-                                 provider="is-study")
+    ConfigStore.instance().store(group="hydra/sweeper", name=CONFIG_NAME,
+                                 node=ExpandingSweeperConf(_target_=PLUGIN_CLASS), provider="is-study")
