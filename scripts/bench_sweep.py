@@ -6,7 +6,9 @@ Two figures, on one sweep of `--n` small train runs ('seed=range(0,N)', `--steps
 
 1. per-job overhead of the basic launcher = (sweep wall time − Σ the jobs' own compute, i.e. each
    job's summary.json wall_s) / N. Target ≤ 150 ms per job. Everything is counted: Hydra composing
-   each job's config, writing .hydra/, the resume check, the progress thread, the aggregation.
+   each job's config (once, in the launcher; the project's sweeper, runner/hydra_app/sweeper.py, checks
+   one job per group choice before launching), writing .hydra/, the resume check, the progress thread,
+   the aggregation.
    Also in CPU time (this process's CPU seconds outside the study functions, / N), which other
    processes on a shared machine do not inflate.
 2. joblib speedup with 2 workers = basic wall / joblib wall on the same sweep. Target ≥ 1.5×.

@@ -20,10 +20,11 @@ from pathlib import Path
 import pytest
 
 from runner import registry
-from runner.sweep import command as sweep
 from runner.errors import UserError
 from runner.hydra_app import app as hydra_app
 from runner.hydra_app import launch
+from runner.hydra_app import sweeper as project_sweeper
+from runner.sweep import command as sweep
 from tests.helpers.cli import kill_at_first_done, run_cli
 from tests.helpers.repo import REPO
 
@@ -450,8 +451,150 @@ def test_name_goes_to_multirun_and_two_default_dirs_never_collide(tmp_path, monk
 def test_representative_validation_keeps_one_job_per_group_choice():
     jobs = [[f"correction={c}", f"correction.high={h}", f"seed={s}"]
             for c in ("tis", "icepop") for h in (2, 5) for s in range(10)]
-    reps = launch.representative_jobs(jobs, lambda key: key == "correction")
-    assert reps == [["correction=tis", "correction.high=2", "seed=0"], ["correction=icepop", "correction.high=2", "seed=0"]]
+    reps = project_sweeper.representative_jobs(jobs, lambda key: key == "correction")
+    assert reps == [["correction=tis", "correction.high=2", "seed=0"],
+                    ["correction=icepop", "correction.high=2", "seed=0"]]
+
+
+# (params, command line): each mix is expanded by the project's sweeper and by Hydra's BasicSweeper
+EXPANSION_CASES = [
+    ({}, []),
+    ({}, ["seed=0,1,2"]),
+    ({}, ["seed=range(0,4)", "correction=tis,icepop"]),
+    ({}, ["seed=range(1,10,3)", "train.lr=range(0.1,0.35,0.1)"]),
+    ({}, ["correction=choice(tis,icepop)", "seed=choice(0,1)", "train.steps=3"]),
+    ({}, ["correction=glob(seq-*)", "mismatch=bf16,fp16"]),
+    ({}, ["+extra=[1,2]", "++train.lr=0.1,0.2", "~log.timing", "+tags=[a,b],[c]"]),
+    ({}, ["hydra.sweep.dir='a b,c'", "+note='x,y'", "+s=a\\,b", "+q=\"it's\",'two'"]),
+    ({}, ["+d={a:1,b:[2,3]}", "seed=sort(3,1,2)", "seed=sort(3,1,2,reverse=true)", "+e=", "+n=null"]),
+    ({}, ["seed=0,1", "correction=tis", "seed=5,6,7"]),  # a key again: its first place, its last values
+    ({}, ["correction@foo=tis,icepop", "hydra/launcher=basic", "+arm=staleness/on-policy"]),
+    ({"seed": "0,1", "correction": "tis,icepop"}, []),
+    ({"seed": "range(0,3)", "correction.high": "2,5"}, ["seed=7,8", "train.steps=3", "correction=tis,icepop"]),
+    ({"correction": "glob(*tis*)", "+x": "1,2"}, ["~log.timing", "mismatch=fp16"]),
+    ({"experiment": "bigram/threshold-tradeoff"}, ["seed=0,1"]),
+]
+
+
+@pytest.fixture(scope="module")
+def config_loader():
+    with hydra_app.initialized() as hydra:
+        yield hydra.config_loader
+
+
+@pytest.mark.parametrize("params,arguments", EXPANSION_CASES)
+def test_the_project_sweeper_expands_jobs_as_basic_sweeper_does(config_loader, params, arguments):
+    """Same jobs, same order, same strings as Hydra's BasicSweeper.split_arguments (the internal class is
+    imported here only, to compare), whole and cut into batches."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    strings = [f"{k}={v}" for k, v in params.items()] + arguments
+    parsed = OverridesParser.create(config_loader=config_loader).parse_overrides(strings)
+    ours = project_sweeper.expand_jobs(params, arguments, config_loader)
+    assert ours == BasicSweeper.split_arguments(parsed, None)[0]
+    assert len(ours) >= 1 and all(isinstance(o, str) for job in ours for o in job)
+    for size in (1, 2, 3, 100):
+        assert list(project_sweeper.batches(ours, size)) == BasicSweeper.split_arguments(parsed, size)
+
+
+def test_the_expansion_cases_cover_every_sweep_kind(config_loader):
+    """The cases above include each kind of sweep BasicSweeper expands, so the comparison covers them."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create(config_loader=config_loader)
+    seen = set()
+    for params, arguments in EXPANSION_CASES:
+        for o in parser.parse_overrides([f"{k}={v}" for k, v in params.items()] + arguments):
+            seen |= {o.value_type.name} if o.value_type is not None else set()  # None: `~key`
+            seen |= {"add"} if o.is_add() else {"force"} if o.is_force_add() else {"delete"} if o.is_delete() else set()
+            seen |= {"package"} if o.package else set()
+    assert seen == {"ELEMENT", "SIMPLE_CHOICE_SWEEP", "CHOICE_SWEEP", "GLOB_CHOICE_SWEEP", "RANGE_SWEEP",
+                    "add", "force", "delete", "package"}
+
+
+def test_the_project_sweeper_refuses_an_interval_sweep_as_basic_sweeper_does(config_loader):
+    with pytest.raises(Exception, match="BasicSweeper does not support sweep type : INTERVAL_SWEEP"):
+        project_sweeper.expand_jobs({}, ["train.lr=interval(0.1,0.2)"], config_loader)
+    with pytest.raises(Exception, match="max_batch_size=0: a positive number of jobs, or null"):
+        list(project_sweeper.batches([["seed=0"]], 0))
+
+
+def test_the_sweep_is_planned_only_for_the_project_sweeper(tmp_path):
+    """The plan (job list, resume, dry run) is the project sweeper's expansion, so another sweeper is
+    refused in one line rather than run with a job list that might not match it."""
+    with pytest.raises(UserError, match=r"only is-study's sweeper is supported \(hydra/sweeper=is-study; "
+                                        r"hydra.sweeper is hydra._internal.core_plugins.basic_sweeper.BasicSweeper\)"):
+        sweep.plan(sweep.Request(overrides=["seed=0,1", "hydra/sweeper=basic", f"hydra.sweep.dir={tmp_path}"]))
+    assert sweep.plan(sweep.Request(overrides=["seed=0,1", f"hydra.sweep.dir={tmp_path}"])).jobs == [["seed=0"],
+                                                                                                     ["seed=1"]]
+
+
+def _two_by_two(tmp_path: Path, name: str, *extra: str) -> Path:
+    """A 2×2 sweep run through launch.sweep_multirun with the overrides `is-study sweep` would give it."""
+    p = sweep.plan(sweep.Request(overrides=["correction=tis,icepop", "seed=0,1", *TINY,
+                                            f"hydra.sweep.dir={tmp_path / name}"]))
+    launch.sweep_multirun([*p.overrides, *extra])
+    return p.sweep_dir
+
+
+@pytest.mark.slow
+def test_the_project_sweeper_writes_what_basic_sweeper_writes(tmp_path):
+    """Issue 30 §5: the sweeper changed, every job's files did not. The same 2×2 sweep run with the
+    project's sweeper (the default) and with Hydra's own (hydra/sweeper=basic): each job's
+    .hydra/config.yaml, .hydra/overrides.yaml and metrics.csv byte for byte; of hydra.yaml and
+    multirun.yaml only the sweeper's entry (and the sweep dir) differs."""
+    ours = _two_by_two(tmp_path, "ours")
+    basic = _two_by_two(tmp_path, "basic", "hydra/sweeper=basic")
+    jobs = sorted(d.name for d in ours.iterdir() if d.is_dir())
+    assert jobs == ["00", "01", "02", "03"] == sorted(d.name for d in basic.iterdir() if d.is_dir())
+    for job in jobs:
+        for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.csv"):
+            assert (ours / job / name).read_bytes() == (basic / job / name).read_bytes(), (job, name)
+    assert (ours / "01" / ".hydra" / "overrides.yaml").read_text().splitlines()[:3] == \
+        ["- correction=tis", "- seed=1", "- train.steps=3"]
+
+    def without_sweeper(path: Path, sweep_dir: Path) -> list[str]:
+        text = path.read_text().replace(str(sweep_dir), "SWEEP_DIR")
+        text = re.sub(r"\n  sweeper:\n(    .*\n)+", "\n", text)
+        return [ln for ln in text.splitlines() if "hydra/sweeper" not in ln]
+
+    for name in ("multirun.yaml", "00/.hydra/hydra.yaml"):
+        assert without_sweeper(ours / name, ours) == without_sweeper(basic / name, basic), name
+    assert "_target_: hydra_plugins.is_study_sweeper.IsStudySweeper" in (ours / "multirun.yaml").read_text()
+
+
+def test_the_project_sweeper_composes_each_job_once(tmp_path, monkeypatch):
+    """The cost issue 30 §5 measured: BasicSweeper composed every job to validate it, then the launcher
+    composed it again (8 compositions for 4 jobs). The project's sweeper composes one representative per
+    group choice (here 2) and the launcher each job: 6."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    calls = []
+    real = ConfigLoaderImpl.load_sweep_config
+
+    def counted(self, master_config, sweep_overrides):
+        calls.append(list(sweep_overrides))
+        return real(self, master_config, sweep_overrides)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counted)
+    p = sweep.plan(sweep.Request(overrides=["correction=tis,icepop", "seed=0,1", *TINY,
+                                            f"hydra.sweep.dir={tmp_path / 'once'}"]))
+    launch.sweep_multirun(p.overrides)
+    assert len(calls) == 2 + 4
+    assert [job[:2] for job in calls[:2]] == [["correction=tis", "seed=0"], ["correction=icepop", "seed=0"]]
+    assert sorted(map(tuple, calls[2:])) == sorted(map(tuple, p.jobs))
+
+
+def test_a_bad_job_in_a_later_batch_stops_the_sweep_before_any_job_runs(tmp_path, cli):
+    """Validation covers every batch before the first is launched: with 2 jobs a batch, the bad
+    option in the second batch fails the sweep with the dry run's line, and no job has run."""
+    d = tmp_path / "late-bad"
+    args = ["seed=0,1", "correction=tis,icpop", *TINY, "hydra.sweeper.max_batch_size=1", f"hydra.sweep.dir={d}"]
+    code, out, err = cli("sweep", *args)
+    assert (code, out) == (2, "")
+    assert err.startswith("is-study: error: config: unknown correction 'icpop'") and err.count("\n") == 1, err
+    assert not _markers(d, "DONE") and not _markers(d, ".hydra/config.yaml")
 
 
 def test_worker_tuning_freezes_the_heap_only_in_a_worker():
@@ -475,15 +618,18 @@ print("ok")
 
 def test_no_module_patches_hydra_or_joblib_internals():
     """Issue 30 §5: the sweep runs through Hydra's sweeper and launchers as shipped. No module of
-    runner/ assigns to an attribute of Hydra's or the joblib plugin's classes or modules, and none
-    imports the joblib plugin's private _core."""
+    runner/ assigns to an attribute of Hydra's or the joblib plugin's classes or modules, none imports
+    the joblib plugin's private _core, and none imports or names anything under hydra._internal: the
+    sweeper is the project's own, on Hydra's public Sweeper interface."""
     pattern = re.compile(r"^\s*(BasicSweeper|Singleton|ConfigLoaderImpl|FileConfigSource|CachingConfigRepository"
                          r"|ImportlibResourcesConfigSource|_core|core)\.\w+\s*=[^=]", re.M)
-    for path in sorted((REPO / "runner").rglob("*.py")):
+    modules = sorted((REPO / "runner").rglob("*.py")) + sorted((REPO / "hydra_plugins").rglob("*.py"))
+    assert REPO / "runner" / "hydra_app" / "sweeper.py" in modules
+    for path in modules:
         text = path.read_text(encoding="utf-8")
         assert not pattern.search(text), (path, pattern.search(text).group(0))
         assert "hydra_joblib_launcher import _core" not in text, path
-        assert "from hydra._internal" not in text or path.name == "launch.py", path
+        assert "hydra._internal" not in text, path  # nothing private of Hydra's is imported or named
     assert not (REPO / "runner" / "hydra_app" / "reuse.py").exists()
     assert not (REPO / "runner" / "hydra_app" / "joblib_transport.py").exists()
 

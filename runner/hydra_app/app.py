@@ -197,8 +197,10 @@ def initialized() -> Iterator[Any]:
     GlobalHydra.instance().clear()
     with translated_errors(), initialize_config_dir(config_dir=str(conf_dir()), job_name=JOB_NAME, version_base=None):
         from runner.hydra_app.launchers import register_plugin_configs
+        from runner.hydra_app.sweeper import register_config as register_sweeper_config
 
         register_plugin_configs()  # what our launcher presets extend (see launchers.py)
+        register_sweeper_config()  # hydra/sweeper=is-study, the root config's sweeper
         yield GlobalHydra.instance().hydra
 
 
