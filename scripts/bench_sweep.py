@@ -65,13 +65,16 @@ def _figures(wall: float, sweep_dir: Path, n: int) -> dict:
     if done != n:
         raise SystemExit(f"bench: {sweep_dir} has {done} of {n} jobs done")
     compute = _compute_s(sweep_dir)
-    return {"wall_s": round(wall, 3), "compute_s": round(compute, 3),
-            "overhead_ms_per_job": round((wall - compute) / n * 1000, 1)}
+    return {
+        "wall_s": round(wall, 3),
+        "compute_s": round(compute, 3),
+        "overhead_ms_per_job": round((wall - compute) / n * 1000, 1),
+    }
 
 
 def steady(n: int, steps: int, workers: int, root: Path) -> dict:
-    from runner.sweep import command as sweep
     from runner.studies import train  # noqa: F401 - warm imports: torch, the study
+    from runner.sweep import command as sweep
 
     def timed(name: str, **kw) -> tuple[float, Path]:
         d = root / name
@@ -131,8 +134,7 @@ def cold(n: int, steps: int, workers: int, root: Path, nocache: bool = False) ->
 
     wall_b, d_b = timed("basic", [])
     wall_j, d_j = timed("joblib", ["--launcher", "joblib", "--jobs", str(workers)])
-    return {"basic": _figures(wall_b, d_b, n), "joblib": _figures(wall_j, d_j, n),
-            "speedup": round(wall_b / wall_j, 2)}
+    return {"basic": _figures(wall_b, d_b, n), "joblib": _figures(wall_j, d_j, n), "speedup": round(wall_b / wall_j, 2)}
 
 
 def main() -> None:
@@ -142,8 +144,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="joblib workers (default 2)")
     ap.add_argument("--tiny", action="store_true", help="CI smoke run: 6 jobs of 2 steps; targets not judged")
     ap.add_argument("--skip-cold", action="store_true", help="only the in-process (steady) measurement")
-    ap.add_argument("--nocache", action="store_true",
-                    help="also the cold start without any bytecode cache (about a minute more on 2 cores)")
+    ap.add_argument(
+        "--nocache",
+        action="store_true",
+        help="also the cold start without any bytecode cache (about a minute more on 2 cores)",
+    )
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     ap.add_argument("--keep", action="store_true", help="keep the sweep dirs (printed)")
     args = ap.parse_args()
@@ -153,10 +158,15 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="bench_sweep_"))
     try:
         # loky (joblib) workers call gc.collect() every second when psutil is absent: worth recording.
-        figures = {"jobs": args.n, "steps": args.steps, "workers": args.workers, "cpus": os.cpu_count(),
-                   "psutil": importlib.util.find_spec("psutil") is not None,
-                   "loadavg_before": [round(x, 2) for x in os.getloadavg()],
-                   "steady": steady(args.n, args.steps, args.workers, root)}
+        figures = {
+            "jobs": args.n,
+            "steps": args.steps,
+            "workers": args.workers,
+            "cpus": os.cpu_count(),
+            "psutil": importlib.util.find_spec("psutil") is not None,
+            "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+            "steady": steady(args.n, args.steps, args.workers, root),
+        }
         if not args.skip_cold:
             figures["cold"] = cold(args.n, args.steps, args.workers, root)
         if args.nocache:
@@ -170,22 +180,29 @@ def main() -> None:
 
     s = figures["steady"]
     figures["targets"] = {
-        "overhead_ms_per_job": TARGET_OVERHEAD_MS, "speedup": TARGET_SPEEDUP,
+        "overhead_ms_per_job": TARGET_OVERHEAD_MS,
+        "speedup": TARGET_SPEEDUP,
         "judged": not args.tiny,
         "overhead_ok": s["basic"]["overhead_ms_per_job"] <= TARGET_OVERHEAD_MS,
         "speedup_ok": s["speedup"] >= TARGET_SPEEDUP,
     }
-    print(f"sweep of {args.n} jobs × {args.steps} steps, {args.workers} joblib workers, {os.cpu_count()} CPUs, "
-          f"load average {figures['loadavg_before'][0]} → {figures['loadavg_after'][0]}")
+    print(
+        f"sweep of {args.n} jobs × {args.steps} steps, {args.workers} joblib workers, {os.cpu_count()} CPUs, "
+        f"load average {figures['loadavg_before'][0]} → {figures['loadavg_after'][0]}"
+    )
     for mode in ("steady", "cold", "nocache"):
         if mode not in figures:
             continue
         f = figures[mode]
-        print(f"  {mode:7s} basic : wall {f['basic']['wall_s']:7.2f} s, job compute {f['basic']['compute_s']:6.2f} s, "
-              f"overhead {f['basic']['overhead_ms_per_job']:6.1f} ms/job   (target ≤ {TARGET_OVERHEAD_MS:g})"
-              + (f"; in CPU time {f['basic']['overhead_cpu_ms_per_job']:.1f} ms/job" if "cpu_s" in f["basic"] else ""))
-        print(f"  {mode:7s} joblib: wall {f['joblib']['wall_s']:7.2f} s, speedup {f['speedup']:.2f}×"
-              f"{'':22s}(target ≥ {TARGET_SPEEDUP:g}×)")
+        print(
+            f"  {mode:7s} basic : wall {f['basic']['wall_s']:7.2f} s, job compute {f['basic']['compute_s']:6.2f} s, "
+            f"overhead {f['basic']['overhead_ms_per_job']:6.1f} ms/job   (target ≤ {TARGET_OVERHEAD_MS:g})"
+            + (f"; in CPU time {f['basic']['overhead_cpu_ms_per_job']:.1f} ms/job" if "cpu_s" in f["basic"] else "")
+        )
+        print(
+            f"  {mode:7s} joblib: wall {f['joblib']['wall_s']:7.2f} s, speedup {f['speedup']:.2f}×"
+            f"{'':22s}(target ≥ {TARGET_SPEEDUP:g}×)"
+        )
     if args.out:
         args.out.write_text(json.dumps(figures, indent=2) + "\n")
         print(f"wrote {args.out}")

@@ -109,8 +109,10 @@ def test_joblib_two_workers_gives_the_same_table(basic_sweep, tmp_path, cli):
 
 def test_the_command_of_a_sweep_not_typed_is_rebuilt_whole():
     req = sweep.Request(overrides=["seed=0,1", "x='a b'"], name="ladder", launcher="joblib", jobs=2, resume=True)
-    assert sweep.command_line(req.command()) == \
-        "is-study sweep seed=0,1 'x='\"'\"'a b'\"'\"'' --launcher joblib --jobs 2 --name ladder --resume"
+    assert (
+        sweep.command_line(req.command())
+        == "is-study sweep seed=0,1 'x='\"'\"'a b'\"'\"'' --launcher joblib --jobs 2 --name ladder --resume"
+    )
 
 
 @pytest.mark.slow
@@ -156,8 +158,25 @@ def test_ray_local_cluster_gives_the_same_table(basic_sweep, tmp_path):
     fresh interpreter, as a user runs it. Needs the [ray] extra, which the [test] extra brings."""
     pytest.importorskip("hydra_plugins.hydra_ray_launcher", reason="the [ray] extra is not installed")
     d = tmp_path / "ray"
-    res = subprocess.run([sys.executable, "-m", "runner", "sweep", *GRID, *TINY, "--launcher", "ray", "--jobs", "2",
-                          f"hydra.sweep.dir={d}"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "runner",
+            "sweep",
+            *GRID,
+            *TINY,
+            "--launcher",
+            "ray",
+            "--jobs",
+            "2",
+            f"hydra.sweep.dir={d}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     assert res.stdout.strip() == str(d)
     _check_grid_sweep(d)
@@ -171,8 +190,9 @@ def test_ray_local_cluster_gives_the_same_table(basic_sweep, tmp_path):
 def test_sigkill_then_resume_reruns_only_unfinished_jobs(tmp_path, cli):
     d = tmp_path / "killed"
     args = ["seed=range(0,8)", "train.steps=60", "log.quiet=true", "log.timing=false", f"hydra.sweep.dir={d}"]
-    proc = subprocess.Popen([sys.executable, "-m", "runner", "sweep", *args], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "runner", "sweep", *args], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     kill_at_first_done(proc, d)
     done_before = {p.parent.name: p.stat().st_mtime_ns for p in _markers(d, "DONE")}
     assert 1 <= len(done_before) < 8
@@ -198,8 +218,15 @@ def test_sigkill_then_resume_reruns_only_unfinished_jobs(tmp_path, cli):
 def test_resume_needs_the_same_overrides_and_a_fresh_sweep_refuses_an_old_dir(basic_sweep, cli):
     code, _, err = cli("sweep", *GRID, *TINY, f"hydra.sweep.dir={basic_sweep}")
     assert code == 2 and "already holds a sweep" in err and "--resume" in err
-    code, _, err = cli("sweep", "correction=tis,icepop", "correction.high=2,10", "seed=0,1", *TINY,
-                       f"hydra.sweep.dir={basic_sweep}", "--resume")
+    code, _, err = cli(
+        "sweep",
+        "correction=tis,icepop",
+        "correction.high=2,10",
+        "seed=0,1",
+        *TINY,
+        f"hydra.sweep.dir={basic_sweep}",
+        "--resume",
+    )
     assert code == 2 and "overrides differ" in err, err
     code, _, err = cli("sweep", *GRID, "--resume")
     assert code == 2 and "--resume needs" in err
@@ -243,13 +270,21 @@ def test_dry_run_counts_match_real_runs(basic_sweep, tmp_path, cli):
 VALID_CORRECTIONS = ", ".join(registry.group_options("correction"))
 
 
-@pytest.mark.parametrize("bad,message", [
-    (["correction=tis,icpop"], "config: unknown correction 'icpop'; did you mean icepop or openrlhf-bc71bb1/icepop? "
-                               f"(valid: {VALID_CORRECTIONS})"),
-    (["correction.hihg=2,5"], "config: unknown key 'correction.hihg'; did you mean correction.high?"),
-    (["experiment=threshold-tradeof", "seed=0,1"], "config: unknown experiment 'threshold-tradeof'; did you mean "
-                                                   "bigram/threshold-tradeoff?"),
-])
+@pytest.mark.parametrize(
+    "bad,message",
+    [
+        (
+            ["correction=tis,icpop"],
+            "config: unknown correction 'icpop'; did you mean icepop or openrlhf-bc71bb1/icepop? "
+            f"(valid: {VALID_CORRECTIONS})",
+        ),
+        (["correction.hihg=2,5"], "config: unknown key 'correction.hihg'; did you mean correction.high?"),
+        (
+            ["experiment=threshold-tradeof", "seed=0,1"],
+            "config: unknown experiment 'threshold-tradeof'; did you mean bigram/threshold-tradeoff?",
+        ),
+    ],
+)
 @pytest.mark.parametrize("name", [None, "typo"])
 def test_dry_run_refuses_what_the_sweep_refuses(tmp_path, cli, monkeypatch, bad, message, name):
     """The dry run composed nothing: `correction=tis,icpop` listed 2 jobs and exited 0, then the sweep
@@ -271,8 +306,10 @@ def test_dry_run_refuses_a_dir_that_holds_another_sweep(basic_sweep, cli):
     args = [*GRID, *TINY, f"hydra.sweep.dir={basic_sweep}"]
     assert cli("sweep", *args, "--dry-run") == cli("sweep", *args)
     code, _, err = cli("sweep", *args, "--dry-run")
-    assert (code, err) == (2, f"is-study: error: {basic_sweep} already holds a sweep: add --resume to finish it, "
-                              f"or choose another --name\n")
+    assert (code, err) == (
+        2,
+        f"is-study: error: {basic_sweep} already holds a sweep: add --resume to finish it, or choose another --name\n",
+    )
     other = ["correction=tis,icepop", "correction.high=2,10", "seed=0,1", *TINY, f"hydra.sweep.dir={basic_sweep}"]
     code, _, err = cli("sweep", *other, "--resume", "--dry-run")
     assert code == 2 and "--resume: the overrides differ" in err, err
@@ -284,12 +321,16 @@ def test_dry_run_names_the_sweep_dir_only_when_it_is_fixed(tmp_path, cli, monkey
     monkeypatch.chdir(tmp_path)
     code, out, _ = cli("sweep", "seed=0,1", *TINY, "--dry-run")
     assert code == 0
-    assert out.splitlines()[-1] == ("2 jobs (dry run: nothing ran; sweep dir named when the sweep starts: "
-                                    "multirun/DATE_TIME-RANDOM; give --name NAME to fix it: multirun/NAME)")
+    assert out.splitlines()[-1] == (
+        "2 jobs (dry run: nothing ran; sweep dir named when the sweep starts: "
+        "multirun/DATE_TIME-RANDOM; give --name NAME to fix it: multirun/NAME)"
+    )
     for varying in ("runs/${now:%H-%M-%S}", "runs/${isstudy_uid:}"):
         code, out, _ = cli("sweep", "seed=0,1", *TINY, f"hydra.sweep.dir={varying}", "--dry-run")
-        assert out.splitlines()[-1] == ("2 jobs (dry run: nothing ran; sweep dir named when the sweep starts "
-                                        "(hydra.sweep.dir uses the time or a random suffix))")
+        assert out.splitlines()[-1] == (
+            "2 jobs (dry run: nothing ran; sweep dir named when the sweep starts "
+            "(hydra.sweep.dir uses the time or a random suffix))"
+        )
     code, out, _ = cli("sweep", "seed=0,1", *TINY, "--name", "fixed", "--dry-run")
     assert out.splitlines()[-1] == f"2 jobs (dry run: nothing ran; sweep dir {tmp_path / 'multirun' / 'fixed'})"
     assert list(tmp_path.iterdir()) == []
@@ -303,8 +344,10 @@ def test_a_sweep_dir_that_cannot_be_made_says_so(tmp_path, cli):
     blocker.write_text("")
     code, out, err = cli("sweep", "seed=0,1", *TINY, f"hydra.sweep.dir={blocker / 'sweep'}")
     assert (code, out) == (2, "")
-    assert err == (f"is-study: error: the sweep dir cannot be created or written: {blocker / 'sweep'} "
-                   f"(Not a directory); choose another --name or hydra.sweep.dir\n")
+    assert err == (
+        f"is-study: error: the sweep dir cannot be created or written: {blocker / 'sweep'} "
+        f"(Not a directory); choose another --name or hydra.sweep.dir\n"
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["a-file"]
 
 
@@ -402,8 +445,11 @@ def test_one_launcher_vocabulary(cli):
     code, out, _ = cli("list")
     assert code == 0
     # piped, `list` prints one line per item: what to type, a tab, what it is
-    listed = [line.split("\t", 1)[0].removeprefix("hydra/launcher=") for line in out.splitlines()
-              if line.startswith("hydra/launcher=")]
+    listed = [
+        line.split("\t", 1)[0].removeprefix("hydra/launcher=")
+        for line in out.splitlines()
+        if line.startswith("hydra/launcher=")
+    ]
     assert listed == names
     for old in ("serial", "parallel", "ray-cluster"):
         assert old not in listed
@@ -449,11 +495,17 @@ def test_name_goes_to_multirun_and_two_default_dirs_never_collide(tmp_path, monk
 
 
 def test_representative_validation_keeps_one_job_per_group_choice():
-    jobs = [[f"correction={c}", f"correction.high={h}", f"seed={s}"]
-            for c in ("tis", "icepop") for h in (2, 5) for s in range(10)]
+    jobs = [
+        [f"correction={c}", f"correction.high={h}", f"seed={s}"]
+        for c in ("tis", "icepop")
+        for h in (2, 5)
+        for s in range(10)
+    ]
     reps = project_sweeper.representative_jobs(jobs, lambda key: key == "correction")
-    assert reps == [["correction=tis", "correction.high=2", "seed=0"],
-                    ["correction=icepop", "correction.high=2", "seed=0"]]
+    assert reps == [
+        ["correction=tis", "correction.high=2", "seed=0"],
+        ["correction=icepop", "correction.high=2", "seed=0"],
+    ]
 
 
 # (params, command line): each mix is expanded by the project's sweeper and by Hydra's BasicSweeper
@@ -509,8 +561,17 @@ def test_the_expansion_cases_cover_every_sweep_kind(config_loader):
             seen |= {o.value_type.name} if o.value_type is not None else set()  # None: `~key`
             seen |= {"add"} if o.is_add() else {"force"} if o.is_force_add() else {"delete"} if o.is_delete() else set()
             seen |= {"package"} if o.package else set()
-    assert seen == {"ELEMENT", "SIMPLE_CHOICE_SWEEP", "CHOICE_SWEEP", "GLOB_CHOICE_SWEEP", "RANGE_SWEEP",
-                    "add", "force", "delete", "package"}
+    assert seen == {
+        "ELEMENT",
+        "SIMPLE_CHOICE_SWEEP",
+        "CHOICE_SWEEP",
+        "GLOB_CHOICE_SWEEP",
+        "RANGE_SWEEP",
+        "add",
+        "force",
+        "delete",
+        "package",
+    }
 
 
 def test_the_project_sweeper_refuses_an_interval_sweep_as_basic_sweeper_does(config_loader):
@@ -523,17 +584,23 @@ def test_the_project_sweeper_refuses_an_interval_sweep_as_basic_sweeper_does(con
 def test_the_sweep_is_planned_only_for_the_project_sweeper(tmp_path):
     """The plan (job list, resume, dry run) is the project sweeper's expansion, so another sweeper is
     refused in one line rather than run with a job list that might not match it."""
-    with pytest.raises(UserError, match=r"only is-study's sweeper is supported \(hydra/sweeper=is-study; "
-                                        r"hydra.sweeper is hydra._internal.core_plugins.basic_sweeper.BasicSweeper\)"):
+    with pytest.raises(
+        UserError,
+        match=r"only is-study's sweeper is supported \(hydra/sweeper=is-study; "
+        r"hydra.sweeper is hydra._internal.core_plugins.basic_sweeper.BasicSweeper\)",
+    ):
         sweep.plan(sweep.Request(overrides=["seed=0,1", "hydra/sweeper=basic", f"hydra.sweep.dir={tmp_path}"]))
-    assert sweep.plan(sweep.Request(overrides=["seed=0,1", f"hydra.sweep.dir={tmp_path}"])).jobs == [["seed=0"],
-                                                                                                     ["seed=1"]]
+    assert sweep.plan(sweep.Request(overrides=["seed=0,1", f"hydra.sweep.dir={tmp_path}"])).jobs == [
+        ["seed=0"],
+        ["seed=1"],
+    ]
 
 
 def _two_by_two(tmp_path: Path, name: str, *extra: str) -> Path:
     """A 2×2 sweep run through launch.sweep_multirun with the overrides `is-study sweep` would give it."""
-    p = sweep.plan(sweep.Request(overrides=["correction=tis,icepop", "seed=0,1", *TINY,
-                                            f"hydra.sweep.dir={tmp_path / name}"]))
+    p = sweep.plan(
+        sweep.Request(overrides=["correction=tis,icepop", "seed=0,1", *TINY, f"hydra.sweep.dir={tmp_path / name}"])
+    )
     launch.sweep_multirun([*p.overrides, *extra])
     return p.sweep_dir
 
@@ -551,8 +618,11 @@ def test_the_project_sweeper_writes_what_basic_sweeper_writes(tmp_path):
     for job in jobs:
         for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "metrics.csv"):
             assert (ours / job / name).read_bytes() == (basic / job / name).read_bytes(), (job, name)
-    assert (ours / "01" / ".hydra" / "overrides.yaml").read_text().splitlines()[:3] == \
-        ["- correction=tis", "- seed=1", "- train.steps=3"]
+    assert (ours / "01" / ".hydra" / "overrides.yaml").read_text().splitlines()[:3] == [
+        "- correction=tis",
+        "- seed=1",
+        "- train.steps=3",
+    ]
 
     def without_sweeper(path: Path, sweep_dir: Path) -> list[str]:
         text = path.read_text().replace(str(sweep_dir), "SWEEP_DIR")
@@ -578,8 +648,9 @@ def test_the_project_sweeper_composes_each_job_once(tmp_path, monkeypatch):
         return real(self, master_config, sweep_overrides)
 
     monkeypatch.setattr(ConfigLoaderImpl, "load_sweep_config", counted)
-    p = sweep.plan(sweep.Request(overrides=["correction=tis,icepop", "seed=0,1", *TINY,
-                                            f"hydra.sweep.dir={tmp_path / 'once'}"]))
+    p = sweep.plan(
+        sweep.Request(overrides=["correction=tis,icepop", "seed=0,1", *TINY, f"hydra.sweep.dir={tmp_path / 'once'}"])
+    )
     launch.sweep_multirun(p.overrides)
     assert len(calls) == 2 + 4
     assert [job[:2] for job in calls[:2]] == [["correction=tis", "seed=0"], ["correction=icepop", "seed=0"]]
@@ -621,8 +692,11 @@ def test_no_module_patches_hydra_or_joblib_internals():
     runner/ assigns to an attribute of Hydra's or the joblib plugin's classes or modules, none imports
     the joblib plugin's private _core, and none imports or names anything under hydra._internal: the
     sweeper is the project's own, on Hydra's public Sweeper interface."""
-    pattern = re.compile(r"^\s*(BasicSweeper|Singleton|ConfigLoaderImpl|FileConfigSource|CachingConfigRepository"
-                         r"|ImportlibResourcesConfigSource|_core|core)\.\w+\s*=[^=]", re.M)
+    pattern = re.compile(
+        r"^\s*(BasicSweeper|Singleton|ConfigLoaderImpl|FileConfigSource|CachingConfigRepository"
+        r"|ImportlibResourcesConfigSource|_core|core)\.\w+\s*=[^=]",
+        re.M,
+    )
     modules = sorted((REPO / "runner").rglob("*.py")) + sorted((REPO / "hydra_plugins").rglob("*.py"))
     assert REPO / "runner" / "hydra_app" / "sweeper.py" in modules
     for path in modules:
@@ -681,16 +755,22 @@ def test_bench_sweep_measures_a_cold_start_without_bytecode(tmp_path):
     (issue 16: the first joblib sweep in a fresh venv was 29 s against 18 s on basic). Tiny here: it
     proves the measurement runs; the figures are in docs/performance.md."""
     out = tmp_path / "bench.json"
-    res = subprocess.run([sys.executable, "scripts/bench_sweep.py", "--tiny", "--skip-cold", "--nocache",
-                          "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    res = subprocess.run(
+        [sys.executable, "scripts/bench_sweep.py", "--tiny", "--skip-cold", "--nocache", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     figures = json.loads(out.read_text())
     assert "cold" not in figures
     for launcher in ("basic", "joblib"):
         row = figures["nocache"][launcher]
         assert row["wall_s"] > row["compute_s"] > 0
-    assert figures["nocache"]["speedup"] == round(figures["nocache"]["basic"]["wall_s"]
-                                                  / figures["nocache"]["joblib"]["wall_s"], 2)
+    assert figures["nocache"]["speedup"] == round(
+        figures["nocache"]["basic"]["wall_s"] / figures["nocache"]["joblib"]["wall_s"], 2
+    )
     assert "nocache joblib: wall" in res.stdout
 
 
@@ -699,8 +779,14 @@ def test_bench_sweep_measures_a_cold_start_without_bytecode(tmp_path):
 def world_sweep(tmp_path_factory):
     """staleness × precision (2 × 2 jobs, tokens logged every step): the keys the studies' own files name."""
     sweep_dir = tmp_path_factory.mktemp("sweeps") / "world"
-    code, _, err = run_cli("sweep", "mismatch.staleness=0,2", "mismatch.precision=bf16,fp16", *TINY,
-                           "log.tokens_every=1", f"hydra.sweep.dir={sweep_dir}")
+    code, _, err = run_cli(
+        "sweep",
+        "mismatch.staleness=0,2",
+        "mismatch.precision=bf16,fp16",
+        *TINY,
+        "log.tokens_every=1",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
     assert code == 0, err
     return sweep_dir
 
@@ -711,8 +797,10 @@ def test_sweep_tables_merge_on_one_name_per_key(world_sweep):
     merges them on the same names without a rename; sweep.csv's last J is sweep_summary.csv's final J."""
     import pandas as pd
 
-    tables = {name: pd.read_csv(world_sweep / name)
-              for name in ("sweep.csv", "sweep_summary.csv", "sweep_events.csv", "sweep_tokens.csv")}
+    tables = {
+        name: pd.read_csv(world_sweep / name)
+        for name in ("sweep.csv", "sweep_summary.csv", "sweep_events.csv", "sweep_tokens.csv")
+    }
     for name, df in tables.items():
         assert not [c for c in df.columns if c.startswith("mismatch.")], name
         assert {"job", "staleness", "precision"} <= set(df.columns), name
@@ -724,8 +812,9 @@ def test_sweep_tables_merge_on_one_name_per_key(world_sweep):
     assert (merged["objective"] == merged["final_objective"]).all()  # one final J, to the last bit
     tokens = tables["sweep_tokens.csv"].drop_duplicates(keys)
     assert len(tokens.merge(summary, on=keys)) == 4
-    assert {(r.staleness, r.precision) for r in tokens.itertuples()} == {(k, p) for k in (0, 2)
-                                                                        for p in ("bf16", "fp16")}
+    assert {(r.staleness, r.precision) for r in tokens.itertuples()} == {
+        (k, p) for k in (0, 2) for p in ("bf16", "fp16")
+    }
     assert "objective" not in summary.columns and set(summary["objective_kind"]) == {"exact"}
 
 
@@ -754,8 +843,11 @@ def test_aggregate_combines_separate_runs(tmp_path, cli):
     import pandas as pd
 
     runs = tmp_path / "runs"
-    for day, args in (("day1/10-00-00", ["seed=1"]), ("day1/11-00-00", ["correction=tis"]),
-                      ("day2/09-00-00", ["mismatch.staleness=3"])):
+    for day, args in (
+        ("day1/10-00-00", ["seed=1"]),
+        ("day1/11-00-00", ["correction=tis"]),
+        ("day2/09-00-00", ["mismatch.staleness=3"]),
+    ):
         code, _, err = cli("run", *args, *TINY, f"hydra.run.dir={runs / day}")
         assert code == 0, err
     code, _, err = cli("aggregate", str(runs / "day1"), str(runs / "day2"))
@@ -769,9 +861,13 @@ def test_aggregate_combines_separate_runs(tmp_path, cli):
     cells = {(r.job, r.seed, r.correction, r.staleness) for r in summary.itertuples()}
     assert cells == {(0, 1, "none", 1), (1, 0, "tis", 1), (2, 0, "none", 3)}
     assert set(table.groupby("job")[["seed", "correction", "staleness"]].first().itertuples(name=None)) == {
-        (0, 1, "none", 1), (1, 0, "tis", 1), (2, 0, "none", 3)}
+        (0, 1, "none", 1),
+        (1, 0, "tis", 1),
+        (2, 0, "none", 3),
+    }
     assert [(out / d).resolve() for d in summary["run_dir"]] == [
-        (runs / d).resolve() for d in ("day1/10-00-00", "day1/11-00-00", "day2/09-00-00")]
+        (runs / d).resolve() for d in ("day1/10-00-00", "day1/11-00-00", "day2/09-00-00")
+    ]
     # a directory of runs alone: the tables go into it
     code, stdout, err = cli("aggregate", str(runs))
     assert code == 0, err

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from runner.errors import UserError
 from runner.paths import conf_dir
@@ -57,7 +58,7 @@ def _unknown_option_message(exc: BaseException) -> str | None:
     # `experiment=mlp/tis-tames` is Hydra's 'experiment/mlp/tis-tames': the group is the one the user
     # named (the first prefix that is a group of ours), not everything before the last slash.
     named = [g for g in registry.GROUPS if missing.startswith(g + "/")]
-    group, _, option = (named[0], "", missing[len(named[0]) + 1:]) if named else missing.rpartition("/")
+    group, _, option = (named[0], "", missing[len(named[0]) + 1 :]) if named else missing.rpartition("/")
     if not group:
         return f"unknown config {missing!r}"
     valid = registry.group_options(group)
@@ -175,15 +176,22 @@ def translated_errors() -> Iterator[None]:
     except UserError:
         raise
     except (HydraException, OmegaConfBaseException) as exc:
-        msg = (_unknown_option_message(exc) or _unknown_key_message(exc) or _bare_word_message(exc)
-               or _sweep_value_message(exc) or _first_line(exc))
+        msg = (
+            _unknown_option_message(exc)
+            or _unknown_key_message(exc)
+            or _bare_word_message(exc)
+            or _sweep_value_message(exc)
+            or _first_line(exc)
+        )
         raise UserError(f"config: {msg}") from None
     except ValueError as exc:
         # `correction=null`: Hydra's compose raises a plain ValueError for a group set to null
         if "Config group override must be a string" not in str(exc):
             raise
-        raise UserError("config: a config group takes an option's name, not null (see is-study list); "
-                        "to pick no experiment, leave experiment= out") from None
+        raise UserError(
+            "config: a config group takes an option's name, not null (see is-study list); "
+            "to pick no experiment, leave experiment= out"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -231,11 +239,14 @@ def run(overrides: list[str], task: Callable[[Any], Any], validate: Callable[[An
         if validate is not None:
             validate(_compose_for_run(hydra, overrides))
         try:
-            job = hydra.run(config_name=CONFIG_NAME, task_function=guarded, overrides=list(overrides),
-                            with_log_configuration=False)
+            job = hydra.run(
+                config_name=CONFIG_NAME, task_function=guarded, overrides=list(overrides), with_log_configuration=False
+            )
         except OSError as exc:  # the task's own errors are in `failure`: this is Hydra making the run dir
-            raise UserError(f"the run dir cannot be created or written: {exc.filename or ''} "
-                            f"({exc.strerror or exc}); choose another hydra.run.dir") from None
+            raise UserError(
+                f"the run dir cannot be created or written: {exc.filename or ''} "
+                f"({exc.strerror or exc}); choose another hydra.run.dir"
+            ) from None
     if failure:
         raise failure[0]
     return job.return_value
@@ -244,8 +255,9 @@ def run(overrides: list[str], task: Callable[[Any], Any], validate: Callable[[An
 def _compose_for_run(hydra: Any, overrides: list[str]) -> Any:
     from hydra.types import RunMode
 
-    return hydra.compose_config(config_name=CONFIG_NAME, overrides=list(overrides), run_mode=RunMode.RUN,
-                                with_log_configuration=False)
+    return hydra.compose_config(
+        config_name=CONFIG_NAME, overrides=list(overrides), run_mode=RunMode.RUN, with_log_configuration=False
+    )
 
 
 def output_dir() -> Path:

@@ -30,13 +30,15 @@ def sweep_plan(overrides: list[str], validate: bool = False) -> dict:
     from runner.hydra_app.sweeper import PLUGIN_CLASS, expand_jobs, validate_jobs
 
     with initialized() as hydra:
-        cfg = hydra.compose_config(config_name=CONFIG_NAME, overrides=list(overrides), run_mode=RunMode.MULTIRUN,
-                                   with_log_configuration=False)
+        cfg = hydra.compose_config(
+            config_name=CONFIG_NAME, overrides=list(overrides), run_mode=RunMode.MULTIRUN, with_log_configuration=False
+        )
         sweeper = cfg.hydra.sweeper
         target = sweeper.get("_target_")
         if target != PLUGIN_CLASS:
-            raise UserError(f"sweep: only is-study's sweeper is supported (hydra/sweeper=is-study; "
-                            f"hydra.sweeper is {target})")
+            raise UserError(
+                f"sweep: only is-study's sweeper is supported (hydra/sweeper=is-study; hydra.sweeper is {target})"
+            )
         params = sweeper.get("params")
         params = OmegaConf.to_container(params, resolve=True) if params is not None else {}
         task_overrides = OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False)
@@ -76,7 +78,11 @@ def sweep_multirun(overrides: list[str]) -> Any:
     with initialized() as hydra:
         gc.freeze()
         try:
-            return hydra.multirun(config_name=CONFIG_NAME, task_function=worker.sweep_job,
-                                  overrides=list(overrides), with_log_configuration=False)
+            return hydra.multirun(
+                config_name=CONFIG_NAME,
+                task_function=worker.sweep_job,
+                overrides=list(overrides),
+                with_log_configuration=False,
+            )
         finally:
             gc.unfreeze()

@@ -59,7 +59,7 @@ def batches(jobs: list[list[str]], max_batch_size: int | None) -> Iterable[list[
     if not isinstance(max_batch_size, int) or max_batch_size < 1:
         raise HydraException(f"hydra.sweeper.max_batch_size={max_batch_size}: a positive number of jobs, or null")
     for start in range(0, len(jobs), max_batch_size):
-        yield jobs[start:start + max_batch_size]
+        yield jobs[start : start + max_batch_size]
 
 
 def group_test(loader: Any) -> Callable[[str], bool]:
@@ -118,7 +118,8 @@ class ExpandingSweeper(Sweeper):
         self.hydra_context = hydra_context
         self.config = config
         self.launcher = Plugins.instance().instantiate_launcher(
-            hydra_context=hydra_context, task_function=task_function, config=config)
+            hydra_context=hydra_context, task_function=task_function, config=config
+        )
 
     def sweep(self, arguments: list[str]) -> Any:
         loader = self.hydra_context.config_loader
@@ -156,5 +157,6 @@ def register_config() -> None:
     a launcher's workers get it with the ConfigStore Hydra hands them."""
     from hydra.core.config_store import ConfigStore
 
-    ConfigStore.instance().store(group="hydra/sweeper", name=CONFIG_NAME,
-                                 node=ExpandingSweeperConf(_target_=PLUGIN_CLASS), provider="is-study")
+    ConfigStore.instance().store(
+        group="hydra/sweeper", name=CONFIG_NAME, node=ExpandingSweeperConf(_target_=PLUGIN_CLASS), provider="is-study"
+    )

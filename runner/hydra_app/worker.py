@@ -11,8 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from runner.sweep import job as job_logic
 from runner.hydra_app.app import register_resolvers
+from runner.sweep import job as job_logic
 
 # A launcher's worker imports this module to unpickle the task function, before Hydra resolves the
 # job's dir there: hydra.sweep.subdir uses our resolver (isstudy_job_dir).
@@ -73,8 +73,7 @@ def sweep_job(cfg: Any) -> Any:
     worker = _in_worker()
     hydra_cfg = HydraConfig.get()
     try:
-        return job_logic.run_job(cfg, Path(hydra_cfg.runtime.output_dir), Path(str(hydra_cfg.sweep.dir)),
-                                 _quiet_study)
+        return job_logic.run_job(cfg, Path(hydra_cfg.runtime.output_dir), Path(str(hydra_cfg.sweep.dir)), _quiet_study)
     finally:
         if worker and not _WORKER_STATE["frozen"]:
             _WORKER_STATE["frozen"] = True

@@ -50,22 +50,27 @@ from __future__ import annotations
 import csv
 import json
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 
+from runner import records
 from runner.errors import UserError
 from runner.hydra_app.overrides import parse_job_overrides
-from runner.sweep.integrity import Damage, damage
-from runner import records
 from runner.records import DONE, ERROR, fmt, unique_temp, write_failed
+from runner.sweep.integrity import Damage, damage
 
 SUMMARY_CSV = "sweep_summary.csv"
 # per-job table -> its aggregate in the sweep dir
-TABLES = {"metrics.csv": "sweep.csv", "probe.csv": "sweep_probe.csv", "events.csv": "sweep_events.csv",
-          "tokens.csv": "sweep_tokens.csv"}
+TABLES = {
+    "metrics.csv": "sweep.csv",
+    "probe.csv": "sweep_probe.csv",
+    "events.csv": "sweep_events.csv",
+    "tokens.csv": "sweep_tokens.csv",
+}
 STATUSES = ("done", "failed", "incomplete", "damaged")
 # override key -> the name of its column in every table written here: the name the studies' own files
 # (metrics.csv, tokens.csv, summary.json, probe.csv) give the same value, so the tables merge on it
@@ -213,8 +218,11 @@ class _AtomicCsv:
         self.rows = 0
 
     def _failed(self, exc: OSError):
-        return write_failed(self.path, exc, f"{self.path.name} was left as it was "
-                                            f"(free space, then is-study aggregate {self.path.parent})")
+        return write_failed(
+            self.path,
+            exc,
+            f"{self.path.name} was left as it was (free space, then is-study aggregate {self.path.parent})",
+        )
 
     def writerow(self, row: list[str]) -> None:
         try:
@@ -238,7 +246,7 @@ class _AtomicCsv:
             pass
         self.tmp.unlink(missing_ok=True)
 
-    def __enter__(self) -> "_AtomicCsv":
+    def __enter__(self) -> _AtomicCsv:
         return self
 
     def __exit__(self, exc_type, *exc: Any) -> None:
@@ -257,8 +265,9 @@ def _read_header(path: Path) -> list[str] | None:
         return None
 
 
-def concat_table(jobs: list[Job], keys: list[str], table: str, out_path: Path,
-                 bands: dict[int, list[str]] | None = None) -> int:
+def concat_table(
+    jobs: list[Job], keys: list[str], table: str, out_path: Path, bands: dict[int, list[str]] | None = None
+) -> int:
     """Concatenate `table` (e.g. metrics.csv) of the finished jobs into out_path, prefixed by job, the
     override keys and (with `bands`) low and high; returns the data rows written, 0 (and no file)
     when no job has the table."""
@@ -328,8 +337,7 @@ def _read_summary(job_dir: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def write_summary(jobs: list[Job], keys: list[str], out_path: Path,
-                  bands: dict[int, list[str]] | None = None) -> int:
+def write_summary(jobs: list[Job], keys: list[str], out_path: Path, bands: dict[int, list[str]] | None = None) -> int:
     own = ["status", "error", "run_dir"]
     fixed = ["job", *map(column_name, keys), *(BAND_KEYS if bands is not None else ()), *own]
     # summary.json's copies of a key's value are left out (`seed`, `staleness` for mismatch.staleness), and
@@ -344,15 +352,26 @@ def write_summary(jobs: list[Job], keys: list[str], out_path: Path,
             if c not in copies:
                 columns.setdefault(c, None)
     # a key this job was not given takes summary.json's value of the same name (`seed`, `staleness`)
-    rows = [[str(job.num), *(v or fmt(flat.get(column_name(k))) for k, v in zip(keys, _key_values(job, keys))),
-             *(bands[job.num] if bands is not None else []), job.status, job.error or "",
-             run_dir_cell(job.dir, out_path.parent), *(fmt(flat.get(c)) for c in columns)]
-            for job, flat in zip(jobs, flats)]
+    rows = [
+        [
+            str(job.num),
+            *(v or fmt(flat.get(column_name(k))) for k, v in zip(keys, _key_values(job, keys))),
+            *(bands[job.num] if bands is not None else []),
+            job.status,
+            job.error or "",
+            run_dir_cell(job.dir, out_path.parent),
+            *(fmt(flat.get(c)) for c in columns),
+        ]
+        for job, flat in zip(jobs, flats)
+    ]
     names = fixed + [f"summary.{c}" if c in own else c for c in columns]
     # a column empty for every job says nothing (error when none failed, collapse_step when none
     # collapsed, world.eos_token without an EOS token): left out; `status` and `collapsed` still say it
-    keep = [i for i, name in enumerate(names) if i < len(fixed) - len(own) or name in ("status", "run_dir")
-            or any(row[i] != "" for row in rows)]
+    keep = [
+        i
+        for i, name in enumerate(names)
+        if i < len(fixed) - len(own) or name in ("status", "run_dir") or any(row[i] != "" for row in rows)
+    ]
     with _AtomicCsv(out_path) as out:
         out.writerow([names[i] for i in keep])
         for row in rows:

@@ -23,6 +23,9 @@ picklable task function).
 - `<sweep dir>/sweep.json` records the job list, so `--resume` with different overrides is refused
   (job num → dir would no longer match), and the whole command line of each run (`command`, for
   reports).
+
+About 540 lines on purpose: the plan, the lock, resume and the run are one sequence, read top to bottom;
+the console is runner/sweep/report.py's and the jobs' own logic runner/sweep/job.py's.
 """
 
 from __future__ import annotations
@@ -35,16 +38,18 @@ import os
 import shlex
 import shutil
 import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any
 
 from runner.bounded import clip
-from runner.sweep.locks import DirLock, LockBusy, holder_of
 from runner.errors import UserError
 from runner.hydra_app.overrides import quote_override_value
 from runner.records import DONE, ERROR, write_json_atomic
 from runner.sweep.job import JOB_LOCK, error_line
+from runner.sweep.locks import DirLock, LockBusy, holder_of
 
 MANIFEST = "sweep.json"
 DEFAULT_ROOT = "multirun"
@@ -65,10 +70,20 @@ LAUNCHERS = {
     "basic": Launcher("basic", "basic", None, None, None),
     "joblib": Launcher("joblib", "joblib", "hydra_plugins.hydra_joblib_launcher", "parallel", "hydra.launcher.n_jobs"),
     # submitit's local executor starts a whole batch at once: cap the batch instead.
-    "submitit-local": Launcher("submitit-local", "submitit-local", "hydra_plugins.hydra_submitit_launcher", "slurm",
-                               "hydra.sweeper.max_batch_size"),
-    "submitit-slurm": Launcher("submitit-slurm", "submitit-slurm", "hydra_plugins.hydra_submitit_launcher", "slurm",
-                               "hydra.launcher.array_parallelism"),
+    "submitit-local": Launcher(
+        "submitit-local",
+        "submitit-local",
+        "hydra_plugins.hydra_submitit_launcher",
+        "slurm",
+        "hydra.sweeper.max_batch_size",
+    ),
+    "submitit-slurm": Launcher(
+        "submitit-slurm",
+        "submitit-slurm",
+        "hydra_plugins.hydra_submitit_launcher",
+        "slurm",
+        "hydra.launcher.array_parallelism",
+    ),
     "ray": Launcher("ray", "ray", "hydra_plugins.hydra_ray_launcher", "ray", "++hydra.launcher.ray.init.num_cpus"),
 }
 # hydra/launcher=NAME given directly: our presets (named as --launcher names them), or a plugin's own
@@ -145,8 +160,10 @@ class Plan:
 def _check_name(name: str) -> None:
     p = Path(name)
     if not name.strip() or p.is_absolute() or ".." in p.parts:
-        raise UserError(f"--name {clip(name)}: give a plain name (it becomes {DEFAULT_ROOT}/NAME); "
-                        f"for another place use hydra.sweep.dir=DIR")
+        raise UserError(
+            f"--name {clip(name)}: give a plain name (it becomes {DEFAULT_ROOT}/NAME); "
+            f"for another place use hydra.sweep.dir=DIR"
+        )
 
 
 def build_overrides(req: Request) -> tuple[list[str], Launcher | None]:
@@ -172,12 +189,18 @@ def build_overrides(req: Request) -> tuple[list[str], Launcher | None]:
             raise UserError(f"--jobs {req.jobs}: must be ≥ 1")
         if spec is None or spec.jobs_key is None:
             if req.jobs > 1:
-                raise UserError("--jobs: the basic launcher runs one job at a time; add --launcher joblib "
-                                "(or submitit-local, submitit-slurm, ray)")
+                raise UserError(
+                    "--jobs: the basic launcher runs one job at a time; add --launcher joblib "
+                    "(or submitit-local, submitit-slurm, ray)"
+                )
         elif _find(user, _key(spec.jobs_key)) is None:
             ours.append(f"{spec.jobs_key}={req.jobs}")
-    if spec is not None and spec.name == "submitit-local" and req.jobs is None \
-            and _find(user, "hydra.sweeper.max_batch_size") is None:
+    if (
+        spec is not None
+        and spec.name == "submitit-local"
+        and req.jobs is None
+        and _find(user, "hydra.sweeper.max_batch_size") is None
+    ):
         ours.append(f"hydra.sweeper.max_batch_size={os.cpu_count() or 1}")
     # Jobs print nothing (their results are in their dirs) and Hydra logs nothing over the progress bar.
     for group in ("hydra/job_logging", "hydra/hydra_logging"):
@@ -224,7 +247,9 @@ def plan(req: Request, validate: bool = False) -> Plan:
     final.append(f"hydra.sweep.dir={quote_override_value(str(sweep_dir))}")
     width = job_dir_width(sweep_dir, len(info["jobs"]), req.resume)
     if _find(final, "hydra.sweep.subdir") is None:
-        final.append(f"hydra.sweep.subdir={quote_override_value('${isstudy_job_dir:${hydra.job.num},%d}' % width)}")
+        final.append(
+            f"hydra.sweep.subdir={quote_override_value('${isstudy_job_dir:${hydra.job.num},' + str(width) + '}')}"
+        )
     return Plan(info["jobs"], sweep_dir, final, spec, width, bool(info.get("sweep_dir_varies")))
 
 
@@ -275,8 +300,13 @@ class Result:
     def ok(self) -> bool:
         """Every job of the plan holds DONE. The markers on disk are the truth: a launcher that
         raised while collecting results after every job finished does not make the sweep fail."""
-        return (self.report is not None and not self.jobs("failed") and not self.jobs("incomplete")
-                and not self.jobs("damaged") and self.missing == 0)
+        return (
+            self.report is not None
+            and not self.jobs("failed")
+            and not self.jobs("incomplete")
+            and not self.jobs("damaged")
+            and self.missing == 0
+        )
 
 
 def _has_jobs(sweep_dir: Path) -> bool:
@@ -301,8 +331,9 @@ def _check_target(req: Request, p: Plan) -> None:
             else:
                 i = next(i for i, (a, b) in enumerate(zip(old, p.jobs)) if a != b)
                 why = f"job {i} was {clip(' '.join(map(str, old[i])))}, now {clip(' '.join(p.jobs[i]))}"
-            raise UserError(f"--resume: the overrides differ from the sweep in {d} ({why}); "
-                            f"resume with the same overrides")
+            raise UserError(
+                f"--resume: the overrides differ from the sweep in {d} ({why}); resume with the same overrides"
+            )
 
 
 def command_line(args: list[str]) -> str:
@@ -322,8 +353,14 @@ def _write_manifest(req: Request, p: Plan, started: str) -> None:
     data["overrides"] = list(req.overrides)
     data["jobs"] = p.jobs
     data["job_dir_width"] = p.job_dir_width
-    data.setdefault("runs", []).append({"started": started, "launcher": p.launcher.name if p.launcher else "basic",
-                                        "resume": req.resume, "command": command_line(args)})
+    data.setdefault("runs", []).append(
+        {
+            "started": started,
+            "launcher": p.launcher.name if p.launcher else "basic",
+            "resume": req.resume,
+            "command": command_line(args),
+        }
+    )
     write_json_atomic(path, data, incomplete=f"the sweep in {p.sweep_dir} did not start")
 
 
@@ -351,7 +388,7 @@ def busy_message(d: Path, busy: LockBusy, resume: bool) -> str:
     return f"{d} is in use by another sweep ({who}): wait for it to finish{then}"
 
 
-Watch = Callable[[Path, int], ContextManager[Any]]  # (sweep dir, job count) → held while the jobs run
+Watch = Callable[[Path, int], AbstractContextManager[Any]]  # (sweep dir, job count) → held while the jobs run
 
 
 def run(req: Request, watch: Watch | None = None, say: Callable[[str], None] | None = None) -> Result:
@@ -360,8 +397,8 @@ def run(req: Request, watch: Watch | None = None, say: Callable[[str], None] | N
     Result. Nothing is printed here: `watch(sweep_dir, n_jobs)` is entered while the jobs run (the
     CLI's progress bar, runner/sweep/report.py), and `say(note)` is called for each note as it
     happens; the notes are also in Result.notes."""
-    from runner.sweep import aggregate as agg
     from runner.hydra_app import launch
+    from runner.sweep import aggregate as agg
 
     say = say or (lambda text: None)
     p = plan(req)
@@ -370,8 +407,10 @@ def run(req: Request, watch: Watch | None = None, say: Callable[[str], None] | N
     try:
         p.sweep_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"the sweep dir cannot be created or written: {p.sweep_dir} ({exc.strerror or exc}); "
-                        f"choose another --name or hydra.sweep.dir") from None
+        raise UserError(
+            f"the sweep dir cannot be created or written: {p.sweep_dir} ({exc.strerror or exc}); "
+            f"choose another --name or hydra.sweep.dir"
+        ) from None
     lock = DirLock(p.sweep_dir / LOCK, command=command_line(req.command()))
     try:
         lock.acquire()
@@ -410,7 +449,7 @@ def _run_locked(req: Request, p: Plan, watch: Watch | None, notes: list[str], ag
     except KeyboardInterrupt as exc:
         exc.resume_hint = resume_hint(req, p.sweep_dir)  # the CLI prints it
         raise
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         if not _has_jobs(p.sweep_dir):
             if isinstance(exc, UserError):
                 raise
@@ -424,7 +463,7 @@ def _run_locked(req: Request, p: Plan, watch: Watch | None, notes: list[str], ag
     return Result(p.sweep_dir, len(p.jobs), report, skipped, wall, aborted, notes)
 
 
-def _unwatched(sweep_dir: Path, total: int) -> ContextManager[None]:
+def _unwatched(sweep_dir: Path, total: int) -> AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
@@ -458,8 +497,10 @@ def dry_run_dir(req: Request, p: Plan) -> str:
         return f"sweep dir {p.sweep_dir}"
     if _find(req.overrides, "hydra.sweep.dir") is not None:
         return "sweep dir named when the sweep starts (hydra.sweep.dir uses the time or a random suffix)"
-    return (f"sweep dir named when the sweep starts: {DEFAULT_ROOT}/DATE_TIME-RANDOM; "
-            f"give --name NAME to fix it: {DEFAULT_ROOT}/NAME")
+    return (
+        f"sweep dir named when the sweep starts: {DEFAULT_ROOT}/DATE_TIME-RANDOM; "
+        f"give --name NAME to fix it: {DEFAULT_ROOT}/NAME"
+    )
 
 
 def resume_hint(req: Request, sweep_dir: Path) -> str:

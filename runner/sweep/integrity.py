@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runner.bounded import clip
-from runner.records import DONE, DONE_TEXT
 from runner.core.schema import ALL_METRICS_COLUMNS, EVENT_COLUMNS, PROBE_COLUMNS, PROBE_FIGURES
+from runner.records import DONE, DONE_TEXT
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,12 @@ class TableRule:
 
 
 RULES = {
-    "metrics.csv": TableRule("step", frozenset(ALL_METRICS_COLUMNS) - {"correction", "precision", "step", "update"},
-                             frozenset({"step", "update"}), ("step", "update")),
+    "metrics.csv": TableRule(
+        "step",
+        frozenset(ALL_METRICS_COLUMNS) - {"correction", "precision", "step", "update"},
+        frozenset({"step", "update"}),
+        ("step", "update"),
+    ),
     "probe.csv": TableRule(PROBE_COLUMNS[0], frozenset(PROBE_FIGURES) | {"low", "high"}, frozenset()),
     "events.csv": TableRule(EVENT_COLUMNS[0], frozenset(), frozenset({"step"})),
 }
@@ -101,8 +105,11 @@ def check_table(path: Path | str, rule: TableRule | None = None) -> int:
                     key = tuple(int(row[i]) for i in order)
                     if previous is not None and key <= previous:
                         names = ", ".join(rule.ordered)
-                        raise Damage(path, f"line {line}: ({names}) = {key} after {previous}: "
-                                           f"not increasing (a row repeated, or two writers)")
+                        raise Damage(
+                            path,
+                            f"line {line}: ({names}) = {key} after {previous}: "
+                            f"not increasing (a row repeated, or two writers)",
+                        )
                     previous = key
                 rows += 1
             return rows

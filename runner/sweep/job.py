@@ -19,13 +19,14 @@ from __future__ import annotations
 import json
 import shutil
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from runner.sweep.locks import DirLock, LockBusy
 from runner.errors import UserError
-from runner.sweep.integrity import damage
 from runner.records import DONE, ERROR, WriteFailed, is_done, write_text_atomic
+from runner.sweep.integrity import damage
+from runner.sweep.locks import DirLock, LockBusy
 
 JOB_LOCK = ".job.lock"
 
@@ -80,11 +81,19 @@ def run_job(cfg: Any, job_dir: Path, sweep_dir: Path, work: Callable[[Any, Path]
         lock.acquire()
     except LockBusy as busy:
         who = busy.holder.describe() if busy.holder else "an unknown holder"
-        return {"status": "busy", "error": f"another process is running this job ({who})", "run_dir": str(job_dir),
-                "sweep": "busy"}
+        return {
+            "status": "busy",
+            "error": f"another process is running this job ({who})",
+            "run_dir": str(job_dir),
+            "sweep": "busy",
+        }
     except OSError as exc:  # e.g. a full disk: nothing was written, so the job stays incomplete
-        return {"status": "failed", "error": f"cannot lock {job_dir}: {exc.strerror or exc}", "run_dir": str(job_dir),
-                "sweep": "failed"}
+        return {
+            "status": "failed",
+            "error": f"cannot lock {job_dir}: {exc.strerror or exc}",
+            "run_dir": str(job_dir),
+            "sweep": "failed",
+        }
     try:
         if is_complete(job_dir):
             return {**_read_summary(job_dir), "sweep": "skipped"}

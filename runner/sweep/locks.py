@@ -60,23 +60,39 @@ class Holder:
     pid_start: str | None = None
 
     @classmethod
-    def me(cls, command: str = "") -> "Holder":
+    def me(cls, command: str = "") -> Holder:
         pid = os.getpid()
-        return cls(socket.gethostname(), pid, _dt.datetime.now().isoformat(timespec="seconds"), command,
-                   _process_start(pid))
+        return cls(
+            socket.gethostname(), pid, _dt.datetime.now().isoformat(timespec="seconds"), command, _process_start(pid)
+        )
 
     @classmethod
-    def parse(cls, raw: bytes) -> "Holder | None":
+    def parse(cls, raw: bytes) -> Holder | None:
         try:
             data = json.loads(raw.decode("utf-8"))
-            return cls(str(data["host"]), int(data["pid"]), str(data["started"]), str(data.get("command", "")),
-                       data.get("pid_start"))
+            return cls(
+                str(data["host"]),
+                int(data["pid"]),
+                str(data["started"]),
+                str(data.get("command", "")),
+                data.get("pid_start"),
+            )
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
             return None
 
     def encode(self) -> bytes:
-        return (json.dumps({"host": self.host, "pid": self.pid, "started": self.started, "command": self.command,
-                            "pid_start": self.pid_start}) + "\n").encode("utf-8")
+        return (
+            json.dumps(
+                {
+                    "host": self.host,
+                    "pid": self.pid,
+                    "started": self.started,
+                    "command": self.command,
+                    "pid_start": self.pid_start,
+                }
+            )
+            + "\n"
+        ).encode("utf-8")
 
     def describe(self) -> str:
         return f"host {self.host}, pid {self.pid}, started {self.started}"
@@ -171,7 +187,7 @@ class DirLock:
             return taken_over
         raise LockBusy(self.path, _read(self.path), checkable=False)
 
-    def acquire(self) -> "DirLock":
+    def acquire(self) -> DirLock:
         me = Holder.me(self.command)
         previous = None
         if fcntl is not None:
@@ -188,8 +204,7 @@ class DirLock:
             self.release()  # a lock that cannot name its holder is not taken (a full disk)
             raise
         if previous is not None and (previous.host, previous.pid) != (me.host, me.pid):
-            self.note = (f"took over the lock of a process that stopped without releasing it "
-                         f"({previous.describe()})")
+            self.note = f"took over the lock of a process that stopped without releasing it ({previous.describe()})"
         return self
 
     def release(self) -> None:
@@ -208,7 +223,7 @@ class DirLock:
     def held(self) -> bool:
         return self._fd is not None
 
-    def __enter__(self) -> "DirLock":
+    def __enter__(self) -> DirLock:
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 
 from rich.markup import escape
 
-from runner.sweep import command as sweeps
 from runner.records import ERROR
+from runner.sweep import command as sweeps
 
 
 def note(text: str) -> None:
@@ -41,15 +41,30 @@ class ProgressBar:
         self._thread: threading.Thread | None = None
         self._bar = None
 
-    def __enter__(self) -> "ProgressBar":
+    def __enter__(self) -> ProgressBar:
         if not self.enabled:
             return self
         from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
 
-        self._bar = Progress(TextColumn("[bold]sweep[/bold]"), BarColumn(), MofNCompleteColumn(),
-                             TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"),
-                             TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+        self._bar = Progress(
+            TextColumn("[bold]sweep[/bold]"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=Console(stderr=True),
+            transient=True,
+        )
         self._task = self._bar.add_task("sweep", total=self.total, info="")
         self._bar.start()
         self._update()
@@ -91,8 +106,10 @@ def print_result(result: sweeps.Result, req: sweeps.Request, console: Any, limit
         parts.append(f"[red]{len(damaged)} damaged[/red]")
     if incomplete or result.missing:
         parts.append(f"[yellow]{len(incomplete) + result.missing} incomplete[/yellow]")
-    say(f"[bold]sweep[/bold] {escape(str(result.sweep_dir))}: {result.total} jobs, {', '.join(parts)}; "
-        f"{result.wall_s:.1f} s")
+    say(
+        f"[bold]sweep[/bold] {escape(str(result.sweep_dir))}: {result.total} jobs, {', '.join(parts)}; "
+        f"{result.wall_s:.1f} s"
+    )
     if result.report is not None:
         say("  wrote " + ", ".join(f"{name} ({rows} rows)" for name, rows in result.report.written.items()))
     for line in problem_lines(result.report, limit) if result.report is not None else []:
@@ -111,8 +128,10 @@ def _lock_note(job_dir: Path) -> str:
     if held is None:
         return ""
     holder, lock = held
-    return escape(f": its lock names {holder} (still running there? if that process is gone and the "
-                  f"filesystem has no flock, delete {lock})")
+    return escape(
+        f": its lock names {holder} (still running there? if that process is gone and the "
+        f"filesystem has no flock, delete {lock})"
+    )
 
 
 def problem_lines(report: Any, limit: int = 20) -> list[str]:
@@ -128,8 +147,10 @@ def problem_lines(report: Any, limit: int = 20) -> list[str]:
                 where, why = job.damage.path, f": {escape(job.damage.reason)}"
             else:
                 where, why = job.dir, _lock_note(job.dir)
-            lines.append(f"  [{style}]{kind.upper()}[/{style}] job {job.num} {escape(f'[{job.label()}]')}{why}  "
-                         f"[dim]({escape(str(where))})[/dim]")
+            lines.append(
+                f"  [{style}]{kind.upper()}[/{style}] job {job.num} {escape(f'[{job.label()}]')}{why}  "
+                f"[dim]({escape(str(where))})[/dim]"
+            )
         if len(jobs) > limit:
             lines.append(f"  … and {len(jobs) - limit} more {kind} jobs (see sweep_summary.csv)")
     return lines
@@ -141,8 +162,10 @@ def aggregate_hints(report: Any) -> list[str]:
     lines = []
     holder = sweeps.running_sweep(report.sweep_dir)
     if holder is not None:
-        lines.append(f"  [yellow]note:[/yellow] a sweep is still running here ({escape(holder)}): "
-                     f"the jobs it has not finished count as incomplete")
+        lines.append(
+            f"  [yellow]note:[/yellow] a sweep is still running here ({escape(holder)}): "
+            f"the jobs it has not finished count as incomplete"
+        )
     unfinished = [j for j in report.jobs if j.status in ("damaged", "incomplete", "failed")]
     if unfinished and holder is None:
         again = sweeps.rerun_command(report.sweep_dir)
