@@ -435,7 +435,11 @@ def test_bench_runs_at_tiny_size(tmp_path):
         assert part in names
     for row in rows:
         assert set(row) == {"name", "value", "target", "pass", "detail"}
-        assert row["value"] > 0 and (row["pass"] is not None or row["target"] == "info"), row
+        assert row["pass"] is not None or row["target"] == "info", row
+        # an info row at the tiny size may read the allocator's noise: the T=32 peak is under 1 MiB, so its
+        # growth over the process's baseline can come out negative (measured: -44.8x with CI and a second
+        # suite sharing the 2 cores); a judged row is a real figure
+        assert math.isfinite(row["value"]) and (row["value"] > 0 or row["target"] == "info"), row
 
 
 @pytest.mark.slow
