@@ -21,6 +21,7 @@ from analysis.figures.layout import (
     join_notes,
     legend_for,
     line_kwargs,
+    mark_events,
     never_learned_note,
     new_figure,
     ordered,
@@ -245,18 +246,7 @@ def _lead_lag(ds: Dataset, grid, fs, names, per, paper: bool) -> None:
                 )
                 bad = np.sort(cur.loc[cur["bad"], "x"].unique())
                 if metric == "gn" and len(bad):
-                    ax.plot(
-                        bad,
-                        np.full(len(bad), 0.965 - 0.04 * row),
-                        linestyle="none",
-                        marker="|",
-                        markersize=6,
-                        markeredgewidth=1.2,
-                        color=kw["color"],
-                        transform=ax.get_xaxis_transform(),
-                        clip_on=False,
-                        gid="events",
-                    )
+                    mark_events(ax, bad, kw["color"], 0.965 - 0.04 * row)
         grid.ax(f, 2).set_yscale("log")
     if len(frame):  # the steps some collapse has data for, within the window
         grid.ax(0, 1).set_xlim(float(frame["x"].min()) - 0.5, max(float(frame["x"].max()), 0.0) + 0.5)

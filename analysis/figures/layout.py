@@ -643,3 +643,20 @@ def facet_arms(frame, fs: Sequence[Facet], names: Sequence[str], arm: str = "cor
             if cur.empty:
                 continue
             yield f, name, cur, st.look(name)
+
+
+def mark_events(ax, steps, color, height: float = 0.965) -> None:
+    """NaN/inf events as short ticks along the top of a step axis (`height` in axes coordinates), drawn
+    outside the clip box so a tick at the last step shows; gid "events" is what the legends look for."""
+    ax.plot(
+        steps,
+        np.full(len(steps), height),
+        linestyle="none",
+        marker="|",
+        markersize=6,
+        markeredgewidth=1.2,
+        color=color,
+        transform=ax.get_xaxis_transform(),
+        clip_on=False,
+        gid="events",
+    )

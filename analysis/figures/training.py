@@ -33,6 +33,7 @@ from analysis.figures.layout import (
     join_notes,
     legend_for,
     line_kwargs,
+    mark_events,
     never_learned_note,
     ordered,
     seed_note,
@@ -270,18 +271,7 @@ def _grad_norm(ds: Dataset, style: str):
             bad = np.sort(cur.loc[cur["bad"], "x"].unique())
             if len(bad):
                 n_bad += len(bad)
-                ax.plot(
-                    bad,
-                    np.full(len(bad), 0.965),
-                    linestyle="none",
-                    marker="|",
-                    markersize=6,
-                    markeredgewidth=1.2,
-                    color=kw["color"],
-                    transform=ax.get_xaxis_transform(),
-                    clip_on=False,
-                    gid="events",
-                )
+                mark_events(ax, bad, kw["color"])
             zeros = cur[cur["zero"]]
             if len(zeros):  # a log axis has no 0: say where the gradient was exactly 0 instead of a silent gap
                 n_zero += len(zeros)
