@@ -34,7 +34,7 @@ WINDOWED = ("token_kl_k3", "seq_kl_k3", "ratio_outside_0.5_2")
 
 
 def window_size(updates: int) -> int:
-    """ceil(10% of updates), at least 1; integer arithmetic, since 0.1 · 30 is 3.0000000000000004 in floats."""
+    """ceil(10% of updates), at least 1, in integers (exact for any count)."""
     return max(1, -(-updates // WINDOW_FRACTION_DENOMINATOR))
 
 
