@@ -12,6 +12,7 @@ one step, and an interrupted replay keeps every step it finished.
 
 from __future__ import annotations
 
+import itertools
 import math
 import secrets
 import time
@@ -194,6 +195,8 @@ def run(req: Request, on_step: Callable[[int], None] | None = None) -> Path:
     if req.fmt is not None:
         formats.reader(req.fmt)  # an unknown format fails before anything is created
     found = formats.files(req.path, req.fmt)  # a path with nothing to read fails before anything is created
+    batches = formats.steps(found, req.limits)
+    first = next(batches)  # a dump that cannot be read fails before the replay dir is made
     out = req.out if req.out is not None else default_out()
     if (out / "replay.csv").exists():
         raise UserError(f"{out} already holds a replay.csv; choose another --out (nothing was overwritten)")
@@ -206,7 +209,7 @@ def run(req: Request, on_step: Callable[[int], None] | None = None) -> Path:
     replay_csv = CsvWriter(out / "replay.csv", REPLAY_COLUMNS)
     tokens_csv = CsvWriter(out / "tokens.csv", TOKEN_OUT_COLUMNS) if req.tokens else None
     try:
-        for batch in formats.steps(found, req.limits):
+        for batch in itertools.chain([first], batches):
             if tokens_csv is not None:
                 tokens_csv.write_number_rows(token_rows(batch), TOKEN_TEMPLATE)
             for row in replay_step(batch, presets, loss, generator):

@@ -13,6 +13,10 @@ from runner.replay.schema import StepBatch, concat
 
 # format name → module; auto-detection tries them in this order (the framework layouts before the generic ones)
 READERS = {
+    "slime": "runner.replay.slime",
+    "nemo-rl": "runner.replay.nemo_rl",
+    "skyrl": "runner.replay.skyrl",
+    "prime-rl": "runner.replay.prime_rl",
     "npz": "runner.replay.own_npz",
     "jsonl": "runner.replay.own_jsonl",
     "tokens-csv": "runner.replay.tokens_csv",

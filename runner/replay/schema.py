@@ -68,7 +68,7 @@ def as_float_tensor(value, source: str, step: int | None, field: str) -> torch.T
             array = np.asarray(value)
             if array.dtype == object or array.dtype.kind not in "biuf":
                 raise TypeError(f"holds {array.dtype} values")
-            out = torch.from_numpy(np.ascontiguousarray(array, dtype=np.float32))
+            out = torch.from_numpy(np.array(array, dtype=np.float32, order="C"))  # a copy: NPZ arrays are read-only
     except (TypeError, ValueError) as exc:
         raise BatchError(source, step, field, f"not a numeric array ({exc})") from None
     return out
