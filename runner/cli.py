@@ -511,6 +511,18 @@ def plot(
 
     styles.rc(style)  # an unknown style fails before any reading
     kinds = [k.strip() for item in (kind or []) for k in item.split(",") if k.strip()]
+    from analysis.replay import is_replay_dir
+
+    if is_replay_dir(path):  # `is-study replay`'s dir: its own figure kinds (analysis/figures/replay.py)
+        from analysis.figures import replay as replay_figures
+
+        written, skipped = replay_figures.render(path, out, kinds or None, style)
+        for name, reason in skipped.items():
+            _console(stderr=True).print(f"[dim]skipped {name}: {reason}[/dim]")
+        for files in written.values():
+            for file in files:
+                typer.echo(str(file))
+        return
     ds = load_dataset(path)
     written, skipped = figures.render(
         ds, out if out is not None else figures.default_dir(ds, style), kinds or None, style

@@ -596,3 +596,44 @@ def test_mismatched_and_missing_fields_name_file_step_and_field(tmp_path):
     nemo.write_text(json.dumps({"token_loss_mask": [[1]], "advantages": [[1.0]], "idx": 0}) + "\n")
     err = one_line_exit_2(replay(nemo, "--out", tmp_path / "o6"))
     assert "step 3" in err and "'generation_logprobs'" in err
+
+
+# ----------------------------------------------------------------------------------------- slice 5: figures, report
+def replayed(tmp_path: Path, name: str = "r", *presets: str) -> Path:
+    old, roll, mask, adv = synthetic(seed=7, sequences=24, tokens=12, shift=0.5)
+    path = write_npz(tmp_path / f"{name}.npz", old, roll, mask, adv, step=np.arange(24) // 8)
+    out = tmp_path / f"{name}-out"
+    code, _, err = replay(path, *presets, "--out", out)
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.parametrize("style", ["default", "paper"])
+def test_plot_on_a_replay_dir_draws_its_kinds_with_the_bands(tmp_path, style):
+    import math as m
+
+    from analysis.figures import replay as replay_figures
+    from analysis.replay import read_replay, read_tokens
+
+    out = replayed(tmp_path, "r", "correction=tis,trl/token-mask,seq-mask-tis,geo-mask")
+    code, stdout, err = run_cli("plot", str(out), "--style", style)
+    assert code == 0, err
+    names = sorted(Path(p).name for p in stdout.split())
+    assert names == sorted(f"{k}.{e}" for k in replay_figures.KINDS for e in ("png", "pdf"))
+    fig = replay_figures.mismatch_figure(out, read_replay(out), read_tokens(out), style)
+    histogram = fig.axes[1]
+    edges = sorted(round(line.get_xdata()[0], 6) for line in histogram.get_lines() if line.get_gid() == "band")
+    assert edges == [round(m.log(0.5), 6), round(m.log(3.0), 6), round(m.log(5.0), 6)]  # tis [0.5, 5], trl [—, 3]
+    assert histogram.get_xlabel() and histogram.get_ylabel() and histogram.get_yscale() == "log"
+    bands = replay_figures.bands_figure(out, read_replay(out), read_tokens(out), style)
+    geo = sorted(round(line.get_xdata()[0], 6) for line in bands.axes[1].get_lines() if line.get_gid() == "band")
+    # seq-mask-tis filters on the geometric mean at [0.5, 5], geo-mask at [0.999, 1.001]
+    assert geo == [round(m.log(v), 6) for v in (0.5, 0.999, 1.001, 5.0)]
+
+
+def test_plot_skips_what_a_dump_without_trainer_logprobs_cannot_show(tmp_path):
+    old, roll, mask, adv = synthetic()
+    np.savez(tmp_path / "bare.npz", roll=roll, mask=mask, advantages=adv)
+    assert replay(tmp_path / "bare.npz", "--out", tmp_path / "bare")[0] == 0
+    code, _, err = run_cli("plot", str(tmp_path / "bare"))
+    assert code == 2 and "nothing to plot" in err and "no trainer log-probs" in err
