@@ -41,6 +41,7 @@ class Band:
     high: float | None
     low_ratio: float | None  # as the preset writes it
     high_ratio: float | None
+    inverted: bool = False  # verl's filter keeps −stat inside [log low, log high]; low/high above are on stat
 
     def text(self) -> str:
         def f(v):
@@ -85,7 +86,7 @@ def band_of(preset: str) -> Band | None:
     lo, hi = _log(low), _log(high)
     if cfg.get("filter_inverted") and kind == "filter":
         lo, hi = (None if hi is None else -hi), (None if lo is None else -lo)
-    return Band(preset, level, kind, lo, hi, low, high)
+    return Band(preset, level, kind, lo, hi, low, high, bool(cfg.get("filter_inverted")) and kind == "filter")
 
 
 def read_replay(path: Path) -> pd.DataFrame:

@@ -564,6 +564,16 @@ def report(
     from analysis import reports
 
     overrides = _overrides(overrides)
+    from analysis.replay import is_replay_dir
+
+    if is_replay_dir(Path(path)):  # `is-study replay`'s dir (analysis/reports/replay.py)
+        from analysis.reports import replay as replay_report
+
+        dest = reports.destination(out, Path(path) / "report.md")
+        reports.write(replay_report.build(Path(path)), dest)
+        if dest is not None:
+            typer.echo(str(dest))
+        return
     case_path = reports.case_file(path)
     # What the reports need from the config and the algebra is computed here, in runner, and handed
     # to analysis as plain data; analysis only formats it.

@@ -637,3 +637,40 @@ def test_plot_skips_what_a_dump_without_trainer_logprobs_cannot_show(tmp_path):
     assert replay(tmp_path / "bare.npz", "--out", tmp_path / "bare")[0] == 0
     code, _, err = run_cli("plot", str(tmp_path / "bare"))
     assert code == 2 and "nothing to plot" in err and "no trainer log-probs" in err
+
+
+def test_report_on_a_replay_dir(tmp_path):
+    """The report's shipped-band rejection (pandas over tokens.csv) equals the algebra's masked fraction
+    (replay_summary.csv); its advised bands reject what they say; the NaN step is named."""
+    from analysis.replay import band_of, read_tokens, statistics, symmetric_band_rejecting
+
+    old, roll, mask, adv = synthetic(seed=8, sequences=40, tokens=10, shift=0.4)
+    roll[5, 1] = np.nan  # a masked-in token of step 1 (sequences 4-7)
+    path = write_npz(tmp_path / "d.npz", old, roll, mask, adv, step=np.arange(40) // 4)
+    out = tmp_path / "out"
+    assert replay(path, "correction=icepop,seq-mis,tis", "--out", out)[0] == 0
+    code, stdout, err = run_cli("report", str(out))
+    assert code == 0, err
+    text = (out / "report.md").read_text()
+    summary = {r["preset"]: r for r in read_csv(out / "replay_summary.csv")}
+    rows = {
+        line.split("|")[1].strip(): [c.strip() for c in line.split("|")[1:-1]]
+        for line in text.splitlines()
+        if line.startswith(("| seq-mis ", "| icepop "))
+    }
+    seq_masked = float(summary["seq-mis"]["seq_masked_fraction"])
+    assert seq_masked > 0.05
+    assert rows["seq-mis"][4] == f"{100 * seq_masked:.3g}%"
+    nonfinite = text.split("## Non-finite losses")[1].split("## Threshold advice")[0]
+    # the NaN roll: tis weights it (NaN loss at step 1); icepop and seq-mis reject it (NaN fails every band test)
+    assert "| tis      | 1       | 1       | 1 " in nonfinite
+    assert "| icepop " not in nonfinite and "| seq-mis " not in nonfinite
+    # an advised band rejects its fraction of the finite units
+    stats = statistics(read_tokens(out))
+    band = band_of("icepop")
+    for fraction in (0.01, 0.05, 0.2):
+        low, high = symmetric_band_rejecting(stats["token"], fraction, two_sided=True)
+        finite = stats["token"][np.isfinite(stats["token"])]
+        outside = ((finite < np.log(low)) | (finite > np.log(high))).mean()
+        assert outside == pytest.approx(fraction, abs=2 / len(finite))
+    assert band.level == "token" and band.kind == "filter"
