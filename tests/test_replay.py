@@ -674,3 +674,46 @@ def test_report_on_a_replay_dir(tmp_path):
         outside = ((finite < np.log(low)) | (finite > np.log(high))).mean()
         assert outside == pytest.approx(fraction, abs=2 / len(finite))
     assert band.level == "token" and band.kind == "filter"
+
+
+def test_restricted_unpickler_rebuilds_tensors_and_arrays_and_nothing_else(tmp_path):
+    """A pickled torch tensor names torch.storage._load_from_bytes, whose bytes are a torch.save stream: it is
+    loaded with weights_only=True, so a planted class inside it is refused too."""
+    import io
+    import pickle
+
+    import torch
+
+    from runner.errors import UserError
+    from runner.replay.limits import Limits
+    from runner.replay.safe_load import load_pickle
+
+    good = tmp_path / "good.pkl"
+    good.write_bytes(pickle.dumps({"t": torch.tensor([1.5, -2.0]), "a": np.arange(3.0), "d": torch.device("cpu")}))
+    loaded = load_pickle(good, Limits())
+    assert torch.equal(loaded["t"], torch.tensor([1.5, -2.0])) and loaded["a"].tolist() == [0.0, 1.0, 2.0]
+    inner = io.BytesIO()
+    torch.save(Planted(), inner)
+    bad = tmp_path / "bad.pkl"
+
+    class Storage:
+        def __reduce__(self):
+            return (torch.storage._load_from_bytes, (inner.getvalue(),))
+
+    bad.write_bytes(pickle.dumps([Storage()]))
+    with pytest.raises(UserError, match=r"bad.pkl: refused to load .*system.* inside a pickled tensor"):
+        load_pickle(bad, Limits())
+    assert not Path("PLANTED").exists()
+
+
+def test_skyrl_bfloat16_entries_are_read_through_weights_only_load():
+    import io
+
+    import torch
+
+    from runner.replay.skyrl import _tensor
+
+    buffer = io.BytesIO()
+    torch.save(torch.tensor([[0.5, -1.25]], dtype=torch.bfloat16), buffer)
+    value = _tensor({"format": "torch", "data": buffer.getvalue()}, "f.pkl", 0, "rollout_logprobs")
+    assert value.dtype == torch.float32 and value.tolist() == [[0.5, -1.25]]

@@ -49,7 +49,12 @@ _BUILTINS = {
 
 def _storage_from_bytes(data: bytes):
     """torch.storage._load_from_bytes, as a pickled tensor's storage names it, restricted like a .pt file."""
-    return torch.load(io.BytesIO(data), weights_only=True)
+    try:
+        return torch.load(io.BytesIO(data), weights_only=True)
+    except pickle.UnpicklingError as exc:
+        found = _UNSUPPORTED.search(str(exc))
+        what = next((g for g in found.groups() if g), "a type") if found else "a type"
+        raise Refused(f"refused to load {what} inside a pickled tensor's storage ({TRUST_HINT})") from None
 
 
 def _numpy_reconstruct():
@@ -124,6 +129,9 @@ def load_pickle(path: Path, limits: Limits, stand_ins: Mapping[tuple[str, str], 
             if limits.trust:
                 return TrustingUnpickler(handle, stand_ins).load()
             return RestrictedUnpickler(handle, str(path), stand_ins).load()
+        except Refused as exc:
+            text = str(exc)
+            raise Refused(text if text.startswith(str(path)) else f"{path}: {text}") from None
         except UserError:
             raise
         except ImportError as exc:
