@@ -511,6 +511,18 @@ def plot(
 
     styles.rc(style)  # an unknown style fails before any reading
     kinds = [k.strip() for item in (kind or []) for k in item.split(",") if k.strip()]
+    from analysis.replay import is_replay_dir
+
+    if is_replay_dir(path):  # `is-study replay`'s dir: its own figure kinds (analysis/figures/replay.py)
+        from analysis.figures import replay as replay_figures
+
+        written, skipped = replay_figures.render(path, out, kinds or None, style)
+        for name, reason in skipped.items():
+            _console(stderr=True).print(f"[dim]skipped {name}: {reason}[/dim]")
+        for files in written.values():
+            for file in files:
+                typer.echo(str(file))
+        return
     ds = load_dataset(path)
     written, skipped = figures.render(
         ds, out if out is not None else figures.default_dir(ds, style), kinds or None, style
@@ -552,6 +564,16 @@ def report(
     from analysis import reports
 
     overrides = _overrides(overrides)
+    from analysis.replay import is_replay_dir
+
+    if is_replay_dir(Path(path)):  # `is-study replay`'s dir (analysis/reports/replay.py)
+        from analysis.reports import replay as replay_report
+
+        dest = reports.destination(out, Path(path) / "report.md")
+        reports.write(replay_report.build(Path(path)), dest)
+        if dest is not None:
+            typer.echo(str(dest))
+        return
     case_path = reports.case_file(path)
     # What the reports need from the config and the algebra is computed here, in runner, and handed
     # to analysis as plain data; analysis only formats it.
@@ -574,6 +596,63 @@ def report(
     reports.write(text, dest)
     if dest is not None:
         typer.echo(str(dest))
+
+
+# ----------------------------------------------------------------------------------------- replay
+@app.command(
+    help=(
+        "Run a framework's dumped training batches through every correction preset: what each would have "
+        "masked, clamped and weighted, step by step.  [dim]e.g. is-study replay dump_dir/train_data --format slime[/dim]\n\n"
+        "Formats: slime, nemo-rl, skyrl, prime-rl, npz, jsonl, tokens-csv (default: by file name). Writes replay.csv "
+        "(a row per step × preset), replay_summary.csv and tokens.csv to --out (default runs/DATE/TIME-replay-XXXXXX). "
+        "Pickle and .pt files are loaded without running code (types other than tensors, arrays and containers are "
+        "refused) unless --trust. docs/replay.md lists the fields each reader reads."
+    )
+)
+def replay(
+    path: Path = typer.Argument(..., help="A dump file or a directory of steps.", show_default=False),
+    overrides: list[str] | None = typer.Argument(
+        None,
+        help="correction=PRESET[,PRESET...] (default: every preset) and loss=NAME (default ppo).",
+        show_default=False,
+    ),
+    fmt: str | None = typer.Option(
+        None, "--format", "-f", help="slime | nemo-rl | skyrl | prime-rl | npz | jsonl | tokens-csv."
+    ),
+    every: bool = typer.Option(False, "--all", help="Every preset (the default when none is named)."),
+    out: Path | None = typer.Option(
+        None, "--out", "-o", help="The replay dir (default: a new runs/DATE/TIME-replay-XXXXXX)."
+    ),
+    trust: bool = typer.Option(
+        False,
+        "--trust",
+        help="Load pickle / .pt files with plain pickle: runs whatever code they hold. Only for your own files.",
+    ),
+    max_bytes: int | None = typer.Option(
+        None,
+        "--max-bytes",
+        help="Refuse a file larger than this (or expanding to more), default 4 GiB.",
+        show_default=False,
+    ),
+    tokens: bool = typer.Option(True, "--tokens/--no-tokens", help="Write tokens.csv (one row per logged token)."),
+) -> None:
+    from runner.replay import command as replays
+    from runner.replay.limits import DEFAULT_MAX_BYTES, Limits
+
+    if trust:
+        typer.echo("is-study: --trust: pickle and .pt files are loaded unrestricted; they can run any code", err=True)
+    if max_bytes is not None and max_bytes <= 0:
+        raise UserError(f"--max-bytes must be positive, got {max_bytes}")
+    req = replays.Request(
+        path=path,
+        fmt=fmt,
+        overrides=_overrides(overrides),
+        every=every,
+        out=out,
+        limits=Limits(max_bytes=max_bytes or DEFAULT_MAX_BYTES, trust=trust),
+        tokens=tokens,
+    )
+    typer.echo(str(replays.run(req)))
 
 
 # ----------------------------------------------------------------------------------------- claims

@@ -82,3 +82,23 @@ def test_bench_metrics_runs_at_tiny_size(tmp_path):
         "per call, PPO readable vs fused",
     ]
     assert all(math.isfinite(r["value"]) and r["value"] > 0 and r["target"] == "info" for r in rows), rows
+
+
+def test_bench_replay_runs_at_tiny_size(tmp_path):
+    """scripts/bench_replay.py (is-study replay's time and memory on a synthetic dump, every preset) runs and
+    reports both figures, each a positive number from a replay that reached DONE."""
+    out = tmp_path / "bench_replay.json"
+    res = subprocess.run(
+        [sys.executable, "scripts/bench_replay.py", "--tiny", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [r["name"].split(",")[0] for r in rows] == ["replay time", "replay peak memory over the tokens' bytes"]
+    assert "16,384 tokens × 22 presets" in rows[0]["name"] and "88 replay.csv rows" in rows[0]["detail"]
+    for row in rows:
+        assert set(row) == {"name", "value", "target", "pass", "detail"}
+        assert math.isfinite(row["value"]) and row["value"] > 0 and row["target"] == "info", row
