@@ -500,3 +500,21 @@ def test_tiny_run_on_the_bigram_world(cli, tmp_path, name):
     updates = rows[rows["step"] < 2]  # the last row holds only the final objective
     assert len(updates) == 4 and updates["loss"].notna().all() and (updates["nonfinite_loss"] == 0).all()
     assert updates["loss"].map(math.isfinite).all() and updates["grad_norm"].gt(0).all()
+
+
+def test_the_docs_worked_table_is_the_pinned_one():
+    """docs/corrections.md §4.1's worked table gives, for each loss, the loss and gradient pinned above (to the
+    digits the table prints)."""
+    text = (CONF.parent / "docs" / "corrections.md").read_text()
+    section = text.split("### 4.1 The 2026 losses", 1)[1].split("**Worked example**", 1)[1].split("\n## ", 1)[0]
+    seen = set()
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        name = cells[0].split("`")[1] if cells[0].startswith("`") else None
+        if name not in WORKED or len(cells) != 4 or "," not in cells[3]:
+            continue
+        _, loss, grad = WORKED[name]
+        assert float(cells[2].replace("−", "-")) == pytest.approx(loss, abs=1e-6), name
+        assert [float(g.replace("−", "-")) for g in cells[3].split(",")] == pytest.approx(grad, abs=1e-6), name
+        seen.add(name)
+    assert seen == set(NEW_LOSSES)
