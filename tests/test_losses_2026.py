@@ -26,7 +26,7 @@ from runner.errors import UserError
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-NEW_LOSSES = ("cispo", "dppo-tv", "dppo-kl", "ipo", "sapo", "gmpo", "topr")
+NEW_LOSSES = ("cispo", "dppo-tv", "dppo-kl", "ipo", "sapo", "gmpo", "topr", "rollout-is", "kimi15")
 TIS = Correction(name="tis", weight="token", weight_op="clamp", low=0.5, high=5.0)
 
 
@@ -83,6 +83,11 @@ WORKED = {
     # Positive: −A·lp = [ln 2, −ln 0.45]; negative: clamp(r, 0, 1)·lp = [0.7·ln 0.28, 1·ln 0.55] (r = 1.1 capped);
     # gradient −A·taper/4.
     "topr": ({}, 0.000685476, [-0.25, -0.25, 0.175, 0.25]),
+    # π_θ/μ = [2, 1.125 | 0.56, 1.375]: only t2 lies inside (0.8, 1.2); −A·1.125·ln 0.45 / 4, gradient −1.125/4 there.
+    "rollout-is": ({}, 0.224580, [0.0, -0.28125, 0.0, 0.0]),
+    # −A·lp + 0.05·(ln r)², ln r = [0.22314, −0.10536 | −0.35667, 0.09531]: [0.695637, 0.799063 | −1.266605,
+    # −0.597383]; gradient (−A + 0.1·ln r)/4.
+    "kimi15": ({}, -0.0923220, [-0.244421, -0.252634, 0.241083, 0.252383]),
 }
 
 
@@ -98,6 +103,7 @@ def test_worked_clip_fractions():
     """The share of tokens where each loss's own clip or trust-region mask binds (ppo_clip_fraction): CISPO's
     clamp at t1 and t3; TV and KL drop 2 of 4, IPO 3 of 4; GMPO clips 2; TOPR caps t4's r = 1.1; SAPO has none."""
     want = {"cispo": 0.5, "dppo-tv": 0.5, "dppo-kl": 0.5, "ipo": 0.75, "sapo": 0.0, "gmpo": 0.5, "topr": 0.25}
+    want |= {"rollout-is": 0.75, "kimi15": 0.0}
     for name, fraction in want.items():
         res, _ = run(shipped(name, **WORKED[name][0]), *worked_batch())
         assert res.metrics["ppo_clip_fraction"] == fraction, name
@@ -154,6 +160,17 @@ def ref_topr(s, t):
     return -t["a"] * taper * t["lp"] * t["c"], -t["a"] * taper * t["c"]
 
 
+def ref_rollout_is(s, t):
+    r = math.exp(max(min(t["lp"] - t["roll"], 20.0), -20.0))
+    w = r if 1 - s.eps_low < r < 1 + s.eps_high else 0.0
+    return -t["a"] * w * t["lp"] * t["c"], -t["a"] * w * t["c"]
+
+
+def ref_kimi15(s, t):
+    x = t["lp"] - t["old"]
+    return (-t["a"] * t["lp"] + s.kl_tau * x * x) * t["c"], (-t["a"] + 2 * s.kl_tau * x) * t["c"]
+
+
 TOKEN_REFS = {
     "cispo": ref_cispo,
     "dppo-tv": ref_dppo_tv,
@@ -161,6 +178,8 @@ TOKEN_REFS = {
     "ipo": ref_ipo,
     "sapo": ref_sapo,
     "topr": ref_topr,
+    "rollout-is": ref_rollout_is,
+    "kimi15": ref_kimi15,
 }
 
 
@@ -321,6 +340,10 @@ EXTREME_GRAD = {
     "sapo": [0.0] * 6,
     # positive: −A/6; negative: clamp(e^x, 0, 1) = [1, e^−50, 1]·(1/6)
     "topr": [-1 / 6, -1 / 6, -1 / 6, 1 / 6, math.exp(-50) / 6, 1 / 6],
+    # every ratio (e^±20 after the bound) is out of the band: weight 0, gradient 0
+    "rollout-is": [0.0] * 6,
+    # (−A + 0.1·x)/6 with x = [50, −50, 100]
+    "kimi15": [4 / 6, -6 / 6, 9 / 6, 6 / 6, -4 / 6, 11 / 6],
 }
 
 

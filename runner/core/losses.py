@@ -19,7 +19,20 @@ from runner.core.loss_families import PER_TOKEN_2026
 from runner.core.masking import SAFETY_BOUND, zero_padding
 from runner.errors import UserError
 
-LOSSES = ("ppo", "gspo", "reinforce", "cispo", "dppo-tv", "dppo-kl", "ipo", "sapo", "gmpo", "topr")
+LOSSES = (
+    "ppo",
+    "gspo",
+    "reinforce",
+    "cispo",
+    "dppo-tv",
+    "dppo-kl",
+    "ipo",
+    "sapo",
+    "gmpo",
+    "topr",
+    "rollout-is",
+    "kimi15",
+)
 REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 # What PPO's (and GSPO's) ratio is taken against: `old`, the trainer's fp32 log-probs under θ_t (decoupled
 # PPO: the clip bounds the updates made within a step), or `behaviour`, the engine's reported log-probs
@@ -46,7 +59,7 @@ class LossSpec:
     mask_high: float = 0.2
     ipo_threshold: float = 0.1  # IPO drops a token where |π_θ − μ| exceeds it
     adv_tau: float = 1.0  # prime-rl's scale on A (dppo-*, ipo)
-    kl_tau: float = 0.0  # prime-rl's kl_tau·(log r)² term (dppo-*, ipo)
+    kl_tau: float = 0.0  # the kl_tau·(log r)² term: prime-rl's (dppo-*, ipo), Kimi k1.5's τ/2 (kimi15)
     tau_pos: float = 1.0  # SAPO's gate temperatures, A > 0 and A ≤ 0
     tau_neg: float = 1.05
     positive_weight: float = 1.0  # TOPR's weights on positive and negative samples

@@ -6,9 +6,10 @@ where per_token is already multiplied by the correction's coefficient and `clipp
 tokens where the loss's own clip or trust-region mask binds (ppo_clip_fraction), or is None.
 """
 
-from runner.core.loss_families.cispo import cispo_per_token
+from runner.core.loss_families.cispo import cispo_per_token, rollout_is_per_token
 from runner.core.loss_families.dppo import dppo_kl_per_token, dppo_tv_per_token, ipo_per_token
 from runner.core.loss_families.gmpo import gmpo_per_token
+from runner.core.loss_families.kimi15 import kimi15_per_token
 from runner.core.loss_families.sapo import sapo_per_token
 from runner.core.loss_families.topr import topr_per_token
 
@@ -20,4 +21,6 @@ PER_TOKEN_2026 = {
     "sapo": sapo_per_token,
     "gmpo": gmpo_per_token,
     "topr": topr_per_token,
+    "rollout-is": rollout_is_per_token,
+    "kimi15": kimi15_per_token,
 }
