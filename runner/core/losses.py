@@ -15,10 +15,24 @@ from typing import Any
 import torch
 
 from runner.core.corrections import Correction, CorrectionResult, apply_correction
+from runner.core.loss_families import PER_TOKEN_2026
 from runner.core.masking import SAFETY_BOUND, zero_padding
 from runner.errors import UserError
 
-LOSSES = ("ppo", "gspo", "reinforce")
+LOSSES = (
+    "ppo",
+    "gspo",
+    "reinforce",
+    "cispo",
+    "dppo-tv",
+    "dppo-kl",
+    "ipo",
+    "sapo",
+    "gmpo",
+    "topr",
+    "rollout-is",
+    "kimi15",
+)
 REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 # What PPO's (and GSPO's) ratio is taken against: `old`, the trainer's fp32 log-probs under θ_t (decoupled
 # PPO: the clip bounds the updates made within a step), or `behaviour`, the engine's reported log-probs
@@ -39,6 +53,17 @@ class LossSpec:
     dual_clip: float | None = None  # c > 1: where A < 0, the loss is capped at −c·A
     reduction: str = "token-mean"
     ratio_against: str = "old"  # old | behaviour (RATIO_AGAINST)
+    # The 2026 losses' own settings (runner/core/loss_families/; each YAML in conf/loss/ names its source).
+    # eps_low/eps_high are CISPO's weight bounds [1 − ε_low, 1 + ε_high] and GMPO's log-ratio clip.
+    mask_low: float = 0.2  # DPPO's trust region δ_low (A < 0) and δ_high (A > 0)
+    mask_high: float = 0.2
+    ipo_threshold: float = 0.1  # IPO drops a token where |π_θ − μ| exceeds it
+    adv_tau: float = 1.0  # prime-rl's scale on A (dppo-*, ipo)
+    kl_tau: float = 0.0  # the kl_tau·(log r)² term: prime-rl's (dppo-*, ipo), Kimi k1.5's τ/2 (kimi15)
+    tau_pos: float = 1.0  # SAPO's gate temperatures, A > 0 and A ≤ 0
+    tau_neg: float = 1.05
+    positive_weight: float = 1.0  # TOPR's weights on positive and negative samples
+    negative_weight: float = 1.0
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> LossSpec:
@@ -57,6 +82,21 @@ class LossSpec:
             raise UserError(f"loss.dual_clip must be > 1 (or null), got {spec.dual_clip}")
         if spec.ratio_against not in RATIO_AGAINST:
             raise UserError(f"loss.ratio_against={spec.ratio_against!r} is not one of: {', '.join(RATIO_AGAINST)}")
+        for key in (
+            "mask_low",
+            "mask_high",
+            "ipo_threshold",
+            "adv_tau",
+            "kl_tau",
+            "positive_weight",
+            "negative_weight",
+        ):
+            if getattr(spec, key) < 0:
+                raise UserError(f"loss.{key} must be non-negative, got {getattr(spec, key)}")
+        if spec.tau_pos <= 0 or spec.tau_neg <= 0:
+            raise UserError("loss.tau_pos and loss.tau_neg must be positive")
+        if spec.dual_clip is not None and spec.name not in ("ppo", "gspo"):
+            raise UserError(f"loss.dual_clip applies to loss=ppo and loss=gspo only, not loss={spec.name}")
         if spec.ratio_against == "behaviour" and spec.name == "reinforce":
             raise UserError(
                 "loss.ratio_against=behaviour: loss=reinforce has no ratio to take against the behaviour "
@@ -65,12 +105,15 @@ class LossSpec:
         return spec
 
     def check_correction(self, corr: Correction) -> None:
-        """Against the behaviour policy, PPO's ratio π_θ / π_behaviour already is the importance weight, so
+        """Against the behaviour policy, a loss's ratio π_θ / π_behaviour already is the importance weight, so
         a correction's weight would count the mismatch twice (verl's bypass mode passes no IS weights to its
-        ppo_clip loss for this reason); its filter (rejection) still applies."""
-        if self.name == "ppo" and self.ratio_against == "behaviour" and corr.weight != "none":
+        ppo_clip loss, SkyRL refuses TIS with cispo_anchor=rollout, and prime-rl's DPPO/IPO losses have no
+        correction besides their own ratio); its filter (rejection) still applies. GSPO (whose correction only
+        chooses the ratio base) and REINFORCE (no ratio) are not concerned."""
+        if self.name not in ("gspo", "reinforce") and self.ratio_against == "behaviour" and corr.weight != "none":
+            owner = "PPO" if self.name == "ppo" else f"loss={self.name}"
             raise UserError(
-                f"loss.ratio_against=behaviour with correction={corr.name} (weight: {corr.weight}): PPO's "
+                f"loss.ratio_against=behaviour with correction={corr.name} (weight: {corr.weight}): {owner}'s "
                 "ratio against the behaviour policy already is the importance weight, and the "
                 "correction's weight would count it twice; use loss.ratio_against=old, or a correction "
                 "with weight: none (its filter still applies)"
@@ -78,7 +121,9 @@ class LossSpec:
 
     @property
     def effective_reduction(self) -> str:
-        return "seq-mean-token-mean" if self.name == "gspo" else self.reduction
+        # GSPO averages sequences; GMPO's loss is per sequence, laid out so that seq-mean-token-sum is verl's
+        # torch.mean over the batch's sequences (it ignores loss_agg_mode)
+        return {"gspo": "seq-mean-token-mean", "gmpo": "seq-mean-token-sum"}.get(self.name, self.reduction)
 
 
 @dataclass
@@ -254,7 +299,7 @@ class _WeightedPPO(torch.autograd.Function):
         return grad_out * slope, None, None, None, None, None, None
 
 
-PER_TOKEN = {"ppo": ppo_per_token, "gspo": gspo_per_token, "reinforce": reinforce_per_token}
+PER_TOKEN = {"ppo": ppo_per_token, "gspo": gspo_per_token, "reinforce": reinforce_per_token, **PER_TOKEN_2026}
 assert tuple(PER_TOKEN) == LOSSES
 
 
