@@ -60,6 +60,7 @@ from runner.errors import StudyFailed, UserError
 from runner.progress import Progress
 from runner.records import CsvWriter, EventWriter, NumberCsvWriter, fmt, mark_done, write_json_atomic
 from runner.studies import plain_config
+from runner.tracking import open_trackers
 from runner.training.config import Setup
 from runner.training.config import load as load_setup
 from runner.training.loop import StepRecord, Trainer
@@ -83,14 +84,15 @@ def validate(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict:
-    s = load(cfg)
+    config = plain_config(cfg)
+    s = load_setup(config)
     # The tensors are tiny, so an intra-op parallel region only costs; and when several runs share
     # the cores (a parallel sweep, a test runner) OpenMP's spinning threads oversubscribe them:
     # three concurrent default runs took 60–80 s with 2 threads each against 2–7 s with 1.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run(s, Path(run_dir))
+        return _run(s, Path(run_dir), config)
     finally:
         torch.set_num_threads(threads)
 
@@ -139,9 +141,11 @@ def token_row_template(constants: dict) -> str:
 class Writer:
     """One step's record → metrics.csv rows, events.csv rows and tokens.csv rows."""
 
-    def __init__(self, s: Setup, run_dir: Path, monte_carlo: bool = False):
+    def __init__(self, s: Setup, run_dir: Path, monte_carlo: bool = False, config: dict | None = None):
         self.s = s
         self.metrics_csv, self.events, self.tokens_csv = open_writers(s, run_dir, monte_carlo)
+        # after the CSV files: a tracker sees a row only once metrics.csv holds it
+        self.trackers = open_trackers(s.trackers, run_dir, config or {}, s.train.updates_per_step)
         self.token_row = token_row_template(run_constants(s))
         self.t0 = time.perf_counter()
         self.updates_written = self.zero_grad_updates = 0
@@ -188,6 +192,7 @@ class Writer:
             if s.timing:
                 row["wall_ms"] = round((time.perf_counter() - self.t0) * 1000, 3)
             self.metrics_csv.write(row)
+            self.trackers.row(row)
         for e in rec.events:
             self.events.event(e.step, e.kind, e.detail, e.action)
 
@@ -200,8 +205,10 @@ class Writer:
         if objective_se is not None:
             row["objective_se"] = float(objective_se)
         self.metrics_csv.write(row)
+        self.trackers.row(row)
 
     def close(self) -> None:
+        self.trackers.close()
         self.metrics_csv.close()
         self.events.close()
         if self.tokens_csv is not None:
@@ -225,10 +232,10 @@ def _token_rows(rec: StepRecord) -> list[tuple]:
 class Run:
     """The study's loop around the Trainer: what happened, for the summary."""
 
-    def __init__(self, s: Setup, run_dir: Path):
+    def __init__(self, s: Setup, run_dir: Path, config: dict | None = None):
         self.s, self.run_dir = s, run_dir
         self.trainer = Trainer(s)
-        self.writer = Writer(s, run_dir, monte_carlo=self.trainer.objective_fn.monte_carlo)
+        self.writer = Writer(s, run_dir, monte_carlo=self.trainer.objective_fn.monte_carlo, config=config)
         self.steps_run = 0
         self.last_reward = self.final_objective = float("nan")
 
@@ -296,8 +303,8 @@ class Run:
         }
 
 
-def _run(s: Setup, run_dir: Path) -> dict:
-    runner = Run(s, run_dir)
+def _run(s: Setup, run_dir: Path, config: dict | None = None) -> dict:
+    runner = Run(s, run_dir, config)
     try:
         with Progress("train", s.train.steps, enabled=sys.stderr.isatty() and not s.quiet, info=True) as progress:
             runner.train(progress)

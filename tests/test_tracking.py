@@ -1,0 +1,155 @@
+"""log.trackers: every tracker's output, read back with the library's own reader, holds metrics.csv's values
+under the names of runner/tracking/names.py; a tracker failing mid-run loses nothing of the CSV; a tracker
+whose package is missing is refused before the run starts."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from pathlib import Path
+
+import pytest
+
+from runner import tracking
+from runner.tracking.names import TRACKER_NAMES
+from tests.helpers.cli import run_cli
+
+ROOT = Path(__file__).resolve().parents[1]
+STEPS, UPDATES = 6, 2
+TINY = [f"train.steps={STEPS}", f"train.updates_per_step={UPDATES}", "log.timing=false", "-q"]
+
+
+def run(tmp: Path, *overrides: str) -> Path:
+    code, _, err = run_cli("run", *TINY, f"hydra.run.dir={tmp}", *overrides)
+    assert code == 0, err
+    return tmp
+
+
+def csv_rows(run_dir: Path) -> list[dict[str, str]]:
+    with open(run_dir / "metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def expected(run_dir: Path) -> dict[int, dict[str, float]]:
+    """{tracker step: {tracker name: value}} of every non-empty, numeric metrics.csv cell."""
+    out = {}
+    for row in csv_rows(run_dir):
+        step = int(row["step"]) * UPDATES + int(row["update"])
+        out[step] = {TRACKER_NAMES[c]: float(v) for c, v in row.items() if c in TRACKER_NAMES and v != ""}
+    return out
+
+
+def assert_same(got: dict[int, dict[str, float]], want: dict[int, dict[str, float]], cast=float) -> None:
+    assert sorted(got) == sorted(want)
+    for step, values in want.items():
+        assert set(got[step]) == set(values), step
+        for name, value in values.items():
+            g = got[step][name]
+            assert (math.isnan(cast(value)) and math.isnan(g)) or cast(g) == cast(value), (step, name, g, value)
+
+
+# ------------------------------------------------------------------------------------------------ names
+
+
+def test_names_are_namespaced_and_unique():
+    from runner.core.schema import ALL_METRICS_COLUMNS, CONSTANT_COLUMNS
+
+    assert set(TRACKER_NAMES) == set(ALL_METRICS_COLUMNS) - set(CONSTANT_COLUMNS)
+    assert len(set(TRACKER_NAMES.values())) == len(TRACKER_NAMES)
+    assert all(re.fullmatch(r"(training|actor|faults|rollout_corr|perf)/[a-z0-9_]+", n) for n in TRACKER_NAMES.values())
+
+
+def test_docs_table_is_the_code_table():
+    text = (ROOT / "docs" / "metrics.md").read_text()
+    section = text.split("## Tracker names", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([a-z0-9_]+)` \| `([a-z_/0-9]+)` \|", section, flags=re.M)
+    assert dict(rows) == TRACKER_NAMES
+
+
+# ------------------------------------------------------------------------------------------------ jsonl
+
+
+def read_jsonl(path: Path) -> dict[int, dict[str, float]]:
+    out = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        assert set(record) == {"step", "data"}
+        out[record["step"]] = {k: math.nan if v is None else v for k, v in record["data"].items()}
+    return out
+
+
+def test_jsonl_holds_metrics_csv_value_for_value(tmp_path):
+    run_dir = run(tmp_path / "r", "log.trackers=[jsonl]")
+    assert_same(read_jsonl(run_dir / "metrics.jsonl"), expected(run_dir))
+    # verl's file logger's shape: compact JSON, one object per line
+    first = (run_dir / "metrics.jsonl").read_text().splitlines()[0]
+    assert first.startswith('{"step":0,"data":{"training/global_step":0,"training/update":0,')
+
+
+def test_jsonl_writes_nonfinite_values_as_null(tmp_path):
+    from runner.tracking.jsonl import JsonlTracker
+    from runner.tracking.run_info import RunInfo
+
+    tracker = JsonlTracker(RunInfo(tmp_path, "r", None))
+    tracker.log(3, {"actor/pg_loss": -math.inf, "actor/grad_norm": math.nan, "training/update": 1})
+    tracker.close()
+    assert (tmp_path / "metrics.jsonl").read_text() == (
+        '{"step":3,"data":{"actor/pg_loss":null,"actor/grad_norm":null,"training/update":1}}\n'
+    )
+
+
+def test_trackers_leave_metrics_csv_byte_identical(tmp_path):
+    plain = run(tmp_path / "plain")
+    tracked = run(tmp_path / "tracked", "log.trackers=[jsonl]")
+    for name in ("metrics.csv", "tokens.csv", "events.csv"):
+        assert (plain / name).read_bytes() == (tracked / name).read_bytes(), name
+
+
+def test_a_tracker_failing_mid_run_loses_no_csv(tmp_path, monkeypatch):
+    from runner.tracking.jsonl import JsonlTracker
+
+    calls = {"n": 0}
+    real = JsonlTracker.log
+
+    def full_disk(self, step, data):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise OSError(28, "No space left on device")
+        real(self, step, data)
+
+    monkeypatch.setattr(JsonlTracker, "log", full_disk)
+    code, _, err = run_cli("run", *TINY, f"hydra.run.dir={tmp_path / 'r'}", "log.trackers=[jsonl]")
+    assert code == 0
+    lines = [line for line in err.splitlines() if "tracker" in line]
+    assert lines == [
+        "is-study: tracker jsonl failed (OSError: [Errno 28] No space left on device); "
+        "it is off for the rest of the run, the CSV files go on"
+    ]
+    run_dir = tmp_path / "r"
+    assert (run_dir / "DONE").exists() and len(csv_rows(run_dir)) == STEPS * UPDATES + 1
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3  # what it wrote before it failed
+
+
+# ------------------------------------------------------------------------------------------------ choosing
+
+
+def test_unknown_tracker_is_one_line_and_exit_2(tmp_path):
+    code, _, err = run_cli("run", *TINY, f"hydra.run.dir={tmp_path / 'r'}", "log.trackers=[jsonl,neptune]")
+    assert code == 2 and err.strip().splitlines() == [
+        "is-study: error: log.trackers: unknown tracker 'neptune'; choose from jsonl, tensorboard, mlflow, wandb"
+    ]
+    assert not (tmp_path / "r" / "metrics.csv").exists()
+
+
+@pytest.mark.parametrize("name", ["tensorboard", "mlflow", "wandb"])
+def test_a_missing_package_names_the_pip_command_before_any_work(tmp_path, monkeypatch, name):
+    monkeypatch.setattr(tracking, "installed", lambda module: module != tracking.TRACKERS[name].needs)
+    code, _, err = run_cli("run", *TINY, f"hydra.run.dir={tmp_path / 'r'}", f"log.trackers=[{name}]")
+    assert code == 2
+    assert err.strip().splitlines() == [
+        f"is-study: error: log.trackers: {name} needs the {tracking.TRACKERS[name].needs} package: "
+        "pip install 'is-study[tracking]'"
+    ]
+    assert not (tmp_path / "r").exists()  # refused before the run dir was made
