@@ -521,6 +521,12 @@ def plot(
     for files in written.values():
         for file in files:
             typer.echo(str(file))
+    # a run logged with log.trackers=[tensorboard] gets its figures there too, as images
+    from runner.tracking.tensorboard import add_figures_to_run
+
+    pngs = [Path(f) for files in written.values() for f in files if Path(f).suffix == ".png"]
+    if path.is_dir() and add_figures_to_run(path, pngs):
+        err.print(f"[dim]{len(pngs)} figures added to {path / 'tensorboard'}[/dim]")
 
 
 # ----------------------------------------------------------------------------------------- report

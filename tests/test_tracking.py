@@ -153,3 +153,52 @@ def test_a_missing_package_names_the_pip_command_before_any_work(tmp_path, monke
         "pip install 'is-study[tracking]'"
     ]
     assert not (tmp_path / "r").exists()  # refused before the run dir was made
+
+
+# ------------------------------------------------------------------------------------------------ tensorboard
+
+
+def read_tensorboard(log_dir: Path) -> tuple[dict[int, dict[str, float]], object]:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(log_dir), size_guidance={"scalars": 0, "images": 0})
+    events.Reload()
+    out: dict[int, dict[str, float]] = {}
+    for tag in events.Tags()["scalars"]:
+        if tag.startswith("hparams/"):
+            continue
+        for e in events.Scalars(tag):
+            out.setdefault(e.step, {})[tag] = e.value
+    return out, events
+
+
+def test_tensorboard_holds_metrics_csv_value_for_value(tmp_path):
+    pytest.importorskip("tensorboard")
+    import numpy as np
+
+    run_dir = run(tmp_path / "r", "log.trackers=[tensorboard]")
+    got, events = read_tensorboard(run_dir / "tensorboard")
+    assert_same(got, expected(run_dir), cast=np.float32)  # TensorBoard stores float32 scalars
+    # the config as hparams, the final J as its metric
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    hparams = {}
+    for content in events.PluginTagToContent("hparams").values():
+        data = plugin_data_pb2.HParamsPluginData.FromString(content)
+        if data.HasField("session_start_info"):
+            hparams = dict(data.session_start_info.hparams)
+    assert hparams["train.steps"].number_value == STEPS and hparams["correction.name"].string_value == "none"
+    final = [row for row in csv_rows(run_dir) if row["reward"] == ""][-1]
+    assert [e.value for e in events.Scalars("hparams/final_objective")] == [np.float32(float(final["objective"]))]
+
+
+def test_plot_adds_the_figures_to_the_run_s_tensorboard_log(tmp_path):
+    pytest.importorskip("tensorboard")
+    run_dir = run(tmp_path / "r", "log.trackers=[tensorboard]")
+    code, _, err = run_cli("plot", str(run_dir), "--kind", "training", "--out", str(tmp_path / "fig"))
+    assert code == 0, err
+    _, events = read_tensorboard(run_dir / "tensorboard")
+    images = events.Tags()["images"]
+    assert images and all(tag.startswith("figures/") for tag in images)
+    pngs = sorted(p.stem for p in (tmp_path / "fig").glob("*.png"))
+    assert sorted(tag.removeprefix("figures/") for tag in images) == pngs

@@ -1,0 +1,77 @@
+"""tensorboard: event files in `RUN/tensorboard/` through torch.utils.tensorboard (which needs the
+tensorboard package): every value of a row as a scalar at the row's step, flushed as written; at the end
+the run's config as hparams (a sweep job's: its swept keys), with the final J and reward as the metrics
+the HParams tab compares; `is-study plot` adds its figures as images. A sweep's jobs each log into
+their own `SWEEP/JOB/tensorboard/`, so `tensorboard --logdir SWEEP` shows one curve per job."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from runner.tracking.base import Tracker
+from runner.tracking.run_info import RunInfo
+
+DIR = "tensorboard"
+FINAL_METRICS = {"training/objective": "hparams/final_objective", "training/reward": "hparams/final_reward"}
+
+
+def _hparam(value: Any) -> Any:
+    """What the HParams plugin takes: a bool, a number or a string (None and lists as text)."""
+    return value if isinstance(value, (bool, int, float, str)) else str(value)
+
+
+class TensorboardTracker(Tracker):
+    name = "tensorboard"
+
+    def __init__(self, info: RunInfo):
+        from torch.utils.tensorboard import SummaryWriter
+
+        super().__init__(info)
+        self.writer = SummaryWriter(log_dir=str(info.run_dir / DIR))
+        self.last: dict[str, float] = {}
+
+    def log(self, step: int, data: Mapping[str, Any]) -> None:
+        for name, value in data.items():
+            self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+        for name in FINAL_METRICS:
+            if name in data:
+                self.last[name] = data[name]
+
+    def log_figures(self, paths: Sequence[Path]) -> None:
+        add_figures(self.writer, paths)
+
+    def close(self) -> None:
+        info = self.info
+        keys = info.swept if info.swept else tuple(info.config)
+        hparams = {key: _hparam(info.config.get(key)) for key in keys}
+        metrics = {FINAL_METRICS[name]: value for name, value in self.last.items()}
+        if hparams and metrics:
+            # run_name=".": the hparams go into this run's own dir, not a timestamped subdir
+            self.writer.add_hparams(hparams, metrics, run_name=".")
+        self.writer.close()
+
+
+def add_figures(writer: Any, paths: Sequence[Path]) -> None:
+    """Each PNG as an image, tagged figures/NAME."""
+    import matplotlib.image
+
+    for path in paths:
+        image = matplotlib.image.imread(str(path))  # H×W×C floats in [0, 1]
+        writer.add_image(f"figures/{Path(path).stem}", image[..., :3], 0, dataformats="HWC")
+    writer.flush()
+
+
+def add_figures_to_run(run_dir: Path, paths: Sequence[Path]) -> bool:
+    """Add `paths` to the TensorBoard log of the run in run_dir, when it has one (its figures made
+    after the run, by `is-study plot`); returns whether it did."""
+    log_dir = Path(run_dir) / DIR
+    if not log_dir.is_dir() or not paths:
+        return False
+    from torch.utils.tensorboard import SummaryWriter
+
+    with SummaryWriter(log_dir=str(log_dir)) as writer:
+        add_figures(writer, paths)
+    return True
