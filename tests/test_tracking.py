@@ -202,3 +202,77 @@ def test_plot_adds_the_figures_to_the_run_s_tensorboard_log(tmp_path):
     assert images and all(tag.startswith("figures/") for tag in images)
     pngs = sorted(p.stem for p in (tmp_path / "fig").glob("*.png"))
     assert sorted(tag.removeprefix("figures/") for tag in images) == pngs
+
+
+# ------------------------------------------------------------------------------------------------ mlflow
+
+
+def read_mlflow(store: Path, experiment: str):
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store.resolve().as_uri())
+    found = client.get_experiment_by_name(experiment)
+    assert found is not None, experiment
+    runs = client.search_runs([found.experiment_id])
+    return client, runs
+
+
+def mlflow_history(client, run) -> dict[int, dict[str, float]]:
+    out: dict[int, dict[str, float]] = {}
+    for name in run.data.metrics:
+        for m in client.get_metric_history(run.info.run_id, name):
+            out.setdefault(m.step, {})[name] = m.value
+    return out
+
+
+def test_mlflow_holds_metrics_csv_value_for_value(tmp_path):
+    pytest.importorskip("mlflow")
+    run_dir = run(tmp_path / "runs" / "r", "log.trackers=[mlflow]")
+    client, runs = read_mlflow(tmp_path / "runs" / "mlruns", "is-study")  # the file store beside the run dirs
+    assert [r.info.run_name for r in runs] == ["r"] and runs[0].info.status == "FINISHED"
+    assert_same(mlflow_history(client, runs[0]), expected(run_dir))
+    params = runs[0].data.params
+    assert params["train.steps"] == str(STEPS) and params["correction.name"] == "none"
+
+
+def test_mlflow_takes_the_tracking_uri_the_user_sets(tmp_path):
+    pytest.importorskip("mlflow")
+    store = tmp_path / "elsewhere"
+    run(tmp_path / "runs" / "r", "log.trackers=[mlflow]", f"log.mlflow_uri={store.resolve().as_uri()}")
+    assert not (tmp_path / "runs" / "mlruns").exists()
+    _, runs = read_mlflow(store, "is-study")
+    assert [r.info.run_name for r in runs] == ["r"]
+
+
+# ------------------------------------------------------------------------------------------------ wandb
+
+
+def wandb_file(run_dir: Path) -> Path:
+    (found,) = (run_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    return found
+
+
+def test_wandb_runs_offline_and_holds_metrics_csv_value_for_value(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from tests.helpers import wandb_log
+
+    monkeypatch.delenv("WANDB_MODE", raising=False)  # offline is the tracker's own default
+    run_dir = run(tmp_path / "r", "log.trackers=[wandb]")
+    path = wandb_file(run_dir)
+    assert_same(wandb_log.history(path), expected(run_dir))
+    record = wandb_log.run_record(path)
+    assert record.display_name == "r" and record.run_group == ""
+    config = wandb_log.config(path)
+    assert config["train.steps"] == STEPS and config["correction.name"] == "none"
+
+
+def test_the_tracking_extra_brings_every_tracker_s_package_and_ci_installs_it():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    names = {re.split(r"[<>=\[]", r)[0] for r in extras["tracking"]}
+    # the import each tracker checks for → the distribution that provides it
+    provides = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny", "wandb": "wandb", "pyarrow": "pyarrow"}
+    needed = {spec.needs for spec in tracking.TRACKERS.values() if spec.needs} | {tracking.FORMATS["parquet"]}
+    assert {provides[m] for m in needed} == names
+    assert any("tracking" in r for r in extras["test"])  # make test / CI install it with the test extra
