@@ -275,4 +275,80 @@ def test_the_tracking_extra_brings_every_tracker_s_package_and_ci_installs_it():
     provides = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny", "wandb": "wandb", "pyarrow": "pyarrow"}
     needed = {spec.needs for spec in tracking.TRACKERS.values() if spec.needs} | {tracking.FORMATS["parquet"]}
     assert {provides[m] for m in needed} == names
-    assert any("tracking" in r for r in extras["test"])  # make test / CI install it with the test extra
+    assert "export EXTRAS=test,tracking" in (ROOT / ".ci" / "run").read_text()  # CI installs it, so nothing skips there
+
+
+# ------------------------------------------------------------------------------------------------ sweeps
+
+
+@pytest.fixture(scope="module")
+def tracked_sweep(tmp_path_factory):
+    """A 2 × 2 sweep with every installed tracker: one tracker run per job, grouped by the sweep."""
+    names = ["jsonl"] + [n for n, spec in tracking.TRACKERS.items() if spec.needs and tracking.installed(spec.needs)]
+    sweep_dir = tmp_path_factory.mktemp("sweeps") / "demo"
+    code, _, err = run_cli(
+        "sweep",
+        "correction=none,tis",
+        "mismatch.staleness=0,4",
+        f"train.steps={STEPS}",
+        f"train.updates_per_step={UPDATES}",
+        "log.timing=false",
+        f"log.trackers=[{','.join(names)}]",
+        f"hydra.sweep.dir={sweep_dir}",
+    )
+    assert code == 0, err
+    return sweep_dir, names
+
+
+JOBS = {"00": ("none", 0), "01": ("none", 4), "02": ("tis", 0), "03": ("tis", 4)}
+
+
+def test_a_sweep_s_jobs_each_have_their_own_tracker_run(tracked_sweep):
+    sweep_dir, _ = tracked_sweep
+    for job in JOBS:
+        assert_same(read_jsonl(sweep_dir / job / "metrics.jsonl"), expected(sweep_dir / job))
+
+
+def test_a_sweep_in_tensorboard_is_one_run_per_job_with_its_swept_keys_as_hparams(tracked_sweep):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
+    sweep_dir, _ = tracked_sweep
+    mux = EventMultiplexer()
+    mux.AddRunsFromDirectory(str(sweep_dir))
+    mux.Reload()
+    runs = {job: f"{job}/tensorboard/correction={c},mismatch.staleness={k}" for job, (c, k) in JOBS.items()}
+    assert sorted(mux.Runs()) == sorted(runs.values())
+    for job, (correction, staleness) in JOBS.items():
+        content = mux.PluginRunToTagToContent("hparams")[runs[job]]
+        starts = [plugin_data_pb2.HParamsPluginData.FromString(c) for c in content.values()]
+        (start,) = [s.session_start_info for s in starts if s.HasField("session_start_info")]
+        hparams = {k: v.string_value or v.number_value for k, v in start.hparams.items()}
+        assert hparams == {"correction": correction, "mismatch.staleness": staleness}
+
+
+def test_a_sweep_in_mlflow_is_one_experiment_named_after_it(tracked_sweep):
+    pytest.importorskip("mlflow")
+    sweep_dir, _ = tracked_sweep
+    client, runs = read_mlflow(sweep_dir.parent / "mlruns", "demo")  # beside the sweep dir
+    by_name = {r.info.run_name: r for r in runs}
+    assert sorted(by_name) == [f"demo/{job}" for job in JOBS]
+    for job, (correction, staleness) in JOBS.items():
+        r = by_name[f"demo/{job}"]
+        assert r.data.params["correction"] == correction and r.data.params["mismatch.staleness"] == str(staleness)
+        assert_same(mlflow_history(client, r), expected(sweep_dir / job))
+
+
+def test_a_sweep_in_wandb_is_one_group_named_after_it(tracked_sweep):
+    pytest.importorskip("wandb")
+    from tests.helpers import wandb_log
+
+    sweep_dir, _ = tracked_sweep
+    for job, (correction, staleness) in JOBS.items():
+        path = wandb_file(sweep_dir / job)
+        record = wandb_log.run_record(path)
+        assert (record.display_name, record.run_group) == (f"demo/{job}", "demo")
+        config = wandb_log.config(path)
+        assert config["correction"] == correction and config["mismatch.staleness"] == staleness
+        assert_same(wandb_log.history(path), expected(sweep_dir / job))

@@ -2,7 +2,8 @@
 tensorboard package): every value of a row as a scalar at the row's step, flushed as written; at the end
 the run's config as hparams (a sweep job's: its swept keys), with the final J and reward as the metrics
 the HParams tab compares; `is-study plot` adds its figures as images. A sweep's jobs each log into
-their own `SWEEP/JOB/tensorboard/`, so `tensorboard --logdir SWEEP` shows one curve per job."""
+their own `SWEEP/JOB/tensorboard/SWEPT/`, so `tensorboard --logdir SWEEP` shows one curve per job,
+named by its job and swept values."""
 
 from __future__ import annotations
 
@@ -17,6 +18,16 @@ DIR = "tensorboard"
 FINAL_METRICS = {"training/objective": "hparams/final_objective", "training/reward": "hparams/final_reward"}
 
 
+def log_dir(info: RunInfo) -> Path:
+    """RUN/tensorboard, and for a sweep's job RUN/tensorboard/KEY=VALUE,...: TensorBoard names a run by
+    its path under --logdir, so a sweep's curves are labelled by their swept values (02/tensorboard/
+    correction=tis,mismatch.staleness=4)."""
+    base = info.run_dir / DIR
+    if not info.swept:
+        return base
+    return base / ",".join(f"{key}={info.config.get(key)}" for key in info.swept).replace("/", "_")
+
+
 def _hparam(value: Any) -> Any:
     """What the HParams plugin takes: a bool, a number or a string (None and lists as text)."""
     return value if isinstance(value, (bool, int, float, str)) else str(value)
@@ -29,7 +40,7 @@ class TensorboardTracker(Tracker):
         from torch.utils.tensorboard import SummaryWriter
 
         super().__init__(info)
-        self.writer = SummaryWriter(log_dir=str(info.run_dir / DIR))
+        self.writer = SummaryWriter(log_dir=str(log_dir(info)))
         self.last: dict[str, float] = {}
 
     def log(self, step: int, data: Mapping[str, Any]) -> None:
@@ -67,11 +78,12 @@ def add_figures(writer: Any, paths: Sequence[Path]) -> None:
 def add_figures_to_run(run_dir: Path, paths: Sequence[Path]) -> bool:
     """Add `paths` to the TensorBoard log of the run in run_dir, when it has one (its figures made
     after the run, by `is-study plot`); returns whether it did."""
-    log_dir = Path(run_dir) / DIR
-    if not log_dir.is_dir() or not paths:
+    base = Path(run_dir) / DIR
+    if not base.is_dir() or not paths:
         return False
     from torch.utils.tensorboard import SummaryWriter
 
-    with SummaryWriter(log_dir=str(log_dir)) as writer:
+    events = sorted(base.rglob("events.out.tfevents.*"))
+    with SummaryWriter(log_dir=str(events[0].parent if events else base)) as writer:
         add_figures(writer, paths)
     return True
