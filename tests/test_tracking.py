@@ -352,3 +352,51 @@ def test_a_sweep_in_wandb_is_one_group_named_after_it(tracked_sweep):
         config = wandb_log.config(path)
         assert config["correction"] == correction and config["mismatch.staleness"] == staleness
         assert_same(wandb_log.history(path), expected(sweep_dir / job))
+
+
+# ------------------------------------------------------------------------------------------------ parquet
+
+
+def assert_frames_match(csv_frame, parquet_frame, float32_columns=()):
+    import numpy as np
+    import pandas as pd
+
+    assert list(parquet_frame.columns) == list(csv_frame.columns)
+    assert dict(parquet_frame.dtypes) == dict(csv_frame.dtypes)
+    for column in csv_frame.columns:
+        a, b = csv_frame[column], parquet_frame[column]
+        if column in float32_columns:  # float32 values: their 9-digit text gives them back as float32
+            a, b = a.astype(np.float32), b.astype(np.float32)
+        pd.testing.assert_series_equal(a, b, check_exact=True)
+
+
+def test_parquet_tables_read_back_with_the_csv_columns_and_dtypes(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pandas as pd
+
+    run_dir = run(tmp_path / "r", "log.format=parquet", "log.tokens_every=2", "policy=mlp")
+    metrics = pd.read_csv(run_dir / "metrics.csv")
+    assert_frames_match(metrics, pd.read_parquet(run_dir / "metrics.parquet"))
+    tokens = pd.read_csv(run_dir / "tokens.csv")
+    assert tokens["step"].nunique() == 3 and len(tokens) > 100
+    assert_frames_match(tokens, pd.read_parquet(run_dir / "tokens.parquet"), float32_columns=("old", "roll"))
+
+
+def test_aggregate_writes_sweep_parquet(tracked_sweep, tmp_path):
+    pytest.importorskip("pyarrow")
+    import pandas as pd
+
+    sweep_dir, _ = tracked_sweep
+    code, out, err = run_cli("aggregate", str(sweep_dir), "--format", "parquet")
+    assert code == 0, err
+    assert f"{sweep_dir / 'sweep.parquet'}\t" in out
+    assert_frames_match(pd.read_csv(sweep_dir / "sweep.csv"), pd.read_parquet(sweep_dir / "sweep.parquet"))
+
+
+def test_parquet_without_pyarrow_is_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.setattr(tracking, "installed", lambda module: module != "pyarrow")
+    code, _, err = run_cli("run", *TINY, f"hydra.run.dir={tmp_path / 'r'}", "log.format=parquet")
+    assert code == 2 and err.strip() == (
+        "is-study: error: log.format parquet needs the pyarrow package: pip install 'is-study[tracking]'"
+    )
+    assert not (tmp_path / "r").exists()

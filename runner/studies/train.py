@@ -147,13 +147,22 @@ class Writer:
         # after the CSV files: a tracker sees a row only once metrics.csv holds it
         self.trackers = open_trackers(s.trackers, run_dir, config or {}, s.train.updates_per_step)
         self.token_row = token_row_template(run_constants(s))
+        self.parquet = s.log_format == "parquet"  # metrics.parquet on close, tokens.parquet as it goes
+        self.tokens_parquet = None
+        if self.parquet and self.tokens_csv is not None:
+            from runner.tracking.parquet import TokenParquetWriter
+
+            self.tokens_parquet = TokenParquetWriter(run_dir / "tokens.parquet", run_constants(s))
         self.t0 = time.perf_counter()
         self.updates_written = self.zero_grad_updates = 0
 
     def write(self, rec: StepRecord) -> None:
         s = self.s
         if self.tokens_csv is not None and s.tokens_every and rec.step % s.tokens_every == 0:
-            self.tokens_csv.write_number_rows(_token_rows(rec), self.token_row)
+            rows = _token_rows(rec)
+            self.tokens_csv.write_number_rows(rows, self.token_row)
+            if self.tokens_parquet is not None:
+                self.tokens_parquet.write_rows(rows)
         objective = {} if rec.objective is None else {"objective": rec.objective}
         if rec.objective_se is not None:
             objective["objective_se"] = rec.objective_se
@@ -213,6 +222,14 @@ class Writer:
         self.events.close()
         if self.tokens_csv is not None:
             self.tokens_csv.close()
+        if self.tokens_parquet is not None:
+            self.tokens_parquet.close()
+            self.tokens_parquet = None
+        if self.parquet:
+            self.parquet = False  # close() runs twice after an error; one metrics.parquet
+            from runner.tracking.parquet import csv_to_parquet
+
+            csv_to_parquet(self.metrics_csv.path)
 
 
 def _token_rows(rec: StepRecord) -> list[tuple]:

@@ -77,11 +77,11 @@ def open_trackers(names: Sequence[str], run_dir: Path, config: dict[str, Any], u
 FORMATS = {"csv": None, "parquet": "pyarrow"}  # log.format → the package it needs
 
 
-def check_format(name: Any) -> str:
-    """log.format: csv (the default) or parquet, which needs pyarrow."""
+def check_format(name: Any, option: str = "log.format") -> str:
+    """log.format (or aggregate's --format): csv, the default, or parquet, which needs pyarrow."""
     needs = FORMATS.get(str(name), "")
     if needs == "":
-        raise UserError(f"log.format: unknown format {name!r}; choose from {', '.join(FORMATS)}")
+        raise UserError(f"{option}: unknown format {name!r}; choose from {', '.join(FORMATS)}")
     if needs is not None and not installed(needs):
-        raise UserError(f"log.format={name} needs the {needs} package: pip install 'is-study[{EXTRA}]'")
+        raise UserError(f"{option} {name} needs the {needs} package: pip install 'is-study[{EXTRA}]'")
     return str(name)
