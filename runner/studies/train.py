@@ -38,6 +38,8 @@ Outputs in the run dir:
                 rejected; θ does not move there, so ESS and grad norm in those stretches say nothing about
                 stability)
   DONE          written last, only when the run completed (it is absent after on_nonfinite=raise)
+  and with log.format=parquet metrics.parquet and tokens.parquet, with log.trackers=[...] each tracker's
+  files (runner/tracking/, docs/tracking.md), fed each metrics.csv row after the CSV has it
 
 `train.on_nonfinite` and collapse: see runner/training/faults.py. A collapse is logged once as a
 `collapse` event; summary.json says which.
@@ -159,10 +161,10 @@ class Writer:
     def write(self, rec: StepRecord) -> None:
         s = self.s
         if self.tokens_csv is not None and s.tokens_every and rec.step % s.tokens_every == 0:
-            rows = _token_rows(rec)
-            self.tokens_csv.write_number_rows(rows, self.token_row)
+            columns = _token_columns(rec)
+            self.tokens_csv.write_number_rows(list(zip(*columns)), self.token_row)
             if self.tokens_parquet is not None:
-                self.tokens_parquet.write_rows(rows)
+                self.tokens_parquet.write_columns(columns)
         objective = {} if rec.objective is None else {"objective": rec.objective}
         if rec.objective_se is not None:
             objective["objective_se"] = rec.objective_se
@@ -232,8 +234,9 @@ class Writer:
             csv_to_parquet(self.metrics_csv.path)
 
 
-def _token_rows(rec: StepRecord) -> list[tuple]:
-    """One row per generated (masked-in) token; one tolist() per tensor, not one .item() per value."""
+def _token_columns(rec: StepRecord) -> list[list]:
+    """tokens.csv's variable columns (step, seq, pos, token, old, roll) over the generated (masked-in)
+    tokens; one tolist() per tensor, not one .item() per value."""
     ro, old = rec.rollout, rec.old
     seq, pos = ro.mask.nonzero(as_tuple=True)
     columns = [
@@ -243,7 +246,7 @@ def _token_rows(rec: StepRecord) -> list[tuple]:
         old[seq, pos].tolist(),
         ro.roll[seq, pos].tolist(),
     ]
-    return [(rec.step, *values) for values in zip(*columns)]
+    return [[rec.step] * len(columns[0]), *columns]
 
 
 class Run:

@@ -1,7 +1,7 @@
 """The tracker interface, and the fan-out that feeds every chosen tracker and survives their failures.
 
 A tracker is told each metrics.csv row (as `tracker_data` names it) with a step that counts updates, and
-is closed at the end; it may also take figures. Its errors never reach the run: the first one a tracker
+is closed at the end. Its errors never reach the run: the first one a tracker
 raises is reported in one line on stderr, that tracker is dropped, and the run carries on with its CSV
 files, which are written before any tracker sees a row.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from runner.tracking.names import tracker_data
@@ -27,9 +26,6 @@ class Tracker:
 
     def log(self, step: int, data: Mapping[str, Any]) -> None:
         raise NotImplementedError
-
-    def log_figures(self, paths: Sequence[Path]) -> None:
-        """PNG figures of the finished run; a tracker that shows no images ignores them."""
 
     def close(self) -> None:
         pass
@@ -50,9 +46,6 @@ class Trackers:
         step = int(row["step"]) * self.updates_per_step + int(row["update"])
         data = tracker_data(row)
         self._each("log", step, data)
-
-    def figures(self, paths: Sequence[Path]) -> None:
-        self._each("log_figures", list(paths))
 
     def close(self) -> None:
         self._each("close")

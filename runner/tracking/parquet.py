@@ -30,8 +30,13 @@ def csv_to_parquet(csv_path: Path) -> Path:
     """The CSV as pandas reads it, as Parquet beside it (same name, .parquet)."""
     import pandas as pd
 
+    from runner.records import write_failed
+
     out = parquet_path(csv_path)
-    pd.read_csv(csv_path).to_parquet(out, index=False)
+    try:
+        pd.read_csv(csv_path).to_parquet(out, index=False)
+    except OSError as exc:  # pyarrow's I/O errors are OSErrors too
+        raise write_failed(out, exc, f"{out} is incomplete; {csv_path} is whole") from None
     return out
 
 
@@ -57,15 +62,18 @@ class TokenParquetWriter:
         self.variable = [c for c in TOKEN_COLUMNS if c not in self.constants]
         self._writer = pq.ParquetWriter(str(path), self.schema)
 
-    def write_rows(self, rows: Sequence[Sequence[int | float]]) -> None:
+    def write_columns(self, columns: Sequence[Sequence[int | float]]) -> None:
+        """One row group: the variable columns (step, seq, pos, token, old, roll), each a list, as
+        tokens.csv's rows hold them; the constants are filled in."""
         pa = self._pa
-        columns = dict(zip(self.variable, zip(*rows))) if rows else dict.fromkeys(self.variable, ())
-        arrays = []
-        for field in self.schema:
-            if field.name in self.constants:
-                arrays.append(pa.array([self.constants[field.name]] * len(rows), type=field.type))
-            else:
-                arrays.append(pa.array(columns[field.name], type=field.type))
+        n = len(columns[0])
+        by_name = dict(zip(self.variable, columns))
+        arrays = [
+            pa.array([self.constants[f.name]] * n, type=f.type)
+            if f.name in self.constants
+            else pa.array(by_name[f.name], type=f.type)
+            for f in self.schema
+        ]
         self._writer.write_table(pa.Table.from_arrays(arrays, schema=self.schema))
 
     def close(self) -> None:

@@ -7,8 +7,7 @@ thread would cost the run time it does not measure."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 from runner.tracking.base import Tracker
@@ -40,9 +39,6 @@ class WandbTracker(Tracker):
 
     def log(self, step: int, data: Mapping[str, Any]) -> None:
         self.run.log(dict(data), step=step)
-
-    def log_figures(self, paths: Sequence[Path]) -> None:
-        self.run.log({f"figures/{Path(p).stem}": self._wandb.Image(str(p)) for p in paths})
 
     def close(self) -> None:
         self.run.finish()
