@@ -80,6 +80,7 @@ def read_jsonl(path: Path) -> dict[int, dict[str, float]]:
     return out
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_jsonl_holds_metrics_csv_value_for_value(tmp_path):
     run_dir = run(tmp_path / "r", "log.trackers=[jsonl]")
     assert_same(read_jsonl(run_dir / "metrics.jsonl"), expected(run_dir))
@@ -100,6 +101,7 @@ def test_jsonl_writes_nonfinite_values_as_null(tmp_path):
     )
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_trackers_leave_metrics_csv_byte_identical(tmp_path):
     plain = run(tmp_path / "plain")
     tracked = run(tmp_path / "tracked", "log.trackers=[jsonl]")
@@ -107,6 +109,7 @@ def test_trackers_leave_metrics_csv_byte_identical(tmp_path):
         assert (plain / name).read_bytes() == (tracked / name).read_bytes(), name
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_a_tracker_failing_mid_run_loses_no_csv(tmp_path, monkeypatch):
     from runner.tracking.jsonl import JsonlTracker
 
@@ -172,6 +175,7 @@ def read_tensorboard(log_dir: Path) -> tuple[dict[int, dict[str, float]], object
     return out, events
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_tensorboard_holds_metrics_csv_value_for_value(tmp_path):
     pytest.importorskip("tensorboard")
     import numpy as np
@@ -192,6 +196,7 @@ def test_tensorboard_holds_metrics_csv_value_for_value(tmp_path):
     assert [e.value for e in events.Scalars("hparams/final_objective")] == [np.float32(float(final["objective"]))]
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_plot_adds_the_figures_to_the_run_s_tensorboard_log(tmp_path):
     pytest.importorskip("tensorboard")
     run_dir = run(tmp_path / "r", "log.trackers=[tensorboard]")
@@ -225,6 +230,7 @@ def mlflow_history(client, run) -> dict[int, dict[str, float]]:
     return out
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_mlflow_holds_metrics_csv_value_for_value(tmp_path):
     pytest.importorskip("mlflow")
     run_dir = run(tmp_path / "runs" / "r", "log.trackers=[mlflow]")
@@ -235,6 +241,7 @@ def test_mlflow_holds_metrics_csv_value_for_value(tmp_path):
     assert params["train.steps"] == str(STEPS) and params["correction.name"] == "none"
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_mlflow_takes_the_tracking_uri_the_user_sets(tmp_path):
     pytest.importorskip("mlflow")
     store = tmp_path / "elsewhere"
@@ -252,6 +259,7 @@ def wandb_file(run_dir: Path) -> Path:
     return found
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_wandb_runs_offline_and_holds_metrics_csv_value_for_value(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     from tests.helpers import wandb_log
@@ -303,12 +311,14 @@ def tracked_sweep(tmp_path_factory):
 JOBS = {"00": ("none", 0), "01": ("none", 4), "02": ("tis", 0), "03": ("tis", 4)}
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_a_sweep_s_jobs_each_have_their_own_tracker_run(tracked_sweep):
     sweep_dir, _ = tracked_sweep
     for job in JOBS:
         assert_same(read_jsonl(sweep_dir / job / "metrics.jsonl"), expected(sweep_dir / job))
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_a_sweep_in_tensorboard_is_one_run_per_job_with_its_swept_keys_as_hparams(tracked_sweep):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
@@ -328,6 +338,7 @@ def test_a_sweep_in_tensorboard_is_one_run_per_job_with_its_swept_keys_as_hparam
         assert hparams == {"correction": correction, "mismatch.staleness": staleness}
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_a_sweep_in_mlflow_is_one_experiment_named_after_it(tracked_sweep):
     pytest.importorskip("mlflow")
     sweep_dir, _ = tracked_sweep
@@ -340,6 +351,7 @@ def test_a_sweep_in_mlflow_is_one_experiment_named_after_it(tracked_sweep):
         assert_same(mlflow_history(client, r), expected(sweep_dir / job))
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_a_sweep_in_wandb_is_one_group_named_after_it(tracked_sweep):
     pytest.importorskip("wandb")
     from tests.helpers import wandb_log
@@ -370,6 +382,7 @@ def assert_frames_match(csv_frame, parquet_frame, float32_columns=()):
         pd.testing.assert_series_equal(a, b, check_exact=True)
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_parquet_tables_read_back_with_the_csv_columns_and_dtypes(tmp_path):
     pytest.importorskip("pyarrow")
     import pandas as pd
@@ -382,6 +395,7 @@ def test_parquet_tables_read_back_with_the_csv_columns_and_dtypes(tmp_path):
     assert_frames_match(tokens, pd.read_parquet(run_dir / "tokens.parquet"), float32_columns=("old", "roll"))
 
 
+@pytest.mark.slow  # whole (tiny) runs or a sweep
 def test_aggregate_writes_sweep_parquet(tracked_sweep, tmp_path):
     pytest.importorskip("pyarrow")
     import pandas as pd
