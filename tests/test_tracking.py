@@ -231,8 +231,9 @@ def mlflow_history(client, run) -> dict[int, dict[str, float]]:
 
 
 @pytest.mark.slow  # whole (tiny) runs or a sweep
-def test_mlflow_holds_metrics_csv_value_for_value(tmp_path):
+def test_mlflow_holds_metrics_csv_value_for_value(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     run_dir = run(tmp_path / "runs" / "r", "log.trackers=[mlflow]")
     client, runs = read_mlflow(tmp_path / "runs" / "mlruns", "is-study")  # the file store beside the run dirs
     assert [r.info.run_name for r in runs] == ["r"] and runs[0].info.status == "FINISHED"
@@ -294,6 +295,10 @@ def tracked_sweep(tmp_path_factory):
     """A 2 × 2 sweep with every installed tracker: one tracker run per job, grouped by the sweep."""
     names = ["jsonl"] + [n for n, spec in tracking.TRACKERS.items() if spec.needs and tracking.installed(spec.needs)]
     sweep_dir = tmp_path_factory.mktemp("sweeps") / "demo"
+    env = pytest.MonkeyPatch()
+    env.setenv("WANDB_MODE", "offline")  # never a network, whatever the environment says
+    env.delenv("MLFLOW_TRACKING_URI", raising=False)
+    env.delenv("WANDB_PROJECT", raising=False)
     code, _, err = run_cli(
         "sweep",
         "correction=none,tis",
@@ -304,6 +309,7 @@ def tracked_sweep(tmp_path_factory):
         f"log.trackers=[{','.join(names)}]",
         f"hydra.sweep.dir={sweep_dir}",
     )
+    env.undo()
     assert code == 0, err
     return sweep_dir, names
 
@@ -414,3 +420,16 @@ def test_parquet_without_pyarrow_is_refused_before_any_work(tmp_path, monkeypatc
         "is-study: error: log.format parquet needs the pyarrow package: pip install 'is-study[tracking]'"
     )
     assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.slow  # a whole (tiny) run
+def test_a_tracker_that_cannot_open_is_reported_and_the_run_goes_on(tmp_path):
+    pytest.importorskip("mlflow")
+    code, _, err = run_cli(
+        "run", *TINY, f"hydra.run.dir={tmp_path / 'r'}", "log.trackers=[jsonl,mlflow]", "log.mlflow_uri=nosuch://x"
+    )
+    assert code == 0
+    (line,) = [line for line in err.splitlines() if "tracker" in line]
+    assert line.startswith("is-study: tracker mlflow failed (") and line.endswith("the CSV files go on")
+    assert (tmp_path / "r" / "DONE").exists()
+    assert len(read_jsonl(tmp_path / "r" / "metrics.jsonl")) == STEPS * UPDATES + 1  # the other tracker carried on
