@@ -18,6 +18,8 @@ INSTALLED_HERE := $(shell $(PYTHON) -c 'import importlib.metadata as m, json, pa
 	d = m.distribution("is-study"); \
 	print("yes" if json.loads(d.read_text("direct_url.json") or "{}").get("url") == pathlib.Path.cwd().as_uri() else "")' 2>/dev/null)
 STAMP := .make/installed-$(ENV_KEY)
+# the extras `make install` brings: `make test EXTRAS=test,tracking` adds the trackers' packages (CI does)
+EXTRAS ?= test
 
 install: $(STAMP)
 
@@ -27,7 +29,7 @@ FORCE:
 # a multi-GB CUDA build. pyproject.toml keeps a range (torch>=2.3) for users elsewhere.
 $(STAMP): pyproject.toml $(SITE_PACKAGES) $(if $(INSTALLED_HERE),,FORCE)
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[$(EXTRAS)]'
 	@mkdir -p .make && touch $@
 
 run: install

@@ -452,10 +452,15 @@ def aggregate(
         help="Where the tables of separate runs go (default: the one directory given).",
         show_default=False,
     ),
+    table_format: str = typer.Option(
+        "csv", "--format", help="csv | parquet: each table also as Parquet beside its CSV (sweep.parquet, ...)."
+    ),
 ) -> None:
     from runner.sweep.aggregate import STATUSES, aggregate_paths
     from runner.sweep.report import aggregate_hints, problem_lines
+    from runner.tracking import check_format
 
+    parquet = check_format(table_format, "--format") == "parquet"  # pyarrow missing: refused before any work
     report, sweep = aggregate_paths(directories, out)
     err = _console(stderr=True)
     counts = {s: len(report.by_status(s)) for s in STATUSES}
@@ -470,6 +475,10 @@ def aggregate(
         err.print(line, soft_wrap=True)
     for file, rows in report.written.items():
         typer.echo(f"{report.sweep_dir / file}\t{rows} rows")
+        if parquet:
+            from runner.tracking.parquet import csv_to_parquet
+
+            typer.echo(f"{csv_to_parquet(report.sweep_dir / file)}\t{rows} rows")
     if report.by_status("damaged"):
         raise typer.Exit(1)  # the tables are written, without the damaged jobs: a problem was found
 
@@ -533,6 +542,12 @@ def plot(
     for files in written.values():
         for file in files:
             typer.echo(str(file))
+    # a run logged with log.trackers=[tensorboard] gets its figures there too, as images
+    from runner.tracking.tensorboard import add_figures_to_run
+
+    pngs = [Path(f) for files in written.values() for f in files if Path(f).suffix == ".png"]
+    if path.is_dir() and add_figures_to_run(path, pngs):
+        err.print(f"[dim]{len(pngs)} figures added to {path / 'tensorboard'}[/dim]")
 
 
 # ----------------------------------------------------------------------------------------- report

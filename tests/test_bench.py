@@ -102,3 +102,28 @@ def test_bench_replay_runs_at_tiny_size(tmp_path):
     for row in rows:
         assert set(row) == {"name", "value", "target", "pass", "detail"}
         assert math.isfinite(row["value"]) and row["value"] > 0 and row["target"] == "info", row
+
+
+def test_bench_trackers_runs_at_tiny_size(tmp_path):
+    """scripts/bench_trackers.py (each tracker's cost on a default run, tokens.csv against tokens.parquet) runs,
+    and its figures are the ratios of the times it reports."""
+    from runner import tracking
+
+    out = tmp_path / "bench_trackers.json"
+    res = subprocess.run(
+        [sys.executable, "scripts/bench_trackers.py", "--tiny", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    figures = json.loads(out.read_text())
+    installed = [n for n, s in tracking.TRACKERS.items() if s.needs is None or tracking.installed(s.needs)]
+    assert [row["tracker"] for row in figures["trackers"]] == installed and figures["judged"] is False
+    for row in figures["trackers"]:
+        assert row["ratio"] == pytest.approx(row["ratios"][0], abs=5e-4) and row["ratio"] > 0, row
+        assert math.isfinite(row["import_s"]) and row["import_s"] >= 0, row
+    if tracking.installed("pyarrow"):
+        tokens = figures["tokens"]
+        assert tokens["rows"] == 64 * 64 and tokens["csv_mib"] > 0 and tokens["parquet_mib"] > 0

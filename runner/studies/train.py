@@ -42,6 +42,8 @@ Outputs in the run dir:
                 means over the first and last 10% of updates (a step's value once per update it had, since
                 they share its batch), plus max_abs_prob_diff (the run's maximum) and zero_grad_fraction
   DONE          written last, only when the run completed (it is absent after on_nonfinite=raise)
+  and with log.format=parquet metrics.parquet and tokens.parquet, with log.trackers=[...] each tracker's
+  files (runner/tracking/, docs/tracking.md), fed each metrics.csv row after the CSV has it
 
 `train.on_nonfinite` and collapse: see runner/training/faults.py. A collapse is logged once as a
 `collapse` event; summary.json says which.
@@ -64,6 +66,7 @@ from runner.errors import StudyFailed, UserError
 from runner.progress import Progress
 from runner.records import CsvWriter, EventWriter, NumberCsvWriter, fmt, mark_done, write_json_atomic
 from runner.studies import plain_config
+from runner.tracking import open_trackers
 from runner.training.config import Setup
 from runner.training.config import load as load_setup
 from runner.training.loop import StepRecord, Trainer
@@ -88,14 +91,15 @@ def validate(cfg: DictConfig) -> None:
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict:
-    s = load(cfg)
+    config = plain_config(cfg)
+    s = load_setup(config)
     # The tensors are tiny, so an intra-op parallel region only costs; and when several runs share
     # the cores (a parallel sweep, a test runner) OpenMP's spinning threads oversubscribe them:
     # three concurrent default runs took 60–80 s with 2 threads each against 2–7 s with 1.
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _run(s, Path(run_dir))
+        return _run(s, Path(run_dir), config)
     finally:
         torch.set_num_threads(threads)
 
@@ -144,10 +148,18 @@ def token_row_template(constants: dict) -> str:
 class Writer:
     """One step's record → metrics.csv rows, events.csv rows and tokens.csv rows."""
 
-    def __init__(self, s: Setup, run_dir: Path, monte_carlo: bool = False):
+    def __init__(self, s: Setup, run_dir: Path, monte_carlo: bool = False, config: dict | None = None):
         self.s = s
         self.metrics_csv, self.events, self.tokens_csv = open_writers(s, run_dir, monte_carlo)
+        # after the CSV files: a tracker sees a row only once metrics.csv holds it
+        self.trackers = open_trackers(s.trackers, run_dir, config or {}, s.train.updates_per_step)
         self.token_row = token_row_template(run_constants(s))
+        self.parquet = s.log_format == "parquet"  # metrics.parquet on close, tokens.parquet as it goes
+        self.tokens_parquet = None
+        if self.parquet and self.tokens_csv is not None:
+            from runner.tracking.parquet import TokenParquetWriter
+
+            self.tokens_parquet = TokenParquetWriter(run_dir / "tokens.parquet", run_constants(s))
         self.t0 = time.perf_counter()
         self.updates_written = self.zero_grad_updates = 0
         self.mismatch = MismatchSummary()  # summary.json's block, whatever log.* writes
@@ -156,7 +168,10 @@ class Writer:
         s = self.s
         self.mismatch.add(rec.old, rec.rollout.roll, rec.rollout.mask, len(rec.updates))
         if self.tokens_csv is not None and s.tokens_every and rec.step % s.tokens_every == 0:
-            self.tokens_csv.write_number_rows(_token_rows(rec), self.token_row)
+            columns = _token_columns(rec)
+            self.tokens_csv.write_number_rows(list(zip(*columns)), self.token_row)
+            if self.tokens_parquet is not None:
+                self.tokens_parquet.write_columns(columns)
         objective = {} if rec.objective is None else {"objective": rec.objective}
         if rec.objective_se is not None:
             objective["objective_se"] = rec.objective_se
@@ -195,6 +210,7 @@ class Writer:
             if s.timing:
                 row["wall_ms"] = round((time.perf_counter() - self.t0) * 1000, 3)
             self.metrics_csv.write(row)
+            self.trackers.row(row)
         for e in rec.events:
             self.events.event(e.step, e.kind, e.detail, e.action)
 
@@ -207,16 +223,27 @@ class Writer:
         if objective_se is not None:
             row["objective_se"] = float(objective_se)
         self.metrics_csv.write(row)
+        self.trackers.row(row)
 
     def close(self) -> None:
+        self.trackers.close()
         self.metrics_csv.close()
         self.events.close()
         if self.tokens_csv is not None:
             self.tokens_csv.close()
+        if self.tokens_parquet is not None:
+            self.tokens_parquet.close()
+            self.tokens_parquet = None
+        if self.parquet:
+            self.parquet = False  # close() runs twice after an error; one metrics.parquet
+            from runner.tracking.parquet import csv_to_parquet
+
+            csv_to_parquet(self.metrics_csv.path)
 
 
-def _token_rows(rec: StepRecord) -> list[tuple]:
-    """One row per generated (masked-in) token; one tolist() per tensor, not one .item() per value."""
+def _token_columns(rec: StepRecord) -> list[list]:
+    """tokens.csv's variable columns (step, seq, pos, token, old, roll) over the generated (masked-in)
+    tokens; one tolist() per tensor, not one .item() per value."""
     ro, old = rec.rollout, rec.old
     seq, pos = ro.mask.nonzero(as_tuple=True)
     columns = [
@@ -226,16 +253,16 @@ def _token_rows(rec: StepRecord) -> list[tuple]:
         old[seq, pos].tolist(),
         ro.roll[seq, pos].tolist(),
     ]
-    return [(rec.step, *values) for values in zip(*columns)]
+    return [[rec.step] * len(columns[0]), *columns]
 
 
 class Run:
     """The study's loop around the Trainer: what happened, for the summary."""
 
-    def __init__(self, s: Setup, run_dir: Path):
+    def __init__(self, s: Setup, run_dir: Path, config: dict | None = None):
         self.s, self.run_dir = s, run_dir
         self.trainer = Trainer(s)
-        self.writer = Writer(s, run_dir, monte_carlo=self.trainer.objective_fn.monte_carlo)
+        self.writer = Writer(s, run_dir, monte_carlo=self.trainer.objective_fn.monte_carlo, config=config)
         self.steps_run = 0
         self.last_reward = self.final_objective = float("nan")
 
@@ -305,8 +332,8 @@ class Run:
         }
 
 
-def _run(s: Setup, run_dir: Path) -> dict:
-    runner = Run(s, run_dir)
+def _run(s: Setup, run_dir: Path, config: dict | None = None) -> dict:
+    runner = Run(s, run_dir, config)
     try:
         with Progress("train", s.train.steps, enabled=sys.stderr.isatty() and not s.quiet, info=True) as progress:
             runner.train(progress)

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from runner import tracking
 from runner.config_checks import as_bool, as_choice, as_float, as_int, check_keys
 from runner.core.corrections import Correction
 from runner.core.losses import LossSpec
@@ -73,6 +74,8 @@ class Setup:
     quiet: bool
     tokens_every: int
     device: torch.device = torch.device("cpu")
+    trackers: tuple[str, ...] = ()  # log.trackers (runner/tracking/), beside metrics.csv
+    log_format: str = "csv"  # log.format: csv | parquet (metrics.parquet and tokens.parquet beside the CSV)
 
 
 def _section(cfg: Mapping[str, Any], key: str) -> dict:
@@ -117,4 +120,6 @@ def load(cfg: Mapping[str, Any]) -> Setup:
         quiet=as_bool("log", log, "quiet", default=False),
         tokens_every=as_int("log", log, "tokens_every", low=0, default=50),
         device=resolve_device(cfg.get("device", "cpu")),
+        trackers=tracking.check(log.get("trackers") or ()),
+        log_format=tracking.check_format(log.get("format", "csv")),
     )
