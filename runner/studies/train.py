@@ -36,7 +36,11 @@ Outputs in the run dir:
                 objective_kind says how J was computed (exact | monte-carlo); zero_grad_fraction (the share
                 of updates whose gradient was exactly 0, grad_norm = 0: every advantage 0, or every token
                 rejected; θ does not move there, so ESS and grad norm in those stretches say nothing about
-                stability)
+                stability); mismatch: where the run sits between trainer and engine, whatever log.* writes
+                (runner/training/mismatch_summary.py): token_kl_k3, seq_kl_k3 (k3 summed over a sequence,
+                averaged over sequences) and ratio_outside_0.5_2 (fraction of tokens), each as {first, last}:
+                means over the first and last 10% of updates (a step's value once per update it had, since
+                they share its batch), plus max_abs_prob_diff (the run's maximum) and zero_grad_fraction
   DONE          written last, only when the run completed (it is absent after on_nonfinite=raise)
 
 `train.on_nonfinite` and collapse: see runner/training/faults.py. A collapse is logged once as a
@@ -63,6 +67,7 @@ from runner.studies import plain_config
 from runner.training.config import Setup
 from runner.training.config import load as load_setup
 from runner.training.loop import StepRecord, Trainer
+from runner.training.mismatch_summary import MismatchSummary
 
 # tokens.csv's cells by column: the run's constants are formatted once (token_row_template), the rest per row
 TOKEN_FORMATS = {"step": "%d", "seq": "%d", "pos": "%d", "token": "%d", "old": "%.9g", "roll": "%.9g"}
@@ -145,9 +150,11 @@ class Writer:
         self.token_row = token_row_template(run_constants(s))
         self.t0 = time.perf_counter()
         self.updates_written = self.zero_grad_updates = 0
+        self.mismatch = MismatchSummary()  # summary.json's block, whatever log.* writes
 
     def write(self, rec: StepRecord) -> None:
         s = self.s
+        self.mismatch.add(rec.old, rec.rollout.roll, rec.rollout.mask, len(rec.updates))
         if self.tokens_csv is not None and s.tokens_every and rec.step % s.tokens_every == 0:
             self.tokens_csv.write_number_rows(_token_rows(rec), self.token_row)
         objective = {} if rec.objective is None else {"objective": rec.objective}
@@ -259,6 +266,9 @@ class Run:
 
     def summary(self, status: str) -> dict:
         s, trainer = self.s, self.trainer
+        zero_grad_fraction = (
+            self.writer.zero_grad_updates / self.writer.updates_written if self.writer.updates_written else 0.0
+        )
         return {
             "study": "train",
             "status": status,
@@ -274,9 +284,8 @@ class Run:
             "steps_run": self.steps_run,
             "updates_run": trainer.updates_run,
             "updates_skipped": trainer.updates_skipped,
-            "zero_grad_fraction": (
-                self.writer.zero_grad_updates / self.writer.updates_written if self.writer.updates_written else 0.0
-            ),
+            "zero_grad_fraction": zero_grad_fraction,
+            "mismatch": self.writer.mismatch.block(zero_grad_fraction),
             "initial_objective": trainer.initial_objective,
             "final_objective": self.final_objective,
             "peak_objective": trainer.collapse.peak,
