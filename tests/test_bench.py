@@ -82,3 +82,25 @@ def test_bench_metrics_runs_at_tiny_size(tmp_path):
         "per call, PPO readable vs fused",
     ]
     assert all(math.isfinite(r["value"]) and r["value"] > 0 and r["target"] == "info" for r in rows), rows
+
+
+def test_bench_regime_runs_at_tiny_size(tmp_path):
+    """scripts/bench_regime.py (the field regime's step, exact J and accuracy band) runs and reports
+    its four rows, each judged against its target."""
+    out = tmp_path / "bench_regime.json"
+    res = subprocess.run(
+        [sys.executable, "scripts/bench_regime.py", "--tiny", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [r["name"].split(" (")[0].split(" in [")[0] for r in rows] == [
+        "mlp field-regime train step",
+        "mlp field-regime exact J",
+        "mlp field-regime accuracy",
+        "mlp field-regime all-same groups",
+    ]
+    assert all(isinstance(r["pass"], bool) and math.isfinite(r["value"]) and r["value"] > 0 for r in rows), rows

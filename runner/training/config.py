@@ -21,7 +21,16 @@ from runner.worlds.engine import Mismatch
 from runner.worlds.protocol import World
 from runner.worlds.registry import make_world
 
-ROLLOUT_KEYS = ("vocab_size", "seq_len", "batch_size", "group_size", "prompt_len", "eos_token", "adv_std_norm")
+ROLLOUT_KEYS = (
+    "vocab_size",
+    "seq_len",
+    "batch_size",
+    "group_size",
+    "prompt_len",
+    "eos_token",
+    "adv_std_norm",
+    "dynamic_sampling",
+)
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,7 @@ class Setup:
     quiet: bool
     tokens_every: int
     device: torch.device = torch.device("cpu")
+    dynamic_sampling: int = 0  # DAPO: up to N extra batches a step to replace all-same groups (0: off)
 
 
 def _section(cfg: Mapping[str, Any], key: str) -> dict:
@@ -117,4 +127,5 @@ def load(cfg: Mapping[str, Any]) -> Setup:
         quiet=as_bool("log", log, "quiet", default=False),
         tokens_every=as_int("log", log, "tokens_every", low=0, default=50),
         device=resolve_device(cfg.get("device", "cpu")),
+        dynamic_sampling=as_int("rollout", rollout, "dynamic_sampling", low=0, default=0),
     )
