@@ -359,6 +359,7 @@ BENCHES = {
     "sweep": lambda tiny: _script_results("bench_sweep.py", tiny),
     "mlp": lambda tiny: _script_results("bench_mlp.py", tiny),
     "transformer": lambda tiny: _script_results("bench_transformer.py", tiny),
+    "regime": lambda tiny: _script_results("bench_regime.py", tiny),
 }
 
 

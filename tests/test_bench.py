@@ -127,3 +127,25 @@ def test_bench_trackers_runs_at_tiny_size(tmp_path):
     if tracking.installed("pyarrow"):
         tokens = figures["tokens"]
         assert tokens["rows"] == 64 * 64 and tokens["csv_mib"] > 0 and tokens["parquet_mib"] > 0
+
+
+def test_bench_regime_runs_at_tiny_size(tmp_path):
+    """scripts/bench_regime.py (the field regime's step, exact J and accuracy band) runs and reports
+    its four rows, each judged against its target."""
+    out = tmp_path / "bench_regime.json"
+    res = subprocess.run(
+        [sys.executable, "scripts/bench_regime.py", "--tiny", "--out", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [r["name"].split(" (")[0].split(" in [")[0] for r in rows] == [
+        "mlp field-regime train step",
+        "mlp field-regime exact J",
+        "mlp field-regime accuracy",
+        "mlp field-regime all-same groups",
+    ]
+    assert all(isinstance(r["pass"], bool) and math.isfinite(r["value"]) and r["value"] > 0 for r in rows), rows

@@ -324,6 +324,7 @@ def test_summary_reports_the_shape_and_counts_the_parameters(experts, parameters
         "hidden": 64,
         "experts": experts,
         "init_std": 0.5,
+        "state": ["previous", "count", "position"],
         "features": 39,
         "parameters": parameters,
     }

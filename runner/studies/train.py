@@ -311,6 +311,7 @@ class Run:
             "steps_run": self.steps_run,
             "updates_run": trainer.updates_run,
             "updates_skipped": trainer.updates_skipped,
+            "dynamic_sampling_batches": trainer.extra_batches,  # extra batches drawn (rollout.dynamic_sampling)
             "zero_grad_fraction": zero_grad_fraction,
             "mismatch": self.writer.mismatch.block(zero_grad_fraction),
             "initial_objective": trainer.initial_objective,

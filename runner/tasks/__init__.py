@@ -15,6 +15,7 @@ TASKS = LazyRegistry(
         "target-count": "runner.tasks.targets:TargetCount",
         "target-threshold": "runner.tasks.targets:TargetThreshold",
         "count-exact": "runner.tasks.count_exact:CountExact",
+        "count-asked": "runner.tasks.count_asked:CountAsked",
         "sort": "runner.tasks.sorting:Sort",
     },
 )

@@ -22,7 +22,16 @@ from runner.worlds.engine import Mismatch
 from runner.worlds.protocol import World
 from runner.worlds.registry import make_world
 
-ROLLOUT_KEYS = ("vocab_size", "seq_len", "batch_size", "group_size", "prompt_len", "eos_token", "adv_std_norm")
+ROLLOUT_KEYS = (
+    "vocab_size",
+    "seq_len",
+    "batch_size",
+    "group_size",
+    "prompt_len",
+    "eos_token",
+    "adv_std_norm",
+    "dynamic_sampling",
+)
 
 
 @dataclass(frozen=True)
@@ -76,6 +85,7 @@ class Setup:
     device: torch.device = torch.device("cpu")
     trackers: tuple[str, ...] = ()  # log.trackers (runner/tracking/), beside metrics.csv
     log_format: str = "csv"  # log.format: csv | parquet (metrics.parquet and tokens.parquet beside the CSV)
+    dynamic_sampling: int = 0  # DAPO: up to N extra batches a step to replace all-same groups (0: off)
 
 
 def _section(cfg: Mapping[str, Any], key: str) -> dict:
@@ -122,4 +132,5 @@ def load(cfg: Mapping[str, Any]) -> Setup:
         device=resolve_device(cfg.get("device", "cpu")),
         trackers=tracking.check(log.get("trackers") or ()),
         log_format=tracking.check_format(log.get("format", "csv")),
+        dynamic_sampling=as_int("rollout", rollout, "dynamic_sampling", low=0, default=0),
     )

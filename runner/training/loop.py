@@ -27,6 +27,7 @@ from runner.core.losses import policy_loss
 from runner.training import faults
 from runner.training.advantages import grpo_advantages
 from runner.training.config import Setup
+from runner.training.dynamic_sampling import refill
 from runner.training.faults import CollapseWatch, Event
 from runner.training.objective import make_objective
 from runner.training.optim import Optimizer, clip_, global_norm
@@ -101,6 +102,14 @@ class Trainer:
         self.collapse = CollapseWatch(s.train.collapse, self.initial_objective)
         self.params_nonfinite = False
         self.updates_run = self.updates_skipped = 0
+        self.extra_batches = 0  # drawn by rollout.dynamic_sampling
+
+    def _draw(self) -> tuple[Rollout, torch.Tensor]:
+        """One more batch from the engine's current (stale) parameters, and its rewards."""
+        s = self.s
+        prompts = s.world.sample_prompts(s.batch_size, self.gen).repeat_interleave(s.group_size, 0)
+        ro = self.engine.sample(self.history.engine_params(), prompts, self.gen, self.noise_gen)
+        return ro, s.task.reward(ro.prompts, ro.tokens, ro.mask)
 
     def objective_tensor(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """J(θ) of the live parameters in float64, and its standard error (None when exact)."""
@@ -115,6 +124,9 @@ class Trainer:
         prompts = s.world.sample_prompts(s.batch_size, self.gen).repeat_interleave(s.group_size, 0)
         ro = self.engine.sample(self.history.engine_params(), prompts, self.gen, self.noise_gen)
         rewards = s.task.reward(ro.prompts, ro.tokens, ro.mask)
+        if s.dynamic_sampling:
+            ro, rewards, drawn = refill(ro, rewards, s.group_size, s.dynamic_sampling, self._draw)
+            self.extra_batches += drawn
         adv = grpo_advantages(rewards, s.group_size, s.adv_std_norm).unsqueeze(-1).expand_as(ro.mask)
         with torch.no_grad():
             old = s.world.token_stats(self.params, ro.prompts, ro.tokens, entropy=False).logp

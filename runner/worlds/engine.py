@@ -156,17 +156,32 @@ class Engine:
         noise_generator = noise_generator or generator
         n, T = prompts.shape[0], world.seq_len
         device = prompts.device
-        sampler = world.sampler(params, prompts, self.precision)
-        tokens = torch.empty(n, T, dtype=torch.long, device=device)
-        roll = torch.empty(n, T, dtype=torch.float32, device=device)
-        logits = sampler.start()
-        for t in range(T):
-            logp = self.process(logits, noise_generator)
-            tok = torch.multinomial(logp.float().exp(), 1, generator=generator).squeeze(-1)
-            tokens[:, t] = tok
-            roll[:, t] = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1).float()
-            if t + 1 < T:
-                logits = sampler.step(tok)
+        if getattr(world, "reads_own_tokens", True):
+            sampler = world.sampler(params, prompts, self.precision)
+            tokens = torch.empty(n, T, dtype=torch.long, device=device)
+            roll = torch.empty(n, T, dtype=torch.float32, device=device)
+            logits = sampler.start()
+            for t in range(T):
+                logp = self.process(logits, noise_generator)
+                tok = torch.multinomial(logp.float().exp(), 1, generator=generator).squeeze(-1)
+                tokens[:, t] = tok
+                roll[:, t] = logp.gather(-1, tok.unsqueeze(-1)).squeeze(-1).float()
+                if t + 1 < T:
+                    logits = sampler.step(tok)
+        else:
+            # A policy that does not read its own tokens draws every position at once, by inverting each
+            # state's CDF at one uniform draw: the same law as T multinomial calls, at a fraction of
+            # the cost (torch.multinomial took 24 µs a row on the CPU here), from another random stream
+            if m.logit_noise == 0:  # once per state that occurs, then looked up: noise would be per token
+                logp = self.process(world.position_logits(params, self.precision))[world.row_of(prompts)]
+            else:
+                dummy = torch.zeros(n, T, dtype=torch.long, device=device)
+                logp = self.process(world.logits(params, prompts, dummy, self.precision), noise_generator)
+            cdf = logp.double().exp().cumsum(-1).view(n * T, -1)  # [N·T, V]
+            u = torch.rand(n * T, 1, generator=generator, device=device, dtype=torch.float64) * cdf[:, -1:]
+            # right=True: a token of probability 0 (an empty step of the CDF) is never drawn
+            tokens = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[1] - 1).view(n, T)
+            roll = logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1).float()
 
         mask = torch.ones(n, T, device=device)
         if world.eos_token is not None:

@@ -45,6 +45,7 @@ exactly as the trainer does.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -53,6 +54,17 @@ import torch.nn.functional as F
 
 from runner.worlds.precision import Precision
 from runner.worlds.protocol import Params
+
+STATE_PARTS = ("prompt", "previous", "count", "position")
+DEFAULT_STATE = ("previous", "count", "position")
+
+
+@functools.lru_cache(maxsize=16)
+def _encoding_table(seq_len: int, frequencies: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    x = torch.arange(seq_len + 1, dtype=torch.float64).unsqueeze(-1)  # [T+1, 1]
+    omega = math.pi * 2.0 ** torch.arange(frequencies, dtype=torch.float64) / seq_len  # [J]
+    table = torch.cat([x / seq_len, torch.sin(x * omega), torch.cos(x * omega)], -1)
+    return table.to(device=device, dtype=dtype)
 
 
 @dataclass
@@ -69,6 +81,7 @@ class Net:
     hidden: int = 64
     experts: int = 0  # 0: dense
     init_std: float = 0.02
+    state: tuple[str, ...] = DEFAULT_STATE  # what the network sees, a subset of STATE_PARTS
 
     # ------------------------------------------------------------------------------ features
     @property
@@ -77,22 +90,40 @@ class Net:
 
     @property
     def feature_dim(self) -> int:
-        return self.vocab_size + 1 + 2 * (1 + 2 * self.frequencies)
+        widths = {"prompt": self.vocab_size + 1, "previous": self.vocab_size + 1, "count": 1 + 2 * self.frequencies}
+        widths["position"] = widths["count"]
+        return sum(widths[part] for part in self.state)
+
+    @property
+    def sees(self) -> frozenset[str]:
+        return frozenset(self.state)
 
     def encoding_table(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         """[T+1, 1 + 2J] enc(x) for x = 0..T, computed in float64 (on the CPU, so every device gets the same
-        numbers) and rounded once to dtype."""
-        x = torch.arange(self.seq_len + 1, dtype=torch.float64).unsqueeze(-1)  # [T+1, 1]
-        omega = math.pi * 2.0 ** torch.arange(self.frequencies, dtype=torch.float64) / self.seq_len  # [J]
-        table = torch.cat([x / self.seq_len, torch.sin(x * omega), torch.cos(x * omega)], -1)
-        return table.to(device=device, dtype=dtype)
+        numbers) and rounded once to dtype. Cached: the sampler asks for it at every position."""
+        return _encoding_table(self.seq_len, self.frequencies, dtype, torch.device(device))
 
     def features(
-        self, prev: torch.Tensor, count: torch.Tensor, position: torch.Tensor, table: torch.Tensor
+        self,
+        prev: torch.Tensor,
+        count: torch.Tensor,
+        position: torch.Tensor,
+        table: torch.Tensor,
+        prompt: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[N] long prev (BOS = V), count, position → [N, D] in the table's dtype."""
-        one_hot = F.one_hot(prev, self.vocab_size + 1).to(table.dtype)  # [N, V+1]
-        return torch.cat([one_hot, table[count], table[position]], -1)  # [N, D]
+        """[N] long prev (BOS = V), count, position, and the prompt's last token → [N, D] in the table's
+        dtype: the parts of `state` side by side, in STATE_PARTS' order; a part the net does not see is
+        not looked at."""
+        parts = []
+        if "prompt" in self.sees:
+            parts.append(F.one_hot(prompt, self.vocab_size + 1).to(table.dtype))  # [N, V+1]
+        if "previous" in self.sees:
+            parts.append(F.one_hot(prev, self.vocab_size + 1).to(table.dtype))  # [N, V+1]
+        if "count" in self.sees:
+            parts.append(table[count])  # [N, 1+2J]
+        if "position" in self.sees:
+            parts.append(table[position])  # [N, 1+2J]
+        return torch.cat(parts, -1)  # [N, D]
 
     # ---------------------------------------------------------------------------- parameters
     def init_params(self, generator: torch.Generator) -> Params:

@@ -27,12 +27,12 @@ import torch
 from runner.config_checks import as_float, as_int, check_keys
 from runner.errors import UserError
 from runner.tasks.base import CountTask
-from runner.worlds.mlp.exact import CountDP
-from runner.worlds.mlp.model import Net, Route
+from runner.worlds.mlp.exact import CountDP, PositionDP, PromptsDP
+from runner.worlds.mlp.model import DEFAULT_STATE, STATE_PARTS, Net, Route
 from runner.worlds.precision import FP32, Precision
-from runner.worlds.protocol import Params, World, param_count
+from runner.worlds.protocol import Params, TokenStats, World, param_count
 
-POLICY_KEYS = ("name", "description", "layers", "hidden", "experts", "init_std")
+POLICY_KEYS = ("name", "description", "layers", "hidden", "experts", "init_std", "state")
 
 
 class MLPWorld(World):
@@ -48,7 +48,13 @@ class MLPWorld(World):
         if isinstance(task, CountTask):
             self.is_target = task.is_target
             start_prev = torch.tensor([self.bos]) if prompt_len == 1 else torch.arange(self.vocab_size)
-            self.exact = CountDP(net, task, start_prev, eos_token)
+            prompts = task.prompt_tokens() if hasattr(task, "prompt_tokens") else start_prev
+            if "count" not in net.sees:
+                self.exact = PositionDP(net, task, start_prev, eos_token)
+            elif hasattr(task, "prompt_tokens") or ("prompt" in net.sees and prompts.numel() > 1):
+                self.exact = PromptsDP(net, task, prompts, eos_token)
+            else:
+                self.exact = CountDP(net, task, start_prev, eos_token, int(start_prev[0]))
 
     @classmethod
     def from_config(cls, policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any) -> MLPWorld:
@@ -70,6 +76,7 @@ class MLPWorld(World):
             hidden=as_int("policy", policy, "hidden", low=1, default=64),
             experts=experts,
             init_std=as_float("policy", policy, "init_std", low=0.0, default=0.02),
+            state=_state(policy),
         )
         return cls(net, as_int("rollout", rollout, "prompt_len", low=1, default=1), eos, task)
 
@@ -81,7 +88,10 @@ class MLPWorld(World):
         return self.net.init_params(generator)
 
     def sample_prompts(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """[n, prompt_len] long: BOS, then uniform tokens."""
+        """[n, prompt_len] long: BOS, then uniform tokens; or the task's own prompts (count-asked)."""
+        asked = self.task.sample_prompts(n, generator) if self.task is not None else None
+        if asked is not None:
+            return asked
         device = generator.device
         prompts = torch.full((n, self.prompt_len), self.bos, dtype=torch.long, device=device)
         if self.prompt_len > 1:
@@ -90,17 +100,67 @@ class MLPWorld(World):
             )
         return prompts
 
+    @property
+    def reads_own_tokens(self) -> bool:
+        """Whether the policy at position t depends on the response so far (its previous token or its
+        count). When it does not, the policy is a function of (prompt, position) only, evaluated once
+        on the states that occur (`position_logits`), and the engine samples every position at once."""
+        return bool({"previous", "count"} & self.net.sees)
+
+    def prompt_rows(self) -> torch.Tensor:
+        """[R] the prompt tokens `position_logits` has a row for: the task's prompts, every token (and
+        BOS) for a net that sees some other prompt, one row for a net that sees none."""
+        if "prompt" not in self.net.sees:
+            return torch.zeros(1, dtype=torch.long)
+        if hasattr(self.task, "prompt_tokens"):
+            return self.task.prompt_tokens()
+        return torch.arange(self.vocab_size + 1)
+
+    def position_logits(self, params: Params, precision: Precision = FP32) -> torch.Tensor:
+        """[R, T, V] logits of every (prompt row, position) state, in one forward pass whose shape does
+        not depend on the batch, so the trainer and the engine get the same numbers for a state."""
+        rows, T = self.prompt_rows().to(params["out.bias"].device), self.seq_len
+        position = torch.arange(T, device=rows.device).repeat(rows.numel())  # [R·T]: row-major
+        prompt = rows.repeat_interleave(T)
+        logits = self.state_logits(
+            Net.cast(params, precision), params, prompt, torch.zeros_like(prompt), position, precision, prompt
+        )
+        return logits.view(rows.numel(), T, self.vocab_size)
+
+    def row_of(self, prompts: torch.Tensor) -> torch.Tensor:
+        """[N] the row of position_logits for each prompt."""
+        return prompts[:, -1] if "prompt" in self.net.sees else torch.zeros_like(prompts[:, -1])
+
     def logits(
         self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor, precision: Precision = FP32
     ) -> torch.Tensor:
         n, T = tokens.shape
+        if not self.reads_own_tokens:
+            return self.position_logits(params, precision)[self.row_of(prompts)]  # [N, T, V]
         prev = torch.cat([prompts[:, -1:], tokens[:, :-1]], 1)  # [N, T]
         hits = self.is_target.to(tokens.device)[tokens].long()  # [N, T]
         count = hits.cumsum(1) - hits  # [N, T]: targets before position t
         position = torch.arange(T, device=tokens.device).expand(n, T)  # [N, T]
         engine = Net.cast(params, precision)
-        logits = self.state_logits(engine, params, prev.reshape(-1), count.reshape(-1), position.reshape(-1), precision)
+        prompt = prompts[:, -1:].expand(n, T)  # [N, T]
+        logits = self.state_logits(
+            engine, params, prev.reshape(-1), count.reshape(-1), position.reshape(-1), precision, prompt.reshape(-1)
+        )
         return logits.view(n, T, self.vocab_size)
+
+    def token_stats(self, params: Params, prompts: torch.Tensor, tokens: torch.Tensor, entropy: bool = True):
+        """As World.token_stats; a policy of (prompt, position) alone takes its log-softmax once per
+        state that occurs ([R, T, V]) and looks the batch's tokens up in it."""
+        if self.reads_own_tokens:
+            return super().token_stats(params, prompts, tokens, entropy)
+        table = torch.log_softmax(self.position_logits(params, FP32).float(), dim=-1)  # [R, T, V]
+        rows = self.row_of(prompts).unsqueeze(1)  # [N, 1]
+        logp = table[rows, torch.arange(tokens.shape[1], device=tokens.device), tokens]  # [N, T]
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                ent = (-(table.exp() * table).sum(-1))[rows.squeeze(1)]  # [N, T]
+        return TokenStats(logp=logp, entropy=ent)
 
     def sampler(self, params: Params, prompts: torch.Tensor, precision: Precision) -> MLPSampler:
         return MLPSampler(self, params, prompts, precision)
@@ -113,11 +173,12 @@ class MLPWorld(World):
         count: torch.Tensor,
         position: torch.Tensor,
         precision: Precision,
+        prompt: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """[N] states → [N, V] logits in the compute dtype. `engine` = Net.cast(params, precision);
         the fp32 `params` give the routes when the precision replays the trainer's routing."""
         table = self.net.encoding_table(params["out.bias"].dtype, params["out.bias"].device)
-        feats = self.net.features(prev, count, position, table)  # [N, D]
+        feats = self.net.features(prev, count, position, table, prompt)  # [N, D]
         routes: list[Route] | None = None
         if precision.router_fp32 and self.net.experts and not precision.exact:
             with torch.no_grad():
@@ -132,9 +193,21 @@ class MLPWorld(World):
             "hidden": net.hidden,
             "experts": net.experts,
             "init_std": net.init_std,
+            "state": list(net.state),
             "features": net.feature_dim,
             "parameters": param_count(net.init_params(torch.Generator().manual_seed(0))),
         }
+
+
+def _state(policy: Mapping[str, Any]) -> tuple[str, ...]:
+    """policy.state: the parts of the state the network sees, in STATE_PARTS' order."""
+    state = policy.get("state", list(DEFAULT_STATE))
+    if isinstance(state, str) or not isinstance(state, (list, tuple)) or not state:
+        raise UserError(f"policy.state must be a non-empty list of {', '.join(STATE_PARTS)}; got {state!r}")
+    unknown = [part for part in state if part not in STATE_PARTS]
+    if unknown:
+        raise UserError(f"policy.state: unknown part {unknown[0]!r}; valid: {', '.join(STATE_PARTS)}")
+    return tuple(part for part in STATE_PARTS if part in state)
 
 
 class MLPSampler:
@@ -146,6 +219,11 @@ class MLPSampler:
         self.params = {name: p.detach() for name, p in params.items()}
         self.engine = Net.cast(self.params, precision)
         self.prev = prompts[:, -1]  # [N]
+        self.prompt = prompts[:, -1]  # [N]: what a net that sees the prompt sees at every position
+        self.table = None  # [N, T, V] when the policy does not read its own tokens: looked up, not recomputed
+        if not world.reads_own_tokens:
+            with torch.no_grad():
+                self.table = world.position_logits(self.params, precision)[world.row_of(prompts)]
         self.is_target = world.is_target.to(prompts.device)  # [V]
         self.count = torch.zeros_like(self.prev)  # [N]
         self.t = 0
@@ -160,7 +238,15 @@ class MLPSampler:
         return self._logits()
 
     def _logits(self) -> torch.Tensor:
+        if self.table is not None:
+            return self.table[:, self.t]
         with torch.no_grad():
             return self.world.state_logits(
-                self.engine, self.params, self.prev, self.count, torch.full_like(self.prev, self.t), self.precision
+                self.engine,
+                self.params,
+                self.prev,
+                self.count,
+                torch.full_like(self.prev, self.t),
+                self.precision,
+                self.prompt,
             )  # [N, V]

@@ -1,0 +1,68 @@
+"""`task=count-asked`: the prompt asks for a count. Prompt token i (one of len(task.k) prompts, drawn
+uniformly) asks for task.k[i] tokens of `task.targets` in the response; R = 1[it holds that many,
+give or take task.tolerance]. A verifiable 0/1 reward over a spread of difficulties: the counts far from what the policy
+emits by habit are the hard prompts.
+
+The prompt is one token, so a world whose state forgets the prompt after the first position (the
+mlp world with `policy.state=[previous, position]`) can only answer
+by carrying the question in its own tokens, and can only stop at the right count by keeping count
+in them too. That is what keeps the task from saturating: a policy that has not learnt to do so is
+capped by how sharply its count's law can be peaked without knowing which count is asked.
+
+For an exact solver, counts past max(k) + tolerance all fail alike, so the count's law is kept up
+to `count_cap` = max(k) + tolerance + 1, the last bin meaning "at least that many" (`expected` takes one law per
+prompt, [prompts, count_cap + 1]).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runner.config_checks import as_int, check_keys
+from runner.errors import UserError
+from runner.tasks.base import CountTask
+from runner.tasks.targets import parse_targets, rollout_shape
+
+
+class CountAsked(CountTask):
+    name = "count-asked"
+
+    def __init__(self, vocab_size: int, targets: tuple[int, ...], k: tuple[int, ...], tolerance: int = 0):
+        super().__init__(vocab_size, targets)
+        self.k, self.tolerance = k, tolerance
+        self.asked = torch.tensor(k)  # [X]: prompt token i asks for k[i]
+        self.count_cap = max(k) + tolerance + 1
+        counts = torch.arange(self.count_cap + 1)
+        self.accepts = (counts - self.asked.unsqueeze(1)).abs() <= tolerance  # [X, cap+1]; the cap bin never does
+
+    @classmethod
+    def from_config(cls, cfg, rollout):
+        check_keys("task", cfg, ("name", "description", "targets", "k", "tolerance"))
+        vocab, seq_len = rollout_shape(rollout)
+        targets = parse_targets(cfg, vocab)
+        k = cfg.get("k")
+        if not isinstance(k, (list, tuple)) or not k:
+            raise UserError(f"task.k must be a non-empty list of counts (one per prompt), got {k!r}")
+        for count in k:
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= seq_len:
+                raise UserError(f"task.k: {count!r} is not a count in [0, rollout.seq_len = {seq_len}]")
+        if len(k) > vocab:
+            raise UserError(f"task.k asks {len(k)} counts, but there are only {vocab} prompt tokens")
+        return cls(vocab, targets, tuple(k), as_int("task", cfg, "tolerance", low=0, default=0))
+
+    def prompt_tokens(self) -> torch.Tensor:
+        """[X] the prompts' tokens (token i asks for k[i])."""
+        return torch.arange(len(self.k))
+
+    def sample_prompts(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """[n, 1] prompt tokens, uniform over the asked counts."""
+        return torch.randint(len(self.k), (n, 1), generator=generator, device=generator.device)
+
+    def reward(self, prompts, tokens, mask):
+        asked = self.asked.to(tokens.device)[prompts[:, -1]]  # [N]
+        return ((self.count(tokens, mask) - asked).abs() <= self.tolerance).to(mask.dtype)
+
+    def expected(self, law):
+        """E[R] from [X, count_cap + 1] laws of the count, one per prompt (the prompts equally likely)."""
+        accepts = self.accepts[:, : law.shape[1]].to(law.device, law.dtype)
+        return (law[:, : accepts.shape[1]] * accepts).sum(1).mean()

@@ -1,0 +1,113 @@
+"""The field regime's calibration table: where experiment=mlp/field-regime sits against the field's
+measured mismatch, per precision and size, from runs on a seed and sampling stream no claim uses.
+
+    python scripts/calibrate_regime.py [--out-dir DIR] [--sizes default,paper] [--precisions bf16,fp16,fp8]
+    python scripts/calibrate_regime.py --read DIR            # tabulate runs already made
+
+Each cell is one `is-study run experiment=mlp/field-regime mismatch.precision=P` (staleness 0: the
+arithmetic alone) at seed 1000, mismatch.sampling_stream=1; paper size adds scripts/bench_regime.py's
+PAPER overrides and 500 steps. Read from each run's summary.json mismatch block (first / last 10% of
+updates) and metrics.csv (entropy over the same windows). Nothing is tuned here: it measures the
+world as its config file fixes it, and prints a Markdown table with the literature's targets beside.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "scripts"))
+
+from bench_regime import CALIBRATION, PAPER  # noqa: E402
+
+SIZES = {"default": [], "paper": [*PAPER, "train.steps=500", "train.objective_every=100"]}
+TARGETS = {
+    "token_kl_k3": "~6e-4 dense bf16 (Qwen3-8B), ~1.5e-3 MoE",
+    "seq_kl_k3": "1–20 nats at paper size",
+    "ratio_outside": "ratio > 2 on ~1e-4 (dense) to ~1e-3 (MoE) of tokens",
+    "growth": "k3 rises as entropy falls",
+    "fp16": "fp16 20–60× below bf16",
+}
+
+
+def run(out_dir: Path, size: str, precision: str) -> Path:
+    run_dir = out_dir / f"{size}-{precision}"
+    if not (run_dir / "DONE").exists():
+        cmd = [sys.executable, "-m", "runner", "run", "experiment=mlp/field-regime", f"mismatch.precision={precision}"]
+        cmd += [*CALIBRATION, *SIZES[size], f"hydra.run.dir={run_dir}"]
+        subprocess.run(cmd, cwd=REPO, check=True)
+    return run_dir
+
+
+def row(run_dir: Path) -> dict:
+    summary = json.loads((run_dir / "summary.json").read_text())
+    m = summary["mismatch"]
+    metrics = pd.read_csv(run_dir / "metrics.csv").dropna(subset=["loss"])
+    tenth = max(1, math.ceil(len(metrics) / 10))
+    return {
+        "run": run_dir.name,
+        "T": summary["world"]["seq_len"],
+        "token_k3": (m["token_kl_k3"]["first"], m["token_kl_k3"]["last"]),
+        "seq_k3": (m["seq_kl_k3"]["first"], m["seq_kl_k3"]["last"]),
+        "outside": (m["ratio_outside_0.5_2"]["first"], m["ratio_outside_0.5_2"]["last"]),
+        "max_dp": m["max_abs_prob_diff"],
+        "entropy": (metrics.entropy.iloc[:tenth].mean(), metrics.entropy.iloc[-tenth:].mean()),
+        "J": (summary["initial_objective"], summary["final_objective"]),
+        "zero_grad": m["zero_grad_fraction"],
+    }
+
+
+def table(rows: list[dict]) -> str:
+    def pair(p, fmt="{:.2g}"):
+        return f"{fmt.format(p[0])} → {fmt.format(p[1])}"
+
+    lines = [
+        "| run | T | per-token k3 | per-sequence k3 (nats) | tokens with ratio outside [0.5, 2] | max \\|Δp\\| "
+        "| k3 last / first | entropy first → last | J first → last | zero-gradient updates |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        growth = r["token_k3"][1] / r["token_k3"][0] if r["token_k3"][0] else float("nan")
+        lines.append(
+            f"| {r['run']} | {r['T']} | {pair(r['token_k3'])} | {pair(r['seq_k3'])} | {pair(r['outside'])} "
+            f"| {r['max_dp']:.2g} | {growth:.2f}× | {pair(r['entropy'], '{:.2f}')} | {pair(r['J'], '{:.2f}')} "
+            f"| {r['zero_grad']:.2f} |"
+        )
+    by = {r["run"]: r for r in rows}
+    for size in SIZES:
+        bf16, fp16 = by.get(f"{size}-bf16"), by.get(f"{size}-fp16")
+        if bf16 and fp16 and fp16["token_k3"][0] > 0:
+            lines.append("")
+            lines.append(
+                f"{size} size: bf16 / fp16 per-token k3 = {bf16['token_k3'][0] / fp16['token_k3'][0]:.0f}× "
+                f"at the start, {bf16['token_k3'][1] / fp16['token_k3'][1]:.0f}× at the end."
+            )
+    lines.append("")
+    lines += [f"- target, {key}: {text}" for key, text in TARGETS.items()]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", default="runs/calibrate-regime")
+    parser.add_argument("--sizes", default="default,paper")
+    parser.add_argument("--precisions", default="bf16,fp16,fp8")
+    parser.add_argument("--read", default=None, help="tabulate the run dirs under this directory instead")
+    args = parser.parse_args()
+    if args.read:
+        dirs = sorted(p.parent for p in Path(args.read).glob("*/summary.json"))
+    else:
+        out = Path(args.out_dir)
+        dirs = [run(out, s, p) for s in args.sizes.split(",") for p in args.precisions.split(",")]
+    print(table([row(d) for d in dirs]))
+
+
+if __name__ == "__main__":
+    main()
