@@ -8,13 +8,21 @@ The wheels are fetched with `pip download --no-deps` (nothing is installed) and 
 unpacked into WHEELS/site: only openrlhf/, verl/ and trl/, since verl's wheel also ships top-level
 `tests` and `scripts` packages. OpenRLHF at commit bc71bb19 is not on PyPI; its targets are the
 adapter examples/audit/openrlhf_bc71bb1.py (see its docstring for what that does and does not show).
+
+Frameworks with no release on PyPI at the audited version are fetched from their repository at a named
+commit (CHECKOUTS: `git fetch --depth 1` of that commit, nothing installed), their package folder put into
+WHEELS/site beside the wheels' ones; CHECKOUT_TARGETS audit them through the adapters in this folder.
+A folder holding a checkout already can be given instead (the variable each checkout names).
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from dataclasses import dataclass
@@ -133,6 +141,65 @@ TARGETS = (
 )
 
 
+@dataclass(frozen=True)
+class Checkout:
+    """A framework's repository at one commit, of which only `package` is used."""
+
+    name: str
+    url: str
+    commit: str
+    package: str  # the folder copied into the site
+    env: str  # a variable naming a local checkout to use instead of fetching
+
+    def fetch(self, site: Path) -> Path:
+        """site/PACKAGE from the checkout in $ENV, or fetched from `url` at `commit`."""
+        dest = site / self.package
+        if dest.is_dir():
+            return dest
+        local = os.environ.get(self.env)
+        if local:
+            source = Path(local) / self.package
+            if not source.is_dir():
+                raise FileNotFoundError(f"${self.env}={local} has no {self.package}/ folder")
+            shutil.copytree(source, dest)
+            return dest
+        with tempfile.TemporaryDirectory() as tmp:
+            git = ["git", "-C", tmp]
+            subprocess.run([*git, "init", "--quiet"], check=True)
+            subprocess.run([*git, "fetch", "--quiet", "--depth", "1", self.url, self.commit], check=True, timeout=600)
+            subprocess.run([*git, "checkout", "--quiet", "FETCH_HEAD"], check=True)
+            shutil.copytree(Path(tmp) / self.package, dest)
+        return dest
+
+
+NEMO_RL_COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
+CHECKOUTS = (Checkout("nemo-rl", "https://github.com/NVIDIA-NeMo/RL", NEMO_RL_COMMIT, "nemo_rl", "IS_STUDY_NEMO_RL"),)
+NEMO_RL_KWARGS = '{"nemo_rl": "%s/nemo_rl", "truncated_importance_sampling_type": "%s"}'
+# An adversarial finding of every NeMo-RL mode: finite padding with lp − old = 1e4 overflows PPO's ratio
+# (exp, unclamped) to inf there, and the backward of exp multiplies the 0 gradient by it: NaN.
+NEMO_RL_OTHER = (
+    "1 finite: grad[0][1] (a masked position) nan on finite inputs",
+    "4 padding: padding values leak: loss nan",
+)
+CHECKOUT_TARGETS = tuple(
+    Target(
+        f"nemo-rl-{mode}",
+        f"NeMo-RL {NEMO_RL_COMMIT[:8]} ClippedPGLossFn, truncated_importance_sampling_type={mode} (adapter)",
+        (
+            "--target",
+            "examples/audit/nemo_rl.py:ClippedPGLoss",
+            "--target-kwargs",
+            NEMO_RL_KWARGS % (SITE, mode),
+            "--reference",
+            f"correction=nemo-rl/{mode}",
+        ),
+        known=(),
+        other=NEMO_RL_OTHER,
+    )
+    for mode in ("tis", "icepop", "seq-mask-tis")
+)
+
+
 def download(wheels: Path) -> None:
     wheels.mkdir(parents=True, exist_ok=True)
     subprocess.run(
@@ -162,7 +229,9 @@ def main(argv: list[str]) -> int:
     if not list(wheels.glob("*.whl")):
         download(wheels)
     site = unpack(wheels)
-    for target in TARGETS:
+    for checkout in CHECKOUTS:
+        checkout.fetch(site)
+    for target in (*TARGETS, *CHECKOUT_TARGETS):
         print(f"\n## {target.name}: {target.what}\n$ {target.command(site)}", flush=True)
         start = time.perf_counter()
         subprocess.run(

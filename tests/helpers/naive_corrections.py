@@ -27,6 +27,11 @@ def _in(x: float, lo: float | None, hi: float | None) -> bool:
     return (lo is None or x >= lo) and (hi is None or x <= hi)
 
 
+def _finite_or_0(x: float) -> float:
+    """NeMo-RL's nan_to_num(x, nan=0, posinf=0, neginf=0)."""
+    return x if math.isfinite(x) else 0.0
+
+
 def coefficients(preset: str, old, roll, mask, low, high):
     """Per-token coefficient and the mask that the loss is reduced with, from the spec's table."""
     B, T = len(old), len(old[0])
@@ -41,6 +46,7 @@ def coefficients(preset: str, old, roll, mask, low, high):
         L20 = sum(_clip(lr[t], -20, 20) for t in range(T) if inside[t])
         rho = [_exp(x) for x in lr]
         rho_seq, rho_geo = _exp(L), _exp(G)
+        G_finite = sum(_finite_or_0(lr[t]) for t in range(T) if inside[t]) / max(n, 1)
         for t in range(T):
             r = rho[t]
             if preset == "none":
@@ -81,6 +87,13 @@ def coefficients(preset: str, old, roll, mask, low, high):
                 c = min(_exp(_clip(L, -20, 20)), high)
                 if not (math.log(low) <= -L20 <= math.log(high)):
                     c, red[i][t] = 0.0, 0.0
+            elif preset == "nemo-rl/tis":
+                c = _clip(_finite_or_0(r), low if low is not None else 0.0, high)
+            elif preset == "nemo-rl/icepop":
+                w = _finite_or_0(r)
+                c = w if _in(w, low, high) else 0.0
+            elif preset == "nemo-rl/seq-mask-tis":
+                c = _finite_or_0(r) if _in(_exp(G_finite), low, high) else 0.0
             else:
                 raise KeyError(preset)
             coef[i][t] = c if inside[t] else 0.0
