@@ -23,7 +23,7 @@ from tests.helpers.repo import REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: see conftest.py
 
-FRAMEWORK_CASES = ("nemo-rl",)
+FRAMEWORK_CASES = ("nemo-rl", "areal")
 
 
 def _composed(preset: str, overrides: list[str] = ()) -> tuple[Correction, LossSpec]:
@@ -57,24 +57,24 @@ def test_every_framework_case_file_covers_random_extreme_nonfinite_and_all_maske
         assert presets == shipped, name  # every shipped preset of the framework is checked
 
 
-# ------------------------------------------------------------------------------------------ nan_to_num (NeMo-RL)
+# ---------------------------------------------------------------------------------- nonfinite=zero-ratio (NeMo-RL)
 def _token_tis(**fields) -> Correction:
     return Correction(name="t", weight="token", weight_op="clamp", high=2.0, padding="multiply", **fields)
 
 
-def test_nan_to_num_makes_an_overflowing_ratio_zero_before_the_clamp():
+def test_zero_ratio_makes_an_overflowing_ratio_zero_before_the_clamp():
     """lr = [0, 100, −200, +inf, NaN]: exp overflows float32 at 100. Without nan_to_num the clamp caps inf
     at 2 and NaN stays NaN; with it every non-finite ratio is 0 first, and 0 stays 0 under the clamp."""
     old = torch.tensor([[-1.0, -1.0, -1.0, -1.0, math.nan]])
     roll = torch.tensor([[-1.0, -101.0, 199.0, -math.inf, -1.0]])
     mask = torch.ones_like(old)
     plain = apply_correction(_token_tis(), old, roll, mask, metrics=False).coef
-    zeroed = apply_correction(_token_tis(nan_to_num=True), old, roll, mask, metrics=False).coef
+    zeroed = apply_correction(_token_tis(nonfinite="zero-ratio"), old, roll, mask, metrics=False).coef
     assert plain[0, :4].tolist() == [1.0, 2.0, 0.0, 2.0] and math.isnan(plain[0, 4])
     assert zeroed.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
 
 
-def test_nan_to_num_zeroes_each_log_ratio_a_sequence_statistic_sums():
+def test_zero_ratio_zeroes_each_log_ratio_a_sequence_statistic_sums():
     """A −inf rollout log-prob makes lr = +inf: the geometric mean is inf and the sequence rejected,
     unless nan_to_num counts that token as lr = 0 (mean of [0, 0.003, 0] = 0.001, inside [0.999, 1.002])."""
     old = torch.tensor([[-1.0, -1.0, -1.0]])
@@ -82,18 +82,34 @@ def test_nan_to_num_zeroes_each_log_ratio_a_sequence_statistic_sums():
     mask = torch.ones_like(old)
     geo = Correction(name="g", weight="token", filter="geometric", low=0.999, high=1.002, padding="multiply")
     assert apply_correction(geo, old, roll, mask, metrics=False).keep.tolist() == [[False] * 3]
-    kept = apply_correction(replace(geo, nan_to_num=True), old, roll, mask, metrics=False)
+    kept = apply_correction(replace(geo, nonfinite="zero-ratio"), old, roll, mask, metrics=False)
     assert kept.keep.tolist() == [[True] * 3]
     assert kept.coef[0].tolist() == pytest.approx([1.0, math.exp(0.003), 0.0], abs=1e-6)
 
 
-def test_nan_to_num_zeroes_an_overflowing_sequence_weight_and_must_be_a_bool():
+def test_zero_ratio_zeroes_an_overflowing_sequence_weight_and_must_be_a_bool():
     """NeMo-RL's sequence-level weights exp(Σ lr) take the same nan_to_num: Σ lr = 100 overflows."""
     old, roll = torch.tensor([[-1.0, -1.0]]), torch.tensor([[-51.0, -51.0]])
     seq = Correction(name="s", weight="sequence", padding="multiply")
     coef = apply_correction(seq, old, roll, torch.ones_like(old), metrics=False).coef
     assert coef.tolist() == [[math.inf, math.inf]]
-    coef = apply_correction(replace(seq, nan_to_num=True), old, roll, torch.ones_like(old), metrics=False).coef
+    coef = apply_correction(replace(seq, nonfinite="zero-ratio"), old, roll, torch.ones_like(old), metrics=False).coef
     assert coef.tolist() == [[0.0, 0.0]]
-    with pytest.raises(UserError, match="nan_to_num must be true or false"):
-        Correction(name="s", weight="token", nan_to_num="yes").validate()
+    with pytest.raises(UserError, match="correction.nonfinite='yes' is not one of: keep, zero-ratio, zero-logratio"):
+        Correction(name="s", weight="token", nonfinite="yes").validate()
+
+
+# ------------------------------------------------------------------------------------ nonfinite=zero-logratio (AReaL)
+def test_zero_logratio_makes_a_nonfinite_log_ratio_on_policy_while_a_finite_overflow_stays():
+    """lr = [+inf, NaN, 100]: AReaL's where(isfinite(lr), lr, 0) gives ratios [1, 1, inf]; a token mask with
+    band [0.5, 5] then keeps the first two (weight 1) and rejects the overflow, where `keep` rejects all three."""
+    old = torch.tensor([[-1.0, math.nan, -1.0]])
+    roll = torch.tensor([[-math.inf, -1.0, -101.0]])
+    mask = torch.ones_like(old)
+    icepop = Correction(name="i", weight="token", filter="token", low=0.5, high=5.0, padding="masked-sum")
+    assert apply_correction(icepop, old, roll, mask, metrics=False).keep.tolist() == [[False] * 3]
+    kept = apply_correction(replace(icepop, nonfinite="zero-logratio"), old, roll, mask, metrics=False)
+    assert kept.keep.tolist() == [[True, True, False]]
+    assert kept.coef.tolist() == [[1.0, 1.0, 0.0]]
+    clamped = Correction(name="c", weight="token", weight_op="clamp", high=5.0, nonfinite="zero-logratio")
+    assert apply_correction(clamped, old, roll, mask, metrics=False).coef.tolist() == [[1.0, 1.0, 5.0]]

@@ -19,38 +19,16 @@ the corrected PPO surrogate alone, token-level, over one micro-batch that is the
 
 from __future__ import annotations
 
-import ast
 import enum
 from pathlib import Path
 from typing import Any, NotRequired, Optional, Protocol, TypedDict, TypeVar
 
 import torch
+from compiled_source import compile_into
 
 COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
 # the reference bounds of each truncated_importance_sampling_type (NeMo-RL's comments and docs)
 BOUNDS = {"tis": (None, 2.0), "icepop": (0.5, 5.0), "seq-mask-tis": (0.999, 1.002)}
-
-
-def _parse(path: Path) -> ast.Module:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: `nemo_rl` must be the folder of the nemo_rl package")
-    return ast.parse(path.read_text(), filename=str(path))
-
-
-def _definitions(path: Path, names: set[str]) -> ast.Module:
-    """The top-level classes and functions called `names` of the file, in its order."""
-    tree = _parse(path)
-    body = [n for n in tree.body if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name in names]
-    missing = names - {n.name for n in body}
-    if missing:
-        raise LookupError(f"{', '.join(sorted(missing))} not found in {path}")
-    return ast.Module(body=body, type_ignores=[])
-
-
-def _compile_into(namespace: dict[str, Any], path: Path, names: set[str]) -> None:
-    # dont_inherit: this file's `from __future__ import annotations` must not reach their code (pydantic reads
-    # the annotations)
-    exec(compile(_definitions(path, names), str(path), "exec", dont_inherit=True), namespace)
 
 
 def load(nemo_rl: str | Path) -> dict[str, Any]:
@@ -58,6 +36,8 @@ def load(nemo_rl: str | Path) -> dict[str, Any]:
     from pydantic import BaseModel  # a dependency of typer, hence of is-study
 
     root = Path(nemo_rl)
+    if not (root / "algorithms" / "loss" / "loss_functions.py").is_file():
+        raise FileNotFoundError(f"{root}: `nemo_rl` must be the folder of the nemo_rl package")
     ns: dict[str, Any] = {
         "torch": torch,
         "Tensor": torch.Tensor,
@@ -71,13 +51,13 @@ def load(nemo_rl: str | Path) -> dict[str, Any]:
         "BaseModel": BaseModel,
         "BatchedDataDict": dict,  # the loss only indexes it and calls .get
     }
-    _compile_into(
+    compile_into(
         ns,
         root / "algorithms" / "loss" / "interfaces.py",
         {"LossType", "MetricNormalizer", "LossInputType", "LossFunction"},
     )
-    _compile_into(ns, root / "algorithms" / "utils.py", {"masked_mean", "calculate_kl"})
-    _compile_into(
+    compile_into(ns, root / "algorithms" / "utils.py", {"masked_mean", "calculate_kl"})
+    compile_into(
         ns,
         root / "algorithms" / "loss" / "loss_functions.py",
         {"ClippedPGLossConfig", "ClippedPGLossDataDict", "ClippedPGLossFn"},

@@ -5,7 +5,7 @@ tests/test_audit_released.py runs them on the wheels downloaded from PyPI.
     python examples/audit/released.py [WHEELS]     # download, unpack, audit all (default: wheels/)
 
 The wheels are fetched with `pip download --no-deps` (nothing is installed) and their packages
-unpacked into WHEELS/site: only openrlhf/, verl/ and trl/, since verl's wheel also ships top-level
+unpacked into WHEELS/site: only openrlhf/, verl/, trl/ and areal/, since verl's wheel also ships top-level
 `tests` and `scripts` packages. OpenRLHF at commit bc71bb19 is not on PyPI; its targets are the
 adapter examples/audit/openrlhf_bc71bb1.py (see its docstring for what that does and does not show).
 
@@ -17,6 +17,7 @@ A folder holding a checkout already can be given instead (the variable each chec
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -28,8 +29,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("openrlhf==0.11.2", "verl==0.9.1", "trl==1.16.0")
-UNPACKED = ("openrlhf", "verl", "trl")
+PACKAGES = ("openrlhf==0.11.2", "verl==0.9.1", "trl==1.16.0", "areal==1.0.4")
+UNPACKED = ("openrlhf", "verl", "trl", "areal")
 REPO = Path(__file__).resolve().parents[2]
 SITE = "{site}"  # in TARGETS' arguments: the folder the wheels' packages are unpacked into
 
@@ -174,7 +175,6 @@ class Checkout:
 
 NEMO_RL_COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
 CHECKOUTS = (Checkout("nemo-rl", "https://github.com/NVIDIA-NeMo/RL", NEMO_RL_COMMIT, "nemo_rl", "IS_STUDY_NEMO_RL"),)
-NEMO_RL_KWARGS = '{"nemo_rl": "%s/nemo_rl", "truncated_importance_sampling_type": "%s"}'
 # An adversarial finding of every NeMo-RL mode: finite padding with lp − old = 1e4 overflows PPO's ratio
 # (exp, unclamped) to inf there, and the backward of exp multiplies the 0 gradient by it: NaN.
 NEMO_RL_OTHER = (
@@ -189,7 +189,7 @@ CHECKOUT_TARGETS = tuple(
             "--target",
             "examples/audit/nemo_rl.py:ClippedPGLoss",
             "--target-kwargs",
-            NEMO_RL_KWARGS % (SITE, mode),
+            json.dumps({"nemo_rl": f"{SITE}/nemo_rl", "truncated_importance_sampling_type": mode}),
             "--reference",
             f"correction=nemo-rl/{mode}",
         ),
@@ -198,6 +198,33 @@ CHECKOUT_TARGETS = tuple(
     )
     for mode in ("tis", "icepop", "seq-mask-tis")
 )
+
+
+# AReaL's rejection sampling, one target per (level, action), each compared with our preset on every batch.
+# Both findings are of its PPO ratio exp(lp − proximal), unbounded, at a masked position: finite padding with
+# lp − old = 1e4 gives inf there (0·inf in the backward), NaN padding a NaN gradient through torch.where.
+AREAL_OTHER = (
+    "1 finite: grad[0][1] (a masked position) nan on finite inputs",
+    "4 padding: padding values leak: grad[0][0] nan",
+)
+AREAL_TARGETS = tuple(
+    Target(
+        f"areal-1.0.4-{level}-{action}",
+        f"AReaL 1.0.4 ppo_actor_loss_fn, rejection_sampling level={level} action={action} (adapter)",
+        (
+            "--target",
+            "examples/audit/areal.py:PPOActorLoss",
+            "--target-kwargs",
+            json.dumps({"areal": f"{SITE}/areal", "level": level, "action": action}),
+            "--reference",
+            f"correction=areal/{level}-{action}",
+        ),
+        known=(),
+        other=AREAL_OTHER,
+    )
+    for level, action in (("token", "mask"), ("token", "clamp"), ("sequence", "mask"))
+)
+TARGETS = (*TARGETS, *AREAL_TARGETS)
 
 
 def download(wheels: Path) -> None:

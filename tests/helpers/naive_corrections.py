@@ -46,7 +46,8 @@ def coefficients(preset: str, old, roll, mask, low, high):
         L20 = sum(_clip(lr[t], -20, 20) for t in range(T) if inside[t])
         rho = [_exp(x) for x in lr]
         rho_seq, rho_geo = _exp(L), _exp(G)
-        G_finite = sum(_finite_or_0(lr[t]) for t in range(T) if inside[t]) / max(n, 1)
+        L_finite = sum(_finite_or_0(lr[t]) for t in range(T) if inside[t])  # NeMo-RL's and AReaL's sanitising
+        G_finite = L_finite / max(n, 1)
         for t in range(T):
             r = rho[t]
             if preset == "none":
@@ -94,6 +95,17 @@ def coefficients(preset: str, old, roll, mask, low, high):
                 c = w if _in(w, low, high) else 0.0
             elif preset == "nemo-rl/seq-mask-tis":
                 c = _finite_or_0(r) if _in(_exp(G_finite), low, high) else 0.0
+            elif preset == "areal/token-mask":
+                w = _exp(_finite_or_0(lr[t]))
+                c = w if _in(w, low, high) else 0.0
+            elif preset == "areal/token-clamp":
+                c = _clip(_exp(_finite_or_0(lr[t])), low if low is not None else 0.0, high)
+            elif preset == "areal/sequence-mask":
+                c = _exp(G_finite) if _in(_exp(G_finite), low, high) else 0.0
+            elif preset == "areal/sequence-clamp":
+                c = _clip(_exp(G_finite), low if low is not None else 0.0, high)
+            elif preset == "areal/sequence-mask-sum":
+                c = _exp(G_finite) if _in(_exp(L_finite), low, high) else 0.0
             else:
                 raise KeyError(preset)
             coef[i][t] = c if inside[t] else 0.0
