@@ -113,3 +113,14 @@ def test_zero_logratio_makes_a_nonfinite_log_ratio_on_policy_while_a_finite_over
     assert kept.coef.tolist() == [[1.0, 1.0, 0.0]]
     clamped = Correction(name="c", weight="token", weight_op="clamp", high=5.0, nonfinite="zero-logratio")
     assert apply_correction(clamped, old, roll, mask, metrics=False).coef.tolist() == [[1.0, 1.0, 5.0]]
+
+
+def test_readme_groups_the_faithful_presets_by_framework_with_their_counts():
+    import re
+
+    from runner import registry
+
+    readme = (REPO / "README.md").read_text()
+    rows = dict(re.findall(r"^\| ([\w-]+) \((\d+)\) \|", readme, re.M))
+    expected = {name: str(len(group)) for name, group in registry.presets_by_framework() if name != registry.OWN}
+    assert rows == expected
