@@ -1,13 +1,14 @@
 """The audit, and the committed worked cases, on released framework code that is not on PyPI at the audited
-version (examples/audit/released.py's CHECKOUTS: NeMo-RL at a named commit). The checkout is fetched at test
+version (examples/audit/released.py's CHECKOUTS: NeMo-RL and SkyRL, each at a named commit). The checkout is fetched at test
 time (`git fetch --depth 1` of the commit; nothing installed, nothing of it in this repository), or taken from
-the folder a Checkout's variable names (IS_STUDY_NEMO_RL: a checkout of that commit). Everything runs in its
+the folder a Checkout's variable names (IS_STUDY_NEMO_RL, IS_STUDY_SKYRL: a checkout of that commit). Everything runs in its
 own `is-study` process with only is-study's dependencies importable (tests/helpers/only_own_dependencies.py).
 
 What this covers: conf/cases/nemo-rl.yaml's numbers are NeMo-RL's own (each `expect:` entry replayed on the
 released loss with its recorded settings gives them again, NaN included); the audit of each mode finds
-exactly the findings released.py lists, none under the realistic profile, and its differential check against
-our preset (`--reference correction=nemo-rl/MODE`) passes on every generated batch.
+exactly the findings released.py lists (plus, at most, the `maybe` ones a search may or may not reach), none
+under the realistic profile, and where a preset reproduces the target (`--reference correction=nemo-rl/MODE`)
+the differential check passes on every generated batch.
 
 The tests skip, saying why, only when the checkout cannot be fetched (no variable set and git cannot
 reach the repository).
@@ -77,12 +78,15 @@ def test_checkout_audit_gives_the_listed_findings_and_matches_our_preset(site, t
     cells = json.loads(got.stdout)
     findings = [_label(c) for c in cells if c["status"] == "fail"]
     expected = (*target.known, *target.other) if profile == "adversarial" else target.known
-    assert got.returncode == (1 if expected else 0), got.stderr
+    assert got.returncode == (1 if findings else 0), got.stderr
     for start in expected:
         assert sum(f.startswith(start) for f in findings) == 1, (start, findings)
-    assert len(findings) == len(expected), findings
-    reference = [c for c in cells if c["invariant"] == "reference"]
-    assert reference and all(c["status"] == "pass" for c in reference), reference
+    others = [f for f in findings if not any(f.startswith(s) for s in expected)]
+    assert all(any(f.startswith(s) for s in target.maybe) for f in others), others
+    assert len(others) <= len(target.maybe), findings
+    if "--reference" in target.args:  # the preset that reproduces the target agrees on every batch
+        reference = [c for c in cells if c["invariant"] == "reference"]
+        assert reference and all(c["status"] == "pass" for c in reference), reference
     empty = next(c for c in cells if c["invariant"] == "all-masked")
     assert empty["status"] == "pass", empty
 

@@ -51,6 +51,7 @@ class Target:
     args: tuple[str, ...]  # `is-study audit` arguments
     known: tuple[str, ...]  # the known bugs: "CHECK: start of the finding's text"
     other: tuple[str, ...] = ()  # further findings, each true only of adversarial input
+    maybe: tuple[str, ...] = ()  # findings a search may or may not reach, on either profile (not bugs)
 
     def argv(self, site: str | Path) -> list[str]:
         return [a.replace(SITE, str(site)) for a in self.args]
@@ -174,7 +175,11 @@ class Checkout:
 
 
 NEMO_RL_COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
-CHECKOUTS = (Checkout("nemo-rl", "https://github.com/NVIDIA-NeMo/RL", NEMO_RL_COMMIT, "nemo_rl", "IS_STUDY_NEMO_RL"),)
+SKYRL_COMMIT = "a9564572eb8e91076be43c1bd5e4615e3de17265"  # PyPI's skyrl 0.3.0 predates its off_policy_correction
+CHECKOUTS = (
+    Checkout("nemo-rl", "https://github.com/NVIDIA-NeMo/RL", NEMO_RL_COMMIT, "nemo_rl", "IS_STUDY_NEMO_RL"),
+    Checkout("skyrl", "https://github.com/NovaSky-AI/SkyRL", SKYRL_COMMIT, "skyrl", "IS_STUDY_SKYRL"),
+)
 # An adversarial finding of every NeMo-RL mode: finite padding with lp − old = 1e4 overflows PPO's ratio
 # (exp, unclamped) to inf there, and the backward of exp multiplies the 0 gradient by it: NaN.
 NEMO_RL_OTHER = (
@@ -197,6 +202,40 @@ CHECKOUT_TARGETS = tuple(
         other=NEMO_RL_OTHER,
     )
     for mode in ("tis", "icepop", "seq-mask-tis")
+)
+# SkyRL's `regular` loss with one off-policy correction each, and the stack its docs recommend (geometric
+# sequence mask, token TIS, token mask, outlier mask: the order of operations matters). No preset reproduces
+# SkyRL yet, so there is no --reference. Its finding: NaN padding reaches the loss (loss · mask, summed). The
+# hypothesis search sometimes also finds a gradient 2e-4 away from float64 finite differences, on either
+# profile: safe_exp_delta computes PPO's ratio in float32 whatever the input dtype (deliberate, no bug).
+SKYRL_STACK = {
+    "sequence_mask_metric": "geometric",
+    "tis_ratio_type": "token",
+    "token_mask_is_threshold_low": 0.5,
+    "token_mask_is_threshold_high": 2.0,
+    "outlier_token_is_threshold_low": 1e-4,
+    "outlier_token_is_threshold_high": 100,
+}
+SKYRL_MODES = (
+    ("tis-token", {"tis_ratio_type": "token"}),
+    ("sequence-mask-geometric", {"sequence_mask_metric": "geometric"}),
+    ("recommended", SKYRL_STACK),
+)
+CHECKOUT_TARGETS += tuple(
+    Target(
+        f"skyrl-{name}",
+        f"SkyRL {SKYRL_COMMIT[:8]} ppo_policy_loss, off_policy_correction {name} (adapter)",
+        (
+            "--target",
+            "examples/audit/skyrl.py:PPOPolicyLoss",
+            "--target-kwargs",
+            json.dumps({"skyrl": f"{SITE}/skyrl", **config}),
+        ),
+        known=(),
+        other=("4 padding: padding values leak: loss nan",),
+        maybe=("7 grad=FD: directional derivative",),
+    )
+    for name, config in SKYRL_MODES
 )
 
 
