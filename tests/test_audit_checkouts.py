@@ -4,7 +4,7 @@ time (`git fetch --depth 1` of the commit; nothing installed, nothing of it in t
 the folder a Checkout's variable names (IS_STUDY_NEMO_RL, IS_STUDY_SKYRL: a checkout of that commit). Everything runs in its
 own `is-study` process with only is-study's dependencies importable (tests/helpers/only_own_dependencies.py).
 
-What this covers: conf/cases/nemo-rl.yaml's numbers are NeMo-RL's own (each `expect:` entry replayed on the
+What this covers: conf/cases/nemo-rl.yaml's and skyrl.yaml's numbers are the frameworks' own (each `expect:` entry replayed on the
 released loss with its recorded settings gives them again, NaN included); the audit of each mode finds
 exactly the findings released.py lists (plus, at most, the `maybe` ones a search may or may not reach), none
 under the realistic profile, and where a preset reproduces the target (`--reference correction=nemo-rl/MODE`)
@@ -58,14 +58,25 @@ def _is_study(*args: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("entry", yaml.safe_load((REPO / "conf" / "cases" / "nemo-rl.yaml").read_text())["expect"])
-def test_nemo_rl_cases_are_what_its_released_loss_gives(site, entry):
+# case file, the package folder (the key of each entry's settings), the adapter
+REPLAYED = {
+    "nemo-rl": ("nemo_rl", "examples/audit/nemo_rl.py:ClippedPGLoss"),
+    "skyrl": ("skyrl", "examples/audit/skyrl.py:PPOPolicyLoss"),
+}
+ENTRIES = [
+    pytest.param(name, entry, id=f"{name}:{entry['preset']}:{i}")
+    for name in REPLAYED
+    for i, entry in enumerate(yaml.safe_load((REPO / "conf" / "cases" / f"{name}.yaml").read_text())["expect"])
+]
+
+
+@pytest.mark.parametrize("name,entry", ENTRIES)
+def test_case_files_are_what_the_released_loss_gives(site, name, entry):
     from runner.audit.case_study import compare
 
-    kwargs = json.dumps({"nemo_rl": str(site / "nemo_rl"), **entry["nemo_rl"]})
-    got = _is_study(
-        "case", "nemo-rl", "--target", "examples/audit/nemo_rl.py:ClippedPGLoss", "--target-kwargs", kwargs, "--json"
-    )
+    package, target = REPLAYED[name]
+    kwargs = json.dumps({package: str(site / package), **entry[package]})
+    got = _is_study("case", name, "--target", target, "--target-kwargs", kwargs, "--json")
     assert got.returncode == 0, got.stderr
     assert compare(json.loads(got.stdout), entry["results"]) == []
 

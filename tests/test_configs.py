@@ -49,6 +49,9 @@ SPEC_PRESETS = [
     "areal/sequence-mask",
     "areal/sequence-clamp",
     "areal/sequence-mask-sum",
+    "skyrl/tis-token",
+    "skyrl/tis-sequence",
+    "skyrl/token-mask-is",
 ]
 
 

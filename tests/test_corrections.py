@@ -396,6 +396,54 @@ GOLDEN = [
     # NeMo-RL and AReaL: their non-finite handling changes nothing on these finite cases; conf/cases/nemo-rl.yaml
     # and conf/cases/areal.yaml have the rest
     (
+        "skyrl/tis-token",
+        None,
+        2.0,
+        "padded-mixed",
+        -0.6321074,
+        [[-0.4420684, -0.134064, -0.2442806, 0.0], [0.0381544, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/tis-token",
+        None,
+        2.0,
+        "short-and-empty-rows",
+        0.1907195,
+        [[0.0, -0.1687323, -0.0686015], [0.5707377, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/tis-sequence",
+        None,
+        5.0,
+        "padded-mixed",
+        -3.0262733,
+        [[-1.1051711, -0.9048374, -1.1051711, 0.0], [0.0389252, 0.049981, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/tis-sequence",
+        None,
+        5.0,
+        "short-and-empty-rows",
+        0.1670719,
+        [[0.0, -0.1452293, -0.088086], [0.5746623, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/token-mask-is",
+        0.5,
+        2.0,
+        "padded-mixed",
+        -0.2548237,
+        [[0.0, -0.1809675, -0.2210342, 0.0], [0.0, 0.1471779, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/token-mask-is",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        -0.3508163,
+        [[0.0, -0.125, -0.0758163], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
         "areal/token-mask",
         0.5,
         5.0,
@@ -818,7 +866,16 @@ def test_an_integer_or_bool_mask_is_taken_as_float():
 
 
 # ----------------------------------------------------------------------------------------- the ±20 weight clamp
-LOG_CLAMPED = ["seq-tis", "seq-mis", "verl/token-tis", "verl/seq-tis", "verl/icepop", "verl/seq-mis"]
+LOG_CLAMPED = [
+    "seq-tis",
+    "seq-mis",
+    "verl/token-tis",
+    "verl/seq-tis",
+    "verl/icepop",
+    "verl/seq-mis",
+    "skyrl/tis-token",
+    "skyrl/tis-sequence",
+]
 
 
 def test_the_spec_names_the_log_clamped_presets():

@@ -204,8 +204,8 @@ CHECKOUT_TARGETS = tuple(
     for mode in ("tis", "icepop", "seq-mask-tis")
 )
 # SkyRL's `regular` loss with one off-policy correction each, and the stack its docs recommend (geometric
-# sequence mask, token TIS, token mask, outlier mask: the order of operations matters). No preset reproduces
-# SkyRL yet, so there is no --reference. Its finding: NaN padding reaches the loss (loss · mask, summed). The
+# sequence mask, token TIS, token mask, outlier mask: the order of operations matters); token TIS is compared
+# with its preset (skyrl/tis-token) on every batch, the other two have no preset yet. Its finding: NaN padding reaches the loss (loss · mask, summed). The
 # hypothesis search sometimes also finds a gradient 2e-4 away from float64 finite differences, on either
 # profile: safe_exp_delta computes PPO's ratio in float32 whatever the input dtype (deliberate, no bug).
 SKYRL_STACK = {
@@ -230,6 +230,7 @@ CHECKOUT_TARGETS += tuple(
             "examples/audit/skyrl.py:PPOPolicyLoss",
             "--target-kwargs",
             json.dumps({"skyrl": f"{SITE}/skyrl", **config}),
+            *(("--reference", f"correction=skyrl/{name}") if name == "tis-token" else ()),
         ),
         known=(),
         other=("4 padding: padding values leak: loss nan",),

@@ -106,6 +106,12 @@ def coefficients(preset: str, old, roll, mask, low, high):
                 c = _clip(_exp(G_finite), low if low is not None else 0.0, high)
             elif preset == "areal/sequence-mask-sum":
                 c = _exp(G_finite) if _in(_exp(L_finite), low, high) else 0.0
+            elif preset == "skyrl/tis-token":
+                c = min(_exp(_clip(lr[t], -20, 20)), high)
+            elif preset == "skyrl/tis-sequence":
+                c = min(_exp(_clip(L, -20, 20)), high)
+            elif preset == "skyrl/token-mask-is":
+                c = 1.0 if _in(_exp(_clip(lr[t], -20, 20)), low, high) else 0.0
             else:
                 raise KeyError(preset)
             coef[i][t] = c if inside[t] else 0.0
