@@ -138,15 +138,21 @@ def list_command() -> None:
                 line(f"case {entry.name}" if group == "cases" else f"{group}={entry.name}", entry.description)
         return
     console = _console()
-    table = Table(title="correction presets  (correction=NAME)", title_justify="left", show_lines=False)
+    by_framework = registry.presets_by_framework()
+    counts = ", ".join(f"{name} {len(group)}" for name, group in by_framework)
+    table = Table(
+        title=f"correction presets  (correction=NAME), by framework: {counts}", title_justify="left", show_lines=False
+    )
     table.add_column("preset", style="bold", no_wrap=True)
-    table.add_column("kind")
+    table.add_column("framework")
     table.add_column("band", no_wrap=True)
     table.add_column("what it computes")
-    for entry in registry.presets():
-        table.add_row(
-            entry.name, "faithful" if entry.faithful else "ours", escape(entry.band), escape(entry.description)
-        )
+    for name, group in by_framework:
+        for i, entry in enumerate(group):
+            label = f"{name} ({len(group)})" if i == 0 else ""
+            table.add_row(
+                entry.name, label, escape(entry.band), escape(entry.description), end_section=i == len(group) - 1
+            )
     console.print(table)
     for group in registry.GROUPS[1:]:
         group_entries = registry.entries(group)

@@ -90,6 +90,39 @@ def presets() -> list[Entry]:
     return sorted(found, key=lambda e: (e.faithful, rank.get(e.name, len(rank)), e.name))
 
 
+# How a preset folder names its framework: the folder is the framework, with a version or commit suffix for
+# frameworks reproduced at more than one (openrlhf-0.11, openrlhf-bc71bb1).
+FRAMEWORK_NAMES = {
+    "openrlhf": "OpenRLHF",
+    "verl": "verl",
+    "trl": "TRL",
+    "nemo-rl": "NeMo-RL",
+    "areal": "AReaL",
+    "skyrl": "SkyRL",
+    "slime": "slime",
+    "roll": "ROLL",
+    "prime-rl": "prime-rl",
+}
+_VERSION_SUFFIX = re.compile(r"-(\d[\w.]*|[0-9a-f]{7,40})$")
+OWN = "is-study"  # the framework of our own presets
+
+
+def framework(entry: Entry) -> str:
+    """The framework a preset reproduces (its folder, version suffix dropped), or OWN for ours."""
+    if not entry.faithful or "/" not in entry.name:
+        return OWN
+    folder = _VERSION_SUFFIX.sub("", entry.name.split("/", 1)[0])
+    return FRAMEWORK_NAMES.get(folder, folder)
+
+
+def presets_by_framework() -> list[tuple[str, list[Entry]]]:
+    """presets() grouped by framework: ours first, then the frameworks in presets()' (alphabetical) order."""
+    groups: dict[str, list[Entry]] = {}
+    for entry in presets():
+        groups.setdefault(framework(entry), []).append(entry)
+    return list(groups.items())
+
+
 def own_presets() -> list[str]:
     return [e.name for e in presets() if not e.faithful]
 

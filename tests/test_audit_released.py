@@ -1,5 +1,5 @@
-"""The audit on released framework code (issue 17): the wheels of OpenRLHF 0.11.2, verl 0.9.1 and
-TRL 1.16.0 are downloaded from PyPI at test time (`pip download --no-deps` into a temp dir; nothing
+"""The audit on released framework code (issue 17): the wheels of OpenRLHF 0.11.2, verl 0.9.1,
+TRL 1.16.0 and AReaL 1.0.4 are downloaded from PyPI at test time (`pip download --no-deps` into a temp dir; nothing
 is installed and nothing of theirs is in this repository) and audited with the commands of
 examples/audit/released.py, each in its own `is-study audit` process, as a user runs them, and with
 only is-study's own dependencies importable (tests/helpers/only_own_dependencies.py hides every other
@@ -33,8 +33,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+import yaml
 
-pytestmark = pytest.mark.slow  # pip-downloads three released frameworks and audits them in subprocesses
+pytestmark = pytest.mark.slow  # pip-downloads four released frameworks and audits them in subprocesses
 
 REPO = Path(__file__).resolve().parent.parent
 # `python ONLY_OWN ARGS` is `is-study ARGS` with only is-study's dependencies importable
@@ -274,3 +275,28 @@ def test_openrlhf_bc71bb1_itself_matches_its_adapter(tmp_path):
 
     assert bodies(mine) == bodies(theirs), err
     print(shlex.join(real.argv(".")))
+
+
+@pytest.mark.parametrize(
+    "entry",
+    yaml.safe_load((REPO / "conf" / "cases" / "areal.yaml").read_text())["expect"],
+    ids=lambda e: f"{e['preset']}{e['overrides']}",
+)
+def test_areal_cases_are_what_its_released_loss_gives(site, entry):
+    """conf/cases/areal.yaml's numbers are AReaL 1.0.4's own: each expectation, replayed on the downloaded
+    ppo_actor_loss_fn with its recorded RejectionSamplingConfig, gives them again (NaN included)."""
+    from runner.audit.case_study import compare
+
+    kwargs = json.dumps({"areal": str(site / "areal"), **entry["areal"]})
+    target = ("--target", "examples/audit/areal.py:PPOActorLoss", "--target-kwargs", kwargs)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    got = subprocess.run(
+        [sys.executable, str(ONLY_OWN), "case", "areal", *target, "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert got.returncode == 0, got.stderr
+    assert compare(json.loads(got.stdout), entry["results"]) == []

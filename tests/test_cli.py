@@ -92,6 +92,21 @@ def test_list_on_a_terminal_keeps_its_tables(monkeypatch):
     assert exit_.value.code == 0
     out = re.sub(r"\x1b\[[0-9;]*m", "", sys.stdout.getvalue())  # rich's styles on a terminal
     assert "correction presets  (correction=NAME)" in out and "┃ preset" in out
+    # grouped by framework, with a count per framework, in the title and on each group's first row
+    assert "by framework: is-study 7, AReaL 5, NeMo-RL 3, OpenRLHF 6, SkyRL 3, TRL 4, verl 5" in out
+    assert re.search(r"│ nemo-rl/icepop +│ NeMo-RL \(3\) +│", out) and re.search(
+        r"│ openrlhf-0\.11/seq-mask +│ OpenRLHF \(6\)", out
+    )
+
+
+def test_presets_are_grouped_by_framework_with_version_suffixes_merged():
+    from runner import registry
+
+    groups = dict(registry.presets_by_framework())
+    assert list(groups)[0] == registry.OWN and [e.name for e in groups[registry.OWN]][:2] == ["none", "tis"]
+    assert {e.name.split("/")[0] for e in groups["OpenRLHF"]} == {"openrlhf-0.11", "openrlhf-bc71bb1"}
+    assert sorted(e.name for e in groups["NeMo-RL"]) == ["nemo-rl/icepop", "nemo-rl/seq-mask-tis", "nemo-rl/tis"]
+    assert sum(len(g) for g in groups.values()) == len(registry.presets())
 
 
 def test_show_prints_the_composed_config(cli):

@@ -20,6 +20,7 @@ from runner.probe.estimator import fast_estimates, plan, reference_estimates
 from runner.probe.settings import default_preset_names
 from runner.probe.world import build, validate
 from runner.registry import faithful_presets, own_presets
+from runner.registry import presets as registry_presets
 from runner.studies import plain_config, run_study
 from runner.studies.probe import COLUMNS
 
@@ -52,9 +53,10 @@ def test_outputs_columns_and_rows(tmp_path):
     assert list(df.columns) == list(COLUMNS)
     presets = default_preset_names()
     assert presets == own_presets() + faithful_presets()  # every preset, by default
-    assert len(presets) == 22 and len(df) == 22 * 2  # one row per preset × band
+    n = len(presets)
+    assert n == len(registry_presets()) and len(df) == n * 2  # one row per preset × band
     assert list(df.preset) == [p for p in presets for _ in bands]
-    assert df.low.isna().tolist() == [False, True] * 22 and (df.high == [5.0, 2.0] * 22).all()
+    assert df.low.isna().tolist() == [False, True] * n and (df.high == [5.0, 2.0] * n).all()
     assert (df.faithful == [int(p in faithful_presets()) for p in presets for _ in bands]).all()
     first = df.iloc[0]
     assert (first.seed, first.staleness, first.precision, first.seq_len, first.vocab_size) == (0, 1, "bf16", 6, 16)
@@ -66,7 +68,7 @@ def test_outputs_columns_and_rows(tmp_path):
         assert df[col].notna().all() and (df[col].abs() < 1e3).all(), col
     assert ((df.bias_norm_lo <= df.bias_norm) & (df.bias_norm <= df.bias_norm_hi)).all()
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["study"] == "probe" and summary["status"] == "ok" and summary["n_arms"] == 44
+    assert summary["study"] == "probe" and summary["status"] == "ok" and summary["n_arms"] == n * 2
     assert summary["world"]["objective"] == pytest.approx(first.objective)
 
 
@@ -116,7 +118,7 @@ WORLDS = {
 
 @pytest.mark.parametrize("world_name", list(WORLDS))
 def test_vectorised_path_matches_reference(world_name):
-    """Every preset (all 22) × 4 bands: the batched weighting equals one policy_loss + backward per
+    """Every preset × 4 bands: the batched weighting equals one policy_loss + backward per
     arm to 1e-5 (absolute, or relative where an estimate is large), non-finite estimates are
     flagged alike, and the per-arm ESS / masked fractions are correction_metrics' values."""
     presets = "[" + ",".join(own_presets() + faithful_presets()) + "]"
@@ -136,7 +138,7 @@ def test_vectorised_path_matches_reference(world_name):
     setup, settings, n = validate(plain_config(cfg))
     world = build(setup, settings, n)
     arms = settings.arms()
-    assert len(arms) == 22 * 4
+    assert len(arms) == len(own_presets() + faithful_presets()) * 4
     groups = plan(arms)
     spec = replace(setup.loss, reduction=settings.reduction)
     gen, noise_gen = world.generators()
@@ -214,7 +216,7 @@ def test_on_policy_every_preset_is_unbiased(tmp_path, seed, ci):
     estimate is unbiased: ‖mean − ∇J‖ lies inside its 95% CI radius (300 batches × 64 rollouts;
     the radius is ~10% of ‖∇J‖, so a (1 − 1/G) scale error would show: see the next test)."""
     df, _ = probe(tmp_path, ["mismatch=none", f"seed={seed}", "probe.repeats=300", f"probe.ci={ci}"])
-    assert len(df) == 22
+    assert len(df) == len(registry_presets())
     assert (df.bias_norm <= df.bias_norm_ci).all() and (df.bias_norm_lo == 0).all()
     assert (df.bias_significant == 0).all() and (df.nonfinite_rate == 0).all()
     assert df.bias_norm_ci.max() < 0.15 * df.exact_grad_norm.iloc[0]

@@ -5,23 +5,32 @@ tests/test_audit_released.py runs them on the wheels downloaded from PyPI.
     python examples/audit/released.py [WHEELS]     # download, unpack, audit all (default: wheels/)
 
 The wheels are fetched with `pip download --no-deps` (nothing is installed) and their packages
-unpacked into WHEELS/site: only openrlhf/, verl/ and trl/, since verl's wheel also ships top-level
+unpacked into WHEELS/site: only openrlhf/, verl/, trl/ and areal/, since verl's wheel also ships top-level
 `tests` and `scripts` packages. OpenRLHF at commit bc71bb19 is not on PyPI; its targets are the
 adapter examples/audit/openrlhf_bc71bb1.py (see its docstring for what that does and does not show).
+
+Frameworks with no release on PyPI at the audited version are fetched from their repository at a named
+commit (CHECKOUTS: `git fetch --depth 1` of that commit, nothing installed), their package folder put into
+WHEELS/site beside the wheels' ones; CHECKOUT_TARGETS audit them through the adapters in this folder.
+A folder holding a checkout already can be given instead (the variable each checkout names).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGES = ("openrlhf==0.11.2", "verl==0.9.1", "trl==1.16.0")
-UNPACKED = ("openrlhf", "verl", "trl")
+PACKAGES = ("openrlhf==0.11.2", "verl==0.9.1", "trl==1.16.0", "areal==1.0.4")
+UNPACKED = ("openrlhf", "verl", "trl", "areal")
 REPO = Path(__file__).resolve().parents[2]
 SITE = "{site}"  # in TARGETS' arguments: the folder the wheels' packages are unpacked into
 
@@ -42,6 +51,7 @@ class Target:
     args: tuple[str, ...]  # `is-study audit` arguments
     known: tuple[str, ...]  # the known bugs: "CHECK: start of the finding's text"
     other: tuple[str, ...] = ()  # further findings, each true only of adversarial input
+    maybe: tuple[str, ...] = ()  # findings a search may or may not reach, on either profile (not bugs)
 
     def argv(self, site: str | Path) -> list[str]:
         return [a.replace(SITE, str(site)) for a in self.args]
@@ -133,6 +143,130 @@ TARGETS = (
 )
 
 
+@dataclass(frozen=True)
+class Checkout:
+    """A framework's repository at one commit, of which only `package` is used."""
+
+    name: str
+    url: str
+    commit: str
+    package: str  # the folder copied into the site
+    env: str  # a variable naming a local checkout to use instead of fetching
+
+    def fetch(self, site: Path) -> Path:
+        """site/PACKAGE from the checkout in $ENV, or fetched from `url` at `commit`."""
+        dest = site / self.package
+        if dest.is_dir():
+            return dest
+        local = os.environ.get(self.env)
+        if local:
+            source = Path(local) / self.package
+            if not source.is_dir():
+                raise FileNotFoundError(f"${self.env}={local} has no {self.package}/ folder")
+            shutil.copytree(source, dest)
+            return dest
+        with tempfile.TemporaryDirectory() as tmp:
+            git = ["git", "-C", tmp]
+            subprocess.run([*git, "init", "--quiet"], check=True)
+            subprocess.run([*git, "fetch", "--quiet", "--depth", "1", self.url, self.commit], check=True, timeout=600)
+            subprocess.run([*git, "checkout", "--quiet", "FETCH_HEAD"], check=True)
+            shutil.copytree(Path(tmp) / self.package, dest)
+        return dest
+
+
+NEMO_RL_COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
+SKYRL_COMMIT = "a9564572eb8e91076be43c1bd5e4615e3de17265"  # PyPI's skyrl 0.3.0 predates its off_policy_correction
+CHECKOUTS = (
+    Checkout("nemo-rl", "https://github.com/NVIDIA-NeMo/RL", NEMO_RL_COMMIT, "nemo_rl", "IS_STUDY_NEMO_RL"),
+    Checkout("skyrl", "https://github.com/NovaSky-AI/SkyRL", SKYRL_COMMIT, "skyrl", "IS_STUDY_SKYRL"),
+)
+# An adversarial finding of every NeMo-RL mode: finite padding with lp − old = 1e4 overflows PPO's ratio
+# (exp, unclamped) to inf there, and the backward of exp multiplies the 0 gradient by it: NaN.
+NEMO_RL_OTHER = (
+    "1 finite: grad[0][1] (a masked position) nan on finite inputs",
+    "4 padding: padding values leak: loss nan",
+)
+CHECKOUT_TARGETS = tuple(
+    Target(
+        f"nemo-rl-{mode}",
+        f"NeMo-RL {NEMO_RL_COMMIT[:8]} ClippedPGLossFn, truncated_importance_sampling_type={mode} (adapter)",
+        (
+            "--target",
+            "examples/audit/nemo_rl.py:ClippedPGLoss",
+            "--target-kwargs",
+            json.dumps({"nemo_rl": f"{SITE}/nemo_rl", "truncated_importance_sampling_type": mode}),
+            "--reference",
+            f"correction=nemo-rl/{mode}",
+        ),
+        known=(),
+        other=NEMO_RL_OTHER,
+    )
+    for mode in ("tis", "icepop", "seq-mask-tis")
+)
+# SkyRL's `regular` loss with one off-policy correction each, and the stack its docs recommend (geometric
+# sequence mask, token TIS, token mask, outlier mask: the order of operations matters); token TIS is compared
+# with its preset (skyrl/tis-token) on every batch, the other two have no preset yet. Its finding: NaN padding reaches the loss (loss · mask, summed). The
+# hypothesis search sometimes also finds a gradient 2e-4 away from float64 finite differences, on either
+# profile: safe_exp_delta computes PPO's ratio in float32 whatever the input dtype (deliberate, no bug).
+SKYRL_STACK = {
+    "sequence_mask_metric": "geometric",
+    "tis_ratio_type": "token",
+    "token_mask_is_threshold_low": 0.5,
+    "token_mask_is_threshold_high": 2.0,
+    "outlier_token_is_threshold_low": 1e-4,
+    "outlier_token_is_threshold_high": 100,
+}
+SKYRL_MODES = (
+    ("tis-token", {"tis_ratio_type": "token"}),
+    ("sequence-mask-geometric", {"sequence_mask_metric": "geometric"}),
+    ("recommended", SKYRL_STACK),
+)
+CHECKOUT_TARGETS += tuple(
+    Target(
+        f"skyrl-{name}",
+        f"SkyRL {SKYRL_COMMIT[:8]} ppo_policy_loss, off_policy_correction {name} (adapter)",
+        (
+            "--target",
+            "examples/audit/skyrl.py:PPOPolicyLoss",
+            "--target-kwargs",
+            json.dumps({"skyrl": f"{SITE}/skyrl", **config}),
+            *(("--reference", f"correction=skyrl/{name}") if name == "tis-token" else ()),
+        ),
+        known=(),
+        other=("4 padding: padding values leak: loss nan",),
+        maybe=("7 grad=FD: directional derivative",),
+    )
+    for name, config in SKYRL_MODES
+)
+
+
+# AReaL's rejection sampling, one target per (level, action), each compared with our preset on every batch.
+# Both findings are of its PPO ratio exp(lp − proximal), unbounded, at a masked position: finite padding with
+# lp − old = 1e4 gives inf there (0·inf in the backward), NaN padding a NaN gradient through torch.where.
+AREAL_OTHER = (
+    "1 finite: grad[0][1] (a masked position) nan on finite inputs",
+    "4 padding: padding values leak: grad[0][0] nan",
+)
+AREAL_TARGETS = tuple(
+    Target(
+        f"areal-1.0.4-{level}-{action}",
+        f"AReaL 1.0.4 ppo_actor_loss_fn, rejection_sampling level={level} action={action} (adapter)",
+        (
+            "--target",
+            "examples/audit/areal.py:PPOActorLoss",
+            "--target-kwargs",
+            json.dumps({"areal": f"{SITE}/areal", "level": level, "action": action}),
+            "--reference",
+            f"correction=areal/{level}-{action}",
+        ),
+        known=(),
+        other=AREAL_OTHER,
+    )
+    for level, action in (("token", "mask"), ("token", "clamp"), ("sequence", "mask"))
+)
+TARGETS = (*TARGETS, *AREAL_TARGETS)
+
+
 def download(wheels: Path) -> None:
     wheels.mkdir(parents=True, exist_ok=True)
     subprocess.run(
@@ -162,7 +296,9 @@ def main(argv: list[str]) -> int:
     if not list(wheels.glob("*.whl")):
         download(wheels)
     site = unpack(wheels)
-    for target in TARGETS:
+    for checkout in CHECKOUTS:
+        checkout.fetch(site)
+    for target in (*TARGETS, *CHECKOUT_TARGETS):
         print(f"\n## {target.name}: {target.what}\n$ {target.command(site)}", flush=True)
         start = time.perf_counter()
         subprocess.run(

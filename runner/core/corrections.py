@@ -12,6 +12,10 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
     veto         reject a sequence if any masked-in ρ_t < veto
     reject       where: a rejected coefficient is exactly 0 | multiply: coefficient · 0/1 (0·inf = NaN)
     denominator  keep: rejected tokens still count | drop: they leave the action mask
+    nonfinite    keep | zero-ratio: NeMo-RL's nan_to_num(·, nan=0, posinf=0, neginf=0) on the weight's ratio
+                 (before the weight op: an overflowing ρ becomes 0, not `high`), on the ratio a token filter
+                 compares and on each lr_t a sequence or geometric filter's statistic sums | zero-logratio:
+                 AReaL's where(isfinite(lr), lr, 0) on the log-ratio itself (ratio 1; a finite lr still overflows)
 
 All outputs are detached: no gradient flows through a coefficient. Nothing here knows about
 configs, files or the CLI, so every study (case, train, probe, audit) calls the same maths.
@@ -45,6 +49,7 @@ CHOICES = {
     # masked-sum: as multiply, but a token-mean reduction first replaces masked values by 0, as verl's
     # masked_sum does (torch.where), so NaN padding leaves the loss finite (not its gradient there).
     "padding": ("ignore", "multiply", "zero-logratio", "masked-sum"),
+    "nonfinite": ("keep", "zero-ratio", "zero-logratio"),
 }
 
 
@@ -72,6 +77,7 @@ class Correction:
     low: float | None = None
     high: float | None = None
     veto: float | None = None
+    nonfinite: str = "keep"  # what a NaN or ±inf ratio becomes (NeMo-RL: 0; AReaL: its log-ratio 0)
     faithful: bool = False  # reproduces released code, bugs included
 
     @property
@@ -128,10 +134,17 @@ def _exp_clamped(x: torch.Tensor, bound: float | None) -> torch.Tensor:
     return torch.exp(x if bound is None else x.clamp(-bound, bound))
 
 
-def _in_band(stat: torch.Tensor, corr: Correction) -> torch.Tensor:
-    """stat is a log-space statistic; compare it where the framework compares."""
+def _zero_nonfinite(x: torch.Tensor) -> torch.Tensor:
+    return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) -> torch.Tensor:
+    """stat is a log-space statistic; compare it where the framework compares. `token_ratio`: stat is
+    each token's lr, so under nonfinite=zero-ratio the ratio compared is the one the weight uses."""
     if corr.band_space == "ratio":
         value = torch.exp(stat)
+        if corr.nonfinite == "zero-ratio" and token_ratio:
+            value = _zero_nonfinite(value)
         lo, hi = corr.low, corr.high
     else:
         value = stat
@@ -157,6 +170,8 @@ def mismatch_log_ratio(corr: Correction, old, roll, mask, lp=None) -> torch.Tens
     else:
         base = old.detach()
     lr = base - roll.detach()
+    if corr.nonfinite == "zero-logratio":
+        lr = torch.where(torch.isfinite(lr), lr, 0.0)
     if corr.padding in ("ignore", "zero-logratio"):
         lr = zero_padding(lr, mask)
     return lr
@@ -239,6 +254,8 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         raw = _exp_clamped(seq_lr, corr.log_clamp).expand_as(lr)
     else:
         raw = _exp_clamped(seq_lr / count.clamp(min=1), corr.log_clamp).expand_as(lr)
+    if corr.nonfinite == "zero-ratio":  # before the clamp, as NeMo-RL does: inf → 0, not → high
+        raw = _zero_nonfinite(raw)
     if corr.weight_op == "clamp" and (corr.low, corr.high) != (None, None):
         weight = raw.clamp(min=corr.low, max=corr.high)
     elif corr.weight_op == "clamp-high" and corr.high is not None:
@@ -253,10 +270,12 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         if corr.filter == "token":
             stat = stat_lr
         else:
+            if corr.nonfinite == "zero-ratio":
+                stat_lr = _zero_nonfinite(stat_lr)
             stat = (stat_lr * mask).sum(-1, keepdim=True)
             if corr.filter == "geometric":
                 stat = stat / count.clamp(min=1)
-        keep = _in_band(-stat if corr.filter_inverted else stat, corr)
+        keep = _in_band(-stat if corr.filter_inverted else stat, corr, token_ratio=corr.filter == "token")
         if corr.filter_shuffle:
             if generator is None:
                 raise UserError(

@@ -98,6 +98,8 @@ def band_coefficients(
     corr = group.correction
     inside = None if full and corr.veto is None else mask > 0
     lr = old - roll  # decoupled; bypass (lp − roll) is the same at lp = old
+    if corr.nonfinite == "zero-logratio":
+        lr = torch.where(torch.isfinite(lr), lr, 0.0)
     if corr.padding in ("ignore", "zero-logratio") and not full:
         lr = torch.where(inside, lr, 0.0)
 
@@ -114,6 +116,8 @@ def band_coefficients(
         raw = exp_clamped(lr, corr.log_clamp)
     else:
         raw = exp_clamped(per_seq(lr, corr.weight == "geometric"), corr.log_clamp)  # [B, 1]
+    if corr.nonfinite == "zero-ratio":
+        raw = torch.nan_to_num(raw, nan=0.0, posinf=0.0, neginf=0.0)
     if corr.weight_op == "clamp" and group.any_bound:
         weight = raw.clamp(min=group.low, max=group.high)
     elif corr.weight_op == "clamp-high" and bool(torch.isfinite(group.high).any()):
@@ -125,11 +129,15 @@ def band_coefficients(
     keep = None
     if corr.filter != "none":
         stat_lr = lr if corr.filter_log_clamp is None else lr.clamp(-corr.filter_log_clamp, corr.filter_log_clamp)
+        if corr.nonfinite == "zero-ratio" and corr.filter != "token":
+            stat_lr = torch.nan_to_num(stat_lr, nan=0.0, posinf=0.0, neginf=0.0)
         stat = stat_lr if corr.filter == "token" else per_seq(stat_lr, corr.filter == "geometric")
         if corr.filter_inverted:
             stat = -stat
         if corr.band_space == "ratio":
             value = torch.exp(stat)
+            if corr.nonfinite == "zero-ratio" and corr.filter == "token":
+                value = torch.nan_to_num(value, nan=0.0, posinf=0.0, neginf=0.0)
             keep = (value >= group.low) & (value <= group.high)
         else:
             keep = (stat >= group.log_low) & (stat <= group.log_high)

@@ -27,6 +27,11 @@ def _in(x: float, lo: float | None, hi: float | None) -> bool:
     return (lo is None or x >= lo) and (hi is None or x <= hi)
 
 
+def _finite_or_0(x: float) -> float:
+    """NeMo-RL's nan_to_num(x, nan=0, posinf=0, neginf=0)."""
+    return x if math.isfinite(x) else 0.0
+
+
 def coefficients(preset: str, old, roll, mask, low, high):
     """Per-token coefficient and the mask that the loss is reduced with, from the spec's table."""
     B, T = len(old), len(old[0])
@@ -41,6 +46,8 @@ def coefficients(preset: str, old, roll, mask, low, high):
         L20 = sum(_clip(lr[t], -20, 20) for t in range(T) if inside[t])
         rho = [_exp(x) for x in lr]
         rho_seq, rho_geo = _exp(L), _exp(G)
+        L_finite = sum(_finite_or_0(lr[t]) for t in range(T) if inside[t])  # NeMo-RL's and AReaL's sanitising
+        G_finite = L_finite / max(n, 1)
         for t in range(T):
             r = rho[t]
             if preset == "none":
@@ -81,6 +88,30 @@ def coefficients(preset: str, old, roll, mask, low, high):
                 c = min(_exp(_clip(L, -20, 20)), high)
                 if not (math.log(low) <= -L20 <= math.log(high)):
                     c, red[i][t] = 0.0, 0.0
+            elif preset == "nemo-rl/tis":
+                c = _clip(_finite_or_0(r), low if low is not None else 0.0, high)
+            elif preset == "nemo-rl/icepop":
+                w = _finite_or_0(r)
+                c = w if _in(w, low, high) else 0.0
+            elif preset == "nemo-rl/seq-mask-tis":
+                c = _finite_or_0(r) if _in(_exp(G_finite), low, high) else 0.0
+            elif preset == "areal/token-mask":
+                w = _exp(_finite_or_0(lr[t]))
+                c = w if _in(w, low, high) else 0.0
+            elif preset == "areal/token-clamp":
+                c = _clip(_exp(_finite_or_0(lr[t])), low if low is not None else 0.0, high)
+            elif preset == "areal/sequence-mask":
+                c = _exp(G_finite) if _in(_exp(G_finite), low, high) else 0.0
+            elif preset == "areal/sequence-clamp":
+                c = _clip(_exp(G_finite), low if low is not None else 0.0, high)
+            elif preset == "areal/sequence-mask-sum":
+                c = _exp(G_finite) if _in(_exp(L_finite), low, high) else 0.0
+            elif preset == "skyrl/tis-token":
+                c = min(_exp(_clip(lr[t], -20, 20)), high)
+            elif preset == "skyrl/tis-sequence":
+                c = min(_exp(_clip(L, -20, 20)), high)
+            elif preset == "skyrl/token-mask-is":
+                c = 1.0 if _in(_exp(_clip(lr[t], -20, 20)), low, high) else 0.0
             else:
                 raise KeyError(preset)
             coef[i][t] = c if inside[t] else 0.0
