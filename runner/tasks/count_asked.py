@@ -1,13 +1,14 @@
 """`task=count-asked`: the prompt asks for a count. Prompt token i (one of len(task.k) prompts, drawn
 uniformly) asks for task.k[i] tokens of `task.targets` in the response; R = 1[it holds that many,
-give or take task.tolerance]. A verifiable 0/1 reward over a spread of difficulties: the counts far from what the policy
-emits by habit are the hard prompts.
+give or take task.tolerance]. A verifiable 0/1 reward over a spread of difficulties: the counts far
+from what the policy emits by habit are the hard prompts.
 
-The prompt is one token, so a world whose state forgets the prompt after the first position (the
-mlp world with `policy.state=[previous, position]`) can only answer
-by carrying the question in its own tokens, and can only stop at the right count by keeping count
-in them too. That is what keeps the task from saturating: a policy that has not learnt to do so is
-capped by how sharply its count's law can be peaked without knowing which count is asked.
+Its difficulty depends on what the policy sees. With its count in the state (the mlp world's default)
+the policy learns to stop at k within tens of steps. Without it (`policy.state=[prompt, position]`:
+each position decides alone, as in experiment=mlp/field-regime) it can hit every asked count only by
+making each position's choice of target or not sharp, which takes longer the longer the response
+(tests/test_count_asked.py). Without the prompt too (`[previous, position]`) it must also carry the
+question in its own tokens.
 
 For an exact solver, counts past max(k) + tolerance all fail alike, so the count's law is kept up
 to `count_cap` = max(k) + tolerance + 1, the last bin meaning "at least that many" (`expected` takes one law per
