@@ -4,7 +4,7 @@ give or take task.tolerance]. A verifiable 0/1 reward over a spread of difficult
 from what the policy emits by habit are the hard prompts.
 
 Its difficulty depends on what the policy sees. With its count in the state (the mlp world's default)
-the policy learns to stop at k within tens of steps. Without it (`policy.state=[prompt, position]`:
+a policy can learn to stop exactly at k (count-exact, in that state, saturates by step 20). Without it (`policy.state=[prompt, position]`:
 each position decides alone, as in experiment=mlp/field-regime) it can hit every asked count only by
 making each position's choice of target or not sharp, which takes longer the longer the response
 (tests/test_count_asked.py). Without the prompt too (`[previous, position]`) it must also carry the
