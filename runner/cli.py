@@ -656,6 +656,13 @@ def replay(
         show_default=False,
     ),
     tokens: bool = typer.Option(True, "--tokens/--no-tokens", help="Write tokens.csv (one row per logged token)."),
+    minibatches: int | None = typer.Option(
+        None,
+        "--minibatches",
+        help="Split each step into N contiguous mini-batches of sequences, a replay.csv row each (default: an "
+        "is-study run's train.updates_per_step, else 1).",
+        show_default=False,
+    ),
 ) -> None:
     from runner.replay import command as replays
     from runner.replay.limits import DEFAULT_MAX_BYTES, Limits
@@ -672,6 +679,7 @@ def replay(
         out=out,
         limits=Limits(max_bytes=max_bytes or DEFAULT_MAX_BYTES, trust=trust),
         tokens=tokens,
+        minibatches=minibatches,
     )
     typer.echo(str(replays.run(req)))
 

@@ -17,7 +17,7 @@ TINY_TRAIN = [
     "train.steps=5",
     "rollout.batch_size=4",
     "rollout.group_size=4",
-    "train.updates_per_step=1",  # one update a step: metrics.csv's row is the whole logged batch's
+    "rollout.eos_token=0",  # responses of several lengths: tokens.csv skips their padding
     "log.tokens_every=2",
     "log.quiet=true",
     "log.timing=false",
@@ -44,26 +44,93 @@ def synthetic(seed: int = 0, sequences: int = 8, tokens: int = 6, shift: float =
 
 
 # ----------------------------------------------------------------------------------------- slice 1
-@pytest.mark.parametrize("preset", ["seq-mask-tis", "icepop", "tis", "verl/geo-rs"])
-def test_replay_reproduces_every_correction_metric_of_the_run(tmp_path, preset):
+def assert_replay_matches_metrics(replay_csv: Path, metrics_csv: Path, updates: int) -> None:
+    """Every replay row equals metrics.csv's row of the same step and update in every correction metric."""
+    logged = {(int(r["step"]), int(r["update"])): r for r in read_csv(metrics_csv)}
+    rows = read_csv(replay_csv)
+    assert [(int(r["step"]), int(r["update"])) for r in rows] == [(t, u) for t in (0, 2, 4) for u in range(updates)]
+    assert all(float(r["kl_k3"]) > 1e-6 for r in rows)  # a mismatch to measure
+    for r in rows:
+        want = logged[int(r["step"]), int(r["update"])]
+        for name in CORRECTION_METRICS:
+            got = float(r[name])
+            assert math.isclose(got, float(want[name]), rel_tol=1e-6, abs_tol=1e-9), (r["step"], r["update"], name)
+    assert all(r["loss"] == "" and "no advantages" in r["note"] for r in rows)  # tokens.csv has none
+
+
+def every_preset() -> list[str]:
+    from runner import registry
+
+    return registry.own_presets() + registry.faithful_presets()
+
+
+@pytest.mark.parametrize(
+    ("preset", "updates"),
+    [(p, 2) for p in every_preset()] + [(p, 4) for p in ("seq-mask-tis", "icepop", "tis", "verl/geo-rs")],
+)
+def test_replay_reproduces_every_correction_metric_of_the_run(tmp_path, preset, updates):
+    """At the run's own mini-batching (read from its .hydra/config.yaml; 2 is the default): a replay row per
+    update, equal to that update's metrics.csv row."""
     run_dir = tmp_path / "run"
     # bf16 and staleness 2 give a mismatch that the preset's default band partly rejects
     code, _, err = run_cli(
-        "run", *TINY_TRAIN, f"correction={preset}", "mismatch.staleness=2", f"hydra.run.dir={run_dir}"
+        "run",
+        *TINY_TRAIN,
+        f"train.updates_per_step={updates}",
+        f"correction={preset}",
+        "mismatch.staleness=2",
+        f"hydra.run.dir={run_dir}",
     )
     assert code == 0, err
+    tokens = read_csv(run_dir / "tokens.csv")
+    lengths = {}
+    for t in tokens:
+        lengths[t["step"], t["seq"]] = lengths.get((t["step"], t["seq"]), 0) + 1
+    assert min(lengths.values()) < max(lengths.values())  # EOS padding: sequences of several lengths
     out = tmp_path / "replay"
     code, _, err = replay(run_dir / "tokens.csv", f"correction={preset}", "--out", out)
     assert code == 0, err
-    logged = {int(r["step"]): r for r in read_csv(run_dir / "metrics.csv") if r["reward"]}
-    rows = read_csv(out / "replay.csv")
-    assert [int(r["step"]) for r in rows] == [0, 2, 4]
-    assert all(float(r["kl_k3"]) > 1e-6 for r in rows)  # a mismatch to measure
-    for r in rows:
-        want = logged[int(r["step"])]
-        for name in CORRECTION_METRICS:
-            assert math.isclose(float(r[name]), float(want[name]), rel_tol=1e-6, abs_tol=1e-9), (r["step"], name)
-    assert all(r["loss"] == "" and "no advantages" in r["note"] for r in rows)  # tokens.csv has none
+    assert_replay_matches_metrics(out / "replay.csv", run_dir / "metrics.csv", updates)
+
+
+def test_replay_of_a_run_dir_at_every_preset_and_an_explicit_split(tmp_path):
+    """The run dir itself as PATH, every preset, at the default updates_per_step (2); --minibatches 1 then
+    gives one row a step, whose token counts add up its two mini-batches'."""
+    run_dir = tmp_path / "run"
+    code, _, err = run_cli("run", *TINY_TRAIN, "correction=tis", "mismatch.staleness=2", f"hydra.run.dir={run_dir}")
+    assert code == 0, err
+    presets = every_preset()
+    code, _, err = replay(run_dir, "--out", tmp_path / "all")
+    assert code == 0, err
+    rows = read_csv(tmp_path / "all" / "replay.csv")
+    assert len(rows) == 3 * 2 * len(presets)
+    own = [r for r in rows if r["preset"] == "tis"]
+    with open(tmp_path / "tis.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(own[0]))
+        writer.writeheader()
+        writer.writerows(own)
+    assert_replay_matches_metrics(tmp_path / "tis.csv", run_dir / "metrics.csv", 2)
+    code, _, err = replay(run_dir, "correction=tis", "--minibatches", "1", "--out", tmp_path / "whole")
+    assert code == 0, err
+    whole = read_csv(tmp_path / "whole" / "replay.csv")
+    assert [int(r["update"]) for r in whole] == [0, 0, 0]
+    for r in whole:
+        parts = [int(o["tokens"]) for o in own if o["step"] == r["step"]]
+        assert int(r["tokens"]) == sum(parts) and len(parts) == 2
+
+
+def test_minibatches_split_by_sequence_index_and_refuse_too_many(tmp_path):
+    old, roll, mask, adv = synthetic(sequences=5)
+    path = write_npz(tmp_path / "d.npz", old, roll, mask, adv)
+    code, _, err = replay(path, "correction=tis", "--minibatches", "2", "--out", tmp_path / "two")
+    assert code == 0, err
+    rows = read_csv(tmp_path / "two" / "replay.csv")
+    # tensor_split(5, 2): sequences 0-2, then 3-4; the mask drops the last two tokens of sequences 0 and 3
+    assert [(int(r["update"]), int(r["sequences"]), int(r["tokens"])) for r in rows] == [(0, 3, 16), (1, 2, 10)]
+    err = one_line_exit_2(replay(path, "--minibatches", "6", "--out", tmp_path / "six"))
+    assert "--minibatches 6" in err and "5 sequences" in err
+    err = one_line_exit_2(replay(path, "--minibatches", "0", "--out", tmp_path / "zero"))
+    assert "--minibatches" in err
 
 
 def write_npz(path: Path, old, roll, mask, adv, **extra) -> Path:
@@ -518,7 +585,7 @@ def test_trust_lifts_the_restriction_and_says_so(tmp_path, monkeypatch):
     assert "datetime.datetime" in err and "--trust" in err
     code, _, err = replay(path, "--trust", "--out", tmp_path / "trusted")
     assert code == 0 and "--trust" in err and "can run any code" in err
-    assert len(read_csv(tmp_path / "trusted" / "replay.csv")) == 22
+    assert len(read_csv(tmp_path / "trusted" / "replay.csv")) == len(every_preset())
 
 
 def test_size_cap(tmp_path):
