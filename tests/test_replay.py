@@ -784,3 +784,28 @@ def test_skyrl_bfloat16_entries_are_read_through_weights_only_load():
     torch.save(torch.tensor([[0.5, -1.25]], dtype=torch.bfloat16), buffer)
     value = _tensor({"format": "torch", "data": buffer.getvalue()}, "f.pkl", 0, "rollout_logprobs")
     assert value.dtype == torch.float32 and value.tolist() == [[0.5, -1.25]]
+
+
+def test_figures_and_report_join_a_steps_minibatch_rows(tmp_path):
+    """A replay split in two mini-batches, joined by analysis.replay.by_step, gives the unsplit replay's step
+    rows (token counts, token- and sequence-weighted fractions, k3, max|Δp|); plot and report read it."""
+    from analysis.replay import read_replay
+
+    run_dir = tmp_path / "run"
+    code, _, err = run_cli("run", *TINY_TRAIN, "correction=tis", "mismatch.staleness=2", f"hydra.run.dir={run_dir}")
+    assert code == 0, err
+    presets = "correction=tis,seq-mis,icepop"
+    assert replay(run_dir, presets, "--out", tmp_path / "split")[0] == 0
+    assert replay(run_dir, presets, "--minibatches", "1", "--out", tmp_path / "whole")[0] == 0
+    assert len(read_csv(tmp_path / "split" / "replay.csv")) == 2 * len(read_csv(tmp_path / "whole" / "replay.csv"))
+    split, whole = read_replay(tmp_path / "split"), read_replay(tmp_path / "whole")
+    assert list(split["step"]) == list(whole["step"]) and list(split["preset"]) == list(whole["preset"])
+    assert list(split["tokens"]) == list(whole["tokens"]) and list(split["sequences"]) == list(whole["sequences"])
+    assert split["seq_masked_fraction"].between(0.01, 0.99).any()  # seq-mis rejects some sequences: weights matter
+    for column in ("token_masked_fraction", "seq_masked_fraction", "clamped_fraction", "kl_k3", "max_abs_prob_diff"):
+        assert np.allclose(split[column], whole[column], rtol=1e-6, atol=1e-12), column
+    code, stdout, err = run_cli("plot", str(tmp_path / "split"))
+    assert code == 0, err
+    assert run_cli("report", str(tmp_path / "split"))[0] == 0
+    report = (tmp_path / "split" / "report.md").read_text()
+    assert f"{int(whole.groupby('step')['tokens'].first().sum()):,} tokens" in report
