@@ -624,7 +624,7 @@ def report(
     help=(
         "Run a framework's dumped training batches through every correction preset: what each would have "
         "masked, clamped and weighted, step by step.  [dim]e.g. is-study replay dump_dir/train_data --format slime[/dim]\n\n"
-        "Formats: slime, nemo-rl, skyrl, prime-rl, npz, jsonl, tokens-csv (default: by file name). Writes replay.csv "
+        "Formats: slime, nemo-rl, skyrl, prime-rl, npz, parquet, jsonl, tokens-csv (default: by file name). Writes replay.csv "
         "(a row per step × preset), replay_summary.csv and tokens.csv to --out (default runs/DATE/TIME-replay-XXXXXX). "
         "Pickle and .pt files are loaded without running code (types other than tensors, arrays and containers are "
         "refused) unless --trust. docs/replay.md lists the fields each reader reads."
@@ -638,7 +638,7 @@ def replay(
         show_default=False,
     ),
     fmt: str | None = typer.Option(
-        None, "--format", "-f", help="slime | nemo-rl | skyrl | prime-rl | npz | jsonl | tokens-csv."
+        None, "--format", "-f", help="slime | nemo-rl | skyrl | prime-rl | npz | parquet | jsonl | tokens-csv."
     ),
     every: bool = typer.Option(False, "--all", help="Every preset (the default when none is named)."),
     out: Path | None = typer.Option(

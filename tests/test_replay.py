@@ -809,3 +809,81 @@ def test_figures_and_report_join_a_steps_minibatch_rows(tmp_path):
     assert run_cli("report", str(tmp_path / "split"))[0] == 0
     report = (tmp_path / "split" / "report.md").read_text()
     assert f"{int(whole.groupby('step')['tokens'].first().sum()):,} tokens" in report
+
+
+# ----------------------------------------------------------------------------------------- Parquet
+def docs_block(marker: str) -> str:
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "replay.md").read_text()
+    return next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if marker in block)
+
+
+def test_parquet_written_by_the_docs_ten_lines_replays_as_the_npz(tmp_path):
+    """The docs' Parquet writer, step 3 in one file and step 5 in another: the same replay as the NPZ of the
+    same batches, row for row."""
+    pytest.importorskip("pyarrow")
+    import torch
+
+    code = docs_block("def dump_replay_parquet")
+    assert len([line for line in code.splitlines() if line.strip()]) <= 10
+    namespace: dict = {}
+    exec(code, namespace)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    npz_rows = []
+    for step, seed in ((3, 1), (5, 2)):
+        old, roll, mask, adv = synthetic(seed=seed, shift=0.8)
+        namespace["dump_replay_parquet"](
+            dump / f"step_{step}.parquet", step, *map(torch.from_numpy, (old, roll, mask, adv))
+        )
+        npz_rows.append((old, roll, mask, adv, np.full(len(mask), step)))
+    old, roll, mask, adv, steps = (np.concatenate(parts) for parts in zip(*npz_rows))
+    npz = write_npz(tmp_path / "d.npz", old, roll, mask, adv, step=steps, seq=np.tile(np.arange(8), 2))
+    assert replay(npz, "--out", tmp_path / "npz")[0] == 0
+    code, _, err = replay(dump, "--out", tmp_path / "parquet")
+    assert code == 0, err
+    same_replay(tmp_path / "npz", tmp_path / "parquet")
+    assert {r["step"] for r in read_csv(tmp_path / "parquet" / "replay.csv")} == {"3", "5"}
+    assert replay(dump / "step_3.parquet", "--format", "parquet", "--out", tmp_path / "named")[0] == 0
+
+
+def test_parquet_checks_and_one_line_errors(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def table(**columns) -> Path:
+        path = tmp_path / f"t{len(list(tmp_path.iterdir()))}.parquet"
+        pq.write_table(pa.table(columns), path)
+        return path
+
+    good = dict(step=[0, 0], roll=[[-1.0, -2.0], [-1.5]], old=[[-1.1, -2.0], [-1.4]], mask=[[1, 1], [1]])
+    code, _, err = replay(table(**good, advantages=[1.0, -1.0]), "correction=tis", "--out", tmp_path / "ok")
+    assert code == 0, err
+    (row,) = read_csv(tmp_path / "ok" / "replay.csv")
+    assert int(row["tokens"]) == 3 and row["loss"] != ""
+    # ratio old − roll at the three tokens: e^-0.1, e^0, e^0.1; tis's weight is not clamped there
+    assert float(row["raw_weight_mean"]) == pytest.approx((math.exp(-0.1) + 1 + math.exp(0.1)) / 3, rel=1e-6)
+    err = one_line_exit_2(replay(table(**{**good, "old": [[-1.1], [-1.4]]}), "--out", tmp_path / "a"))
+    assert "step 0" in err and "'old'" in err and "sequence 0 has 1 values, its mask 2" in err
+    err = one_line_exit_2(replay(table(step=[0], roll=[[-1.0]]), "--out", tmp_path / "b"))
+    assert "'mask'" in err and "missing" in err
+    err = one_line_exit_2(replay(table(**{**good, "mask": [[1, float("nan")], [1]]}), "--out", tmp_path / "c"))
+    assert "'mask'" in err and "nan" in err
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(table(**good).read_bytes()[:-20])
+    err = one_line_exit_2(replay(broken, "--out", tmp_path / "d"))
+    assert str(broken) in err and "Parquet" in err
+
+
+def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    path = tmp_path / "d.parquet"
+    path.write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    err = one_line_exit_2(replay(path, "--out", tmp_path / "out"))
+    assert str(path) in err and "pip install 'is-study[tracking]'" in err
+    assert not (tmp_path / "out").exists()
