@@ -588,6 +588,30 @@ def test_trust_lifts_the_restriction_and_says_so(tmp_path, monkeypatch):
     assert len(read_csv(tmp_path / "trusted" / "replay.csv")) == len(every_preset())
 
 
+def test_trust_loads_a_pt_that_holds_a_non_tensor_object_and_says_so(tmp_path):
+    """A slime payload whose metadata holds a datetime (not a tensor, a container or a torch type): torch.load
+    with weights_only=True refuses it, naming the file and the type; with --trust it is loaded, the stderr line
+    says so, and the replay equals the NPZ of the same batch."""
+    import datetime
+
+    import torch
+
+    old, roll, mask, adv = synthetic(seed=3, shift=0.5)
+    path = tmp_path / "dump" / "train_data" / "6.pt"
+    path.parent.mkdir(parents=True)
+    payload = slime_payload(old, roll, mask, adv, 6)
+    payload["saved_at"] = datetime.datetime(2026, 12, 2, 3, 30)
+    torch.save(payload, path)
+    err = one_line_exit_2(replay(path, "--format", "slime", "--out", tmp_path / "refused"))
+    assert str(path) in err and "datetime" in err and "weights_only=True" in err and "--trust" in err, err
+    assert not (tmp_path / "refused").exists()
+    code, _, err = replay(path, "--format", "slime", "--trust", "--out", tmp_path / "trusted")
+    assert code == 0, err
+    (line,) = err.strip().splitlines()
+    assert "--trust" in line and ".pt files are loaded unrestricted" in line and "can run any code" in line
+    same_replay(tmp_path / "trusted", npz_replay(tmp_path, old, roll, mask, adv, step=6))
+
+
 def test_size_cap(tmp_path):
     old, roll, mask, adv = synthetic()
     path = write_npz(tmp_path / "d.npz", old, roll, mask, adv)
