@@ -911,3 +911,27 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
     err = one_line_exit_2(replay(path, "--out", tmp_path / "out"))
     assert str(path) in err and "pip install 'is-study[tracking]'" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_tokens_csv_missing_its_last_sequences_keeps_the_runs_split(tmp_path):
+    """tokens.csv names only sequences with a logged token. With the last four sequences' rows gone, the step
+    is still rebuilt at the run's 16 sequences, so mini-batch 0 (sequences 0-7) is the run's update 0 exactly;
+    split at the 12 rows left it would be sequences 0-5."""
+    run_dir = tmp_path / "run"
+    code, _, err = run_cli("run", *TINY_TRAIN, "correction=tis", "mismatch.staleness=2", f"hydra.run.dir={run_dir}")
+    assert code == 0, err
+    lines = (run_dir / "tokens.csv").read_text().splitlines(keepends=True)
+    seq_at = lines[0].strip().split(",").index("seq")
+    kept = [line for line in lines[1:] if int(line.split(",")[seq_at]) < 12]
+    (run_dir / "tokens.csv").write_text("".join([lines[0], *kept]))
+    out = tmp_path / "replay"
+    assert replay(run_dir / "tokens.csv", "correction=tis", "--out", out)[0] == 0
+    rows = read_csv(out / "replay.csv")
+    logged = {(r["step"], r["update"]): r for r in read_csv(run_dir / "metrics.csv")}
+    assert [(r["step"], r["update"], r["sequences"]) for r in rows] == [
+        (t, u, n) for t in ("0", "2", "4") for u, n in (("0", "8"), ("1", "4"))
+    ]
+    for r in (r for r in rows if r["update"] == "0"):
+        for name in CORRECTION_METRICS:
+            want = float(logged[r["step"], "0"][name])
+            assert math.isclose(float(r[name]), want, rel_tol=1e-6, abs_tol=1e-9), (r["step"], name)
