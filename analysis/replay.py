@@ -90,10 +90,44 @@ def band_of(preset: str) -> Band | None:
 
 
 def read_replay(path: Path) -> pd.DataFrame:
+    """replay.csv with one row per step × preset (a step's mini-batch rows joined by `by_step`)."""
     try:
-        return pd.read_csv(Path(path) / "replay.csv", keep_default_na=False, na_values=[""])
+        replay = pd.read_csv(Path(path) / "replay.csv", keep_default_na=False, na_values=[""])
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise UserError(f"{path}/replay.csv: not readable ({exc})") from None
+    return by_step(replay)
+
+
+TOKEN_MEANS = ("token_masked_fraction", "clamped_fraction", "kl_k1", "kl_k3", "chi2_token")
+EVENT_COUNTS = ("nonfinite_grad", "nonfinite_inputs", "nonfinite_coef")
+
+
+def by_step(replay: pd.DataFrame) -> pd.DataFrame:
+    """A step's mini-batch rows (`update` 0, 1, ...) as one row of the whole step: counts summed, the per-token
+    means weighted by the mini-batches' tokens and seq_masked_fraction by their sequences (both exact), the
+    largest max_abs_prob_diff, nonfinite_loss 1 when any mini-batch's was; ess is the mini-batches' mean (an ESS
+    fraction does not add up over batches). Rows of a one-mini-batch replay come back as they are."""
+    if "update" not in replay.columns or not (replay["update"] > 0).any():
+        return replay
+    tokens = replay["tokens"].where(replay["tokens"] > 0, 0)
+    weighted = replay.assign(
+        **{c: replay[c] * tokens for c in TOKEN_MEANS if c in replay},
+        seq_masked_fraction=replay["seq_masked_fraction"] * replay["sequences"],
+    )
+    groups = weighted.groupby(["step", "preset"], sort=False)
+    out = groups.first()
+    sums = groups[[c for c in ("tokens", "sequences", *EVENT_COUNTS) if c in replay]].sum(min_count=1)
+    out[sums.columns] = sums
+    for column in (c for c in TOKEN_MEANS if c in replay):
+        out[column] = groups[column].sum(min_count=1) / out["tokens"].where(out["tokens"] > 0)
+    out["seq_masked_fraction"] = groups["seq_masked_fraction"].sum(min_count=1) / out["sequences"].where(
+        out["sequences"] > 0
+    )
+    out["ess"] = groups["ess"].mean()
+    out["max_abs_prob_diff"] = groups["max_abs_prob_diff"].max()
+    if "nonfinite_loss" in replay:
+        out["nonfinite_loss"] = groups["nonfinite_loss"].max()
+    return out.reset_index().drop(columns="update")
 
 
 def read_tokens(path: Path) -> pd.DataFrame | None:

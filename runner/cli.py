@@ -624,7 +624,7 @@ def report(
     help=(
         "Run a framework's dumped training batches through every correction preset: what each would have "
         "masked, clamped and weighted, step by step.  [dim]e.g. is-study replay dump_dir/train_data --format slime[/dim]\n\n"
-        "Formats: slime, nemo-rl, skyrl, prime-rl, npz, jsonl, tokens-csv (default: by file name). Writes replay.csv "
+        "Formats: slime, nemo-rl, skyrl, prime-rl, npz, parquet, jsonl, tokens-csv (default: by file name). Writes replay.csv "
         "(a row per step × preset), replay_summary.csv and tokens.csv to --out (default runs/DATE/TIME-replay-XXXXXX). "
         "Pickle and .pt files are loaded without running code (types other than tensors, arrays and containers are "
         "refused) unless --trust. docs/replay.md lists the fields each reader reads."
@@ -638,7 +638,7 @@ def replay(
         show_default=False,
     ),
     fmt: str | None = typer.Option(
-        None, "--format", "-f", help="slime | nemo-rl | skyrl | prime-rl | npz | jsonl | tokens-csv."
+        None, "--format", "-f", help="slime | nemo-rl | skyrl | prime-rl | npz | parquet | jsonl | tokens-csv."
     ),
     every: bool = typer.Option(False, "--all", help="Every preset (the default when none is named)."),
     out: Path | None = typer.Option(
@@ -656,6 +656,13 @@ def replay(
         show_default=False,
     ),
     tokens: bool = typer.Option(True, "--tokens/--no-tokens", help="Write tokens.csv (one row per logged token)."),
+    minibatches: int | None = typer.Option(
+        None,
+        "--minibatches",
+        help="Split each step into N contiguous mini-batches of sequences, a replay.csv row each (default: an "
+        "is-study run's train.updates_per_step, else 1).",
+        show_default=False,
+    ),
 ) -> None:
     from runner.replay import command as replays
     from runner.replay.limits import DEFAULT_MAX_BYTES, Limits
@@ -672,6 +679,7 @@ def replay(
         out=out,
         limits=Limits(max_bytes=max_bytes or DEFAULT_MAX_BYTES, trust=trust),
         tokens=tokens,
+        minibatches=minibatches,
     )
     typer.echo(str(replays.run(req)))
 

@@ -4,7 +4,7 @@
 
 A synthetic dump in is-study's NPZ format (--tokens logged tokens over --steps steps, 256 tokens a sequence,
 every token masked in; old, roll, mask and advantages float32, roll ≈ old + N(0, 0.3²)) is replayed through
-every preset (22) by `is-study replay`'s own code, tokens.csv included, in a fresh process. Two figures:
+every preset by `is-study replay`'s own code, tokens.csv included, in a fresh process. Two figures:
 
     time     seconds of the whole replay, reading the file to DONE (target ≤ 30 s for 1M tokens on the
              2-core machine)

@@ -98,7 +98,11 @@ def test_bench_replay_runs_at_tiny_size(tmp_path):
     assert res.returncode == 0, res.stderr[-2000:]
     rows = json.loads(out.read_text())
     assert [r["name"].split(",")[0] for r in rows] == ["replay time", "replay peak memory over the tokens' bytes"]
-    assert "16,384 tokens × 22 presets" in rows[0]["name"] and "88 replay.csv rows" in rows[0]["detail"]
+    from runner import registry
+
+    presets = len(registry.own_presets() + registry.faithful_presets())
+    assert f"16,384 tokens × {presets} presets" in rows[0]["name"]
+    assert f"{4 * presets} replay.csv rows" in rows[0]["detail"]  # 4 steps at --tiny
     for row in rows:
         assert set(row) == {"name", "value", "target", "pass", "detail"}
         assert math.isfinite(row["value"]) and row["value"] > 0 and row["target"] == "info", row

@@ -17,7 +17,7 @@ TINY_TRAIN = [
     "train.steps=5",
     "rollout.batch_size=4",
     "rollout.group_size=4",
-    "train.updates_per_step=1",  # one update a step: metrics.csv's row is the whole logged batch's
+    "rollout.eos_token=0",  # responses of several lengths: tokens.csv skips their padding
     "log.tokens_every=2",
     "log.quiet=true",
     "log.timing=false",
@@ -44,26 +44,93 @@ def synthetic(seed: int = 0, sequences: int = 8, tokens: int = 6, shift: float =
 
 
 # ----------------------------------------------------------------------------------------- slice 1
-@pytest.mark.parametrize("preset", ["seq-mask-tis", "icepop", "tis", "verl/geo-rs"])
-def test_replay_reproduces_every_correction_metric_of_the_run(tmp_path, preset):
+def assert_replay_matches_metrics(replay_csv: Path, metrics_csv: Path, updates: int) -> None:
+    """Every replay row equals metrics.csv's row of the same step and update in every correction metric."""
+    logged = {(int(r["step"]), int(r["update"])): r for r in read_csv(metrics_csv)}
+    rows = read_csv(replay_csv)
+    assert [(int(r["step"]), int(r["update"])) for r in rows] == [(t, u) for t in (0, 2, 4) for u in range(updates)]
+    assert all(float(r["kl_k3"]) > 1e-6 for r in rows)  # a mismatch to measure
+    for r in rows:
+        want = logged[int(r["step"]), int(r["update"])]
+        for name in CORRECTION_METRICS:
+            got = float(r[name])
+            assert math.isclose(got, float(want[name]), rel_tol=1e-6, abs_tol=1e-9), (r["step"], r["update"], name)
+    assert all(r["loss"] == "" and "no advantages" in r["note"] for r in rows)  # tokens.csv has none
+
+
+def every_preset() -> list[str]:
+    from runner import registry
+
+    return registry.own_presets() + registry.faithful_presets()
+
+
+@pytest.mark.parametrize(
+    ("preset", "updates"),
+    [(p, 2) for p in every_preset()] + [(p, 4) for p in ("seq-mask-tis", "icepop", "tis", "verl/geo-rs")],
+)
+def test_replay_reproduces_every_correction_metric_of_the_run(tmp_path, preset, updates):
+    """At the run's own mini-batching (read from its .hydra/config.yaml; 2 is the default): a replay row per
+    update, equal to that update's metrics.csv row."""
     run_dir = tmp_path / "run"
     # bf16 and staleness 2 give a mismatch that the preset's default band partly rejects
     code, _, err = run_cli(
-        "run", *TINY_TRAIN, f"correction={preset}", "mismatch.staleness=2", f"hydra.run.dir={run_dir}"
+        "run",
+        *TINY_TRAIN,
+        f"train.updates_per_step={updates}",
+        f"correction={preset}",
+        "mismatch.staleness=2",
+        f"hydra.run.dir={run_dir}",
     )
     assert code == 0, err
+    tokens = read_csv(run_dir / "tokens.csv")
+    lengths = {}
+    for t in tokens:
+        lengths[t["step"], t["seq"]] = lengths.get((t["step"], t["seq"]), 0) + 1
+    assert min(lengths.values()) < max(lengths.values())  # EOS padding: sequences of several lengths
     out = tmp_path / "replay"
     code, _, err = replay(run_dir / "tokens.csv", f"correction={preset}", "--out", out)
     assert code == 0, err
-    logged = {int(r["step"]): r for r in read_csv(run_dir / "metrics.csv") if r["reward"]}
-    rows = read_csv(out / "replay.csv")
-    assert [int(r["step"]) for r in rows] == [0, 2, 4]
-    assert all(float(r["kl_k3"]) > 1e-6 for r in rows)  # a mismatch to measure
-    for r in rows:
-        want = logged[int(r["step"])]
-        for name in CORRECTION_METRICS:
-            assert math.isclose(float(r[name]), float(want[name]), rel_tol=1e-6, abs_tol=1e-9), (r["step"], name)
-    assert all(r["loss"] == "" and "no advantages" in r["note"] for r in rows)  # tokens.csv has none
+    assert_replay_matches_metrics(out / "replay.csv", run_dir / "metrics.csv", updates)
+
+
+def test_replay_of_a_run_dir_at_every_preset_and_an_explicit_split(tmp_path):
+    """The run dir itself as PATH, every preset, at the default updates_per_step (2); --minibatches 1 then
+    gives one row a step, whose token counts add up its two mini-batches'."""
+    run_dir = tmp_path / "run"
+    code, _, err = run_cli("run", *TINY_TRAIN, "correction=tis", "mismatch.staleness=2", f"hydra.run.dir={run_dir}")
+    assert code == 0, err
+    presets = every_preset()
+    code, _, err = replay(run_dir, "--out", tmp_path / "all")
+    assert code == 0, err
+    rows = read_csv(tmp_path / "all" / "replay.csv")
+    assert len(rows) == 3 * 2 * len(presets)
+    own = [r for r in rows if r["preset"] == "tis"]
+    with open(tmp_path / "tis.csv", "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(own[0]))
+        writer.writeheader()
+        writer.writerows(own)
+    assert_replay_matches_metrics(tmp_path / "tis.csv", run_dir / "metrics.csv", 2)
+    code, _, err = replay(run_dir, "correction=tis", "--minibatches", "1", "--out", tmp_path / "whole")
+    assert code == 0, err
+    whole = read_csv(tmp_path / "whole" / "replay.csv")
+    assert [int(r["update"]) for r in whole] == [0, 0, 0]
+    for r in whole:
+        parts = [int(o["tokens"]) for o in own if o["step"] == r["step"]]
+        assert int(r["tokens"]) == sum(parts) and len(parts) == 2
+
+
+def test_minibatches_split_by_sequence_index_and_refuse_too_many(tmp_path):
+    old, roll, mask, adv = synthetic(sequences=5)
+    path = write_npz(tmp_path / "d.npz", old, roll, mask, adv)
+    code, _, err = replay(path, "correction=tis", "--minibatches", "2", "--out", tmp_path / "two")
+    assert code == 0, err
+    rows = read_csv(tmp_path / "two" / "replay.csv")
+    # tensor_split(5, 2): sequences 0-2, then 3-4; the mask drops the last two tokens of sequences 0 and 3
+    assert [(int(r["update"]), int(r["sequences"]), int(r["tokens"])) for r in rows] == [(0, 3, 16), (1, 2, 10)]
+    err = one_line_exit_2(replay(path, "--minibatches", "6", "--out", tmp_path / "six"))
+    assert "--minibatches 6" in err and "5 sequences" in err
+    err = one_line_exit_2(replay(path, "--minibatches", "0", "--out", tmp_path / "zero"))
+    assert "--minibatches" in err
 
 
 def write_npz(path: Path, old, roll, mask, adv, **extra) -> Path:
@@ -518,7 +585,31 @@ def test_trust_lifts_the_restriction_and_says_so(tmp_path, monkeypatch):
     assert "datetime.datetime" in err and "--trust" in err
     code, _, err = replay(path, "--trust", "--out", tmp_path / "trusted")
     assert code == 0 and "--trust" in err and "can run any code" in err
-    assert len(read_csv(tmp_path / "trusted" / "replay.csv")) == 22
+    assert len(read_csv(tmp_path / "trusted" / "replay.csv")) == len(every_preset())
+
+
+def test_trust_loads_a_pt_that_holds_a_non_tensor_object_and_says_so(tmp_path):
+    """A slime payload whose metadata holds a datetime (not a tensor, a container or a torch type): torch.load
+    with weights_only=True refuses it, naming the file and the type; with --trust it is loaded, the stderr line
+    says so, and the replay equals the NPZ of the same batch."""
+    import datetime
+
+    import torch
+
+    old, roll, mask, adv = synthetic(seed=3, shift=0.5)
+    path = tmp_path / "dump" / "train_data" / "6.pt"
+    path.parent.mkdir(parents=True)
+    payload = slime_payload(old, roll, mask, adv, 6)
+    payload["saved_at"] = datetime.datetime(2026, 12, 2, 3, 30)
+    torch.save(payload, path)
+    err = one_line_exit_2(replay(path, "--format", "slime", "--out", tmp_path / "refused"))
+    assert str(path) in err and "datetime" in err and "weights_only=True" in err and "--trust" in err, err
+    assert not (tmp_path / "refused").exists()
+    code, _, err = replay(path, "--format", "slime", "--trust", "--out", tmp_path / "trusted")
+    assert code == 0, err
+    (line,) = err.strip().splitlines()
+    assert "--trust" in line and ".pt files are loaded unrestricted" in line and "can run any code" in line
+    same_replay(tmp_path / "trusted", npz_replay(tmp_path, old, roll, mask, adv, step=6))
 
 
 def test_size_cap(tmp_path):
@@ -717,3 +808,130 @@ def test_skyrl_bfloat16_entries_are_read_through_weights_only_load():
     torch.save(torch.tensor([[0.5, -1.25]], dtype=torch.bfloat16), buffer)
     value = _tensor({"format": "torch", "data": buffer.getvalue()}, "f.pkl", 0, "rollout_logprobs")
     assert value.dtype == torch.float32 and value.tolist() == [[0.5, -1.25]]
+
+
+def test_figures_and_report_join_a_steps_minibatch_rows(tmp_path):
+    """A replay split in two mini-batches, joined by analysis.replay.by_step, gives the unsplit replay's step
+    rows (token counts, token- and sequence-weighted fractions, k3, max|Δp|); plot and report read it."""
+    from analysis.replay import read_replay
+
+    run_dir = tmp_path / "run"
+    code, _, err = run_cli("run", *TINY_TRAIN, "correction=tis", "mismatch.staleness=2", f"hydra.run.dir={run_dir}")
+    assert code == 0, err
+    presets = "correction=tis,seq-mis,icepop"
+    assert replay(run_dir, presets, "--out", tmp_path / "split")[0] == 0
+    assert replay(run_dir, presets, "--minibatches", "1", "--out", tmp_path / "whole")[0] == 0
+    assert len(read_csv(tmp_path / "split" / "replay.csv")) == 2 * len(read_csv(tmp_path / "whole" / "replay.csv"))
+    split, whole = read_replay(tmp_path / "split"), read_replay(tmp_path / "whole")
+    assert list(split["step"]) == list(whole["step"]) and list(split["preset"]) == list(whole["preset"])
+    assert list(split["tokens"]) == list(whole["tokens"]) and list(split["sequences"]) == list(whole["sequences"])
+    assert split["seq_masked_fraction"].between(0.01, 0.99).any()  # seq-mis rejects some sequences: weights matter
+    for column in ("token_masked_fraction", "seq_masked_fraction", "clamped_fraction", "kl_k3", "max_abs_prob_diff"):
+        assert np.allclose(split[column], whole[column], rtol=1e-6, atol=1e-12), column
+    code, stdout, err = run_cli("plot", str(tmp_path / "split"))
+    assert code == 0, err
+    assert run_cli("report", str(tmp_path / "split"))[0] == 0
+    report = (tmp_path / "split" / "report.md").read_text()
+    assert f"{int(whole.groupby('step')['tokens'].first().sum()):,} tokens" in report
+
+
+# ----------------------------------------------------------------------------------------- Parquet
+def docs_block(marker: str) -> str:
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "replay.md").read_text()
+    return next(block for block in re.findall(r"```python\n(.*?)```", text, re.S) if marker in block)
+
+
+def test_parquet_written_by_the_docs_ten_lines_replays_as_the_npz(tmp_path):
+    """The docs' Parquet writer, step 3 in one file and step 5 in another: the same replay as the NPZ of the
+    same batches, row for row."""
+    pytest.importorskip("pyarrow")
+    import torch
+
+    code = docs_block("def dump_replay_parquet")
+    assert len([line for line in code.splitlines() if line.strip()]) <= 10
+    namespace: dict = {}
+    exec(code, namespace)
+    dump = tmp_path / "dump"
+    dump.mkdir()
+    npz_rows = []
+    for step, seed in ((3, 1), (5, 2)):
+        old, roll, mask, adv = synthetic(seed=seed, shift=0.8)
+        namespace["dump_replay_parquet"](
+            dump / f"step_{step}.parquet", step, *map(torch.from_numpy, (old, roll, mask, adv))
+        )
+        npz_rows.append((old, roll, mask, adv, np.full(len(mask), step)))
+    old, roll, mask, adv, steps = (np.concatenate(parts) for parts in zip(*npz_rows))
+    npz = write_npz(tmp_path / "d.npz", old, roll, mask, adv, step=steps, seq=np.tile(np.arange(8), 2))
+    assert replay(npz, "--out", tmp_path / "npz")[0] == 0
+    code, _, err = replay(dump, "--out", tmp_path / "parquet")
+    assert code == 0, err
+    same_replay(tmp_path / "npz", tmp_path / "parquet")
+    assert {r["step"] for r in read_csv(tmp_path / "parquet" / "replay.csv")} == {"3", "5"}
+    assert replay(dump / "step_3.parquet", "--format", "parquet", "--out", tmp_path / "named")[0] == 0
+
+
+def test_parquet_checks_and_one_line_errors(tmp_path):
+    pytest.importorskip("pyarrow")
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    def table(**columns) -> Path:
+        path = tmp_path / f"t{len(list(tmp_path.iterdir()))}.parquet"
+        pq.write_table(pa.table(columns), path)
+        return path
+
+    good = dict(step=[0, 0], roll=[[-1.0, -2.0], [-1.5]], old=[[-1.1, -2.0], [-1.4]], mask=[[1, 1], [1]])
+    code, _, err = replay(table(**good, advantages=[1.0, -1.0]), "correction=tis", "--out", tmp_path / "ok")
+    assert code == 0, err
+    (row,) = read_csv(tmp_path / "ok" / "replay.csv")
+    assert int(row["tokens"]) == 3 and row["loss"] != ""
+    # ratio old − roll at the three tokens: e^-0.1, e^0, e^0.1; tis's weight is not clamped there
+    assert float(row["raw_weight_mean"]) == pytest.approx((math.exp(-0.1) + 1 + math.exp(0.1)) / 3, rel=1e-6)
+    err = one_line_exit_2(replay(table(**{**good, "old": [[-1.1], [-1.4]]}), "--out", tmp_path / "a"))
+    assert "step 0" in err and "'old'" in err and "sequence 0 has 1 values, its mask 2" in err
+    err = one_line_exit_2(replay(table(step=[0], roll=[[-1.0]]), "--out", tmp_path / "b"))
+    assert "'mask'" in err and "missing" in err
+    err = one_line_exit_2(replay(table(**{**good, "mask": [[1, float("nan")], [1]]}), "--out", tmp_path / "c"))
+    assert "'mask'" in err and "nan" in err
+    broken = tmp_path / "broken.parquet"
+    broken.write_bytes(table(**good).read_bytes()[:-20])
+    err = one_line_exit_2(replay(broken, "--out", tmp_path / "d"))
+    assert str(broken) in err and "Parquet" in err
+
+
+def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch):
+    import sys
+
+    path = tmp_path / "d.parquet"
+    path.write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # import pyarrow now raises ImportError
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    err = one_line_exit_2(replay(path, "--out", tmp_path / "out"))
+    assert str(path) in err and "pip install 'is-study[tracking]'" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_run_tokens_csv_missing_its_last_sequences_keeps_the_runs_split(tmp_path):
+    """tokens.csv names only sequences with a logged token. With the last four sequences' rows gone, the step
+    is still rebuilt at the run's 16 sequences, so mini-batch 0 (sequences 0-7) is the run's update 0 exactly;
+    split at the 12 rows left it would be sequences 0-5."""
+    run_dir = tmp_path / "run"
+    code, _, err = run_cli("run", *TINY_TRAIN, "correction=tis", "mismatch.staleness=2", f"hydra.run.dir={run_dir}")
+    assert code == 0, err
+    lines = (run_dir / "tokens.csv").read_text().splitlines(keepends=True)
+    seq_at = lines[0].strip().split(",").index("seq")
+    kept = [line for line in lines[1:] if int(line.split(",")[seq_at]) < 12]
+    (run_dir / "tokens.csv").write_text("".join([lines[0], *kept]))
+    out = tmp_path / "replay"
+    assert replay(run_dir / "tokens.csv", "correction=tis", "--out", out)[0] == 0
+    rows = read_csv(out / "replay.csv")
+    logged = {(r["step"], r["update"]): r for r in read_csv(run_dir / "metrics.csv")}
+    assert [(r["step"], r["update"], r["sequences"]) for r in rows] == [
+        (t, u, n) for t in ("0", "2", "4") for u, n in (("0", "8"), ("1", "4"))
+    ]
+    for r in (r for r in rows if r["update"] == "0"):
+        for name in CORRECTION_METRICS:
+            want = float(logged[r["step"], "0"][name])
+            assert math.isclose(float(r[name]), want, rel_tol=1e-6, abs_tol=1e-9), (r["step"], name)

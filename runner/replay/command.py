@@ -1,13 +1,18 @@
 """`is-study replay PATH`: read the dump step by step, evaluate the presets on each step, write the files.
 
 Outputs in the replay dir (default runs/DATE/TIME-replay-XXXXXX, beside `is-study run`'s run dirs):
-  replay.csv           one row per step × preset (runner/replay/evaluate.py REPLAY_COLUMNS), flushed as written
+  replay.csv           one row per step × preset × mini-batch (runner/replay/evaluate.py REPLAY_COLUMNS), flushed
+                       as written
   replay_summary.csv   one row per preset over all steps
   tokens.csv           one row per masked-in token: step, seq, pos, old, roll, lp, log_ratio (old − roll, or
                        lp − roll without old), ratio; absent values are nan
   DONE                 written last
 A step's rows are written before the next step is read, so a dump of any length is replayed in the memory of
 one step, and an interrupted replay keeps every step it finished.
+
+Mini-batches (`--minibatches N`): a framework dump's step is one batch (N = 1); an is-study run's tokens.csv is
+split as its train steps were, into the run's `train.updates_per_step` (read from its .hydra/config.yaml), so
+each replay row matches one metrics.csv row.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from runner.records import CsvWriter, mark_done
 from runner.replay import formats
 from runner.replay.evaluate import REPLAY_COLUMNS, replay_step
 from runner.replay.limits import Limits
-from runner.replay.schema import StepBatch
+from runner.replay.schema import FIELDS, StepBatch
 
 TOKEN_OUT_COLUMNS = ("step", "seq", "pos", "old", "roll", "lp", "log_ratio", "ratio")
 TOKEN_TEMPLATE = "%d,%d,%d,%.9g,%.9g,%.9g,%.9g,%.9g\n"
@@ -62,6 +67,7 @@ class Request:
     limits: Limits = Limits()
     seed: int = 0
     tokens: bool = True
+    minibatches: int | None = None  # None: the run's train.updates_per_step for an is-study run, else 1
 
 
 def parse_overrides(overrides: list[str], every: bool) -> tuple[list[str], str]:
@@ -127,13 +133,19 @@ class Summary:
         self.max_dp = 0.0
         self.first_nonfinite: int | None = None
         self.note = ""
+        self.rows = 0  # the applied rows (steps × mini-batches) the ESS is averaged over
+        self.last_step: int | None = None
+        self.last_bad_step: int | None = None
 
     def add(self, row: dict) -> None:
-        self.steps += 1
+        new_step = row["step"] != self.last_step
+        self.last_step = row["step"]
+        self.steps += new_step
         self.note = self.note or row["note"]
         if not row["applies"]:
             return
-        self.applies += 1
+        self.applies += new_step
+        self.rows += 1
         n, s = row["tokens"], row["sequences"]
         self.tokens += n
         self.sequences += s
@@ -144,13 +156,14 @@ class Summary:
         self.ess += row["ess"]
         self.ess_min = min(self.ess_min, row["ess"])
         self.max_dp = max(self.max_dp, row["max_abs_prob_diff"])
-        if row.get("nonfinite_loss") or row.get("nonfinite_grad"):
+        if (row.get("nonfinite_loss") or row.get("nonfinite_grad")) and self.last_bad_step != row["step"]:
+            self.last_bad_step = row["step"]  # a step counts once, whichever of its mini-batches went bad
             self.nonfinite_steps += 1
             if self.first_nonfinite is None:
                 self.first_nonfinite = row["step"]
 
     def row(self) -> dict:
-        n, s, k = max(self.tokens, 1), max(self.sequences, 1), max(self.applies, 1)
+        n, s, k = max(self.tokens, 1), max(self.sequences, 1), max(self.rows, 1)
         out = {
             "preset": self.preset,
             "applies": self.applies,
@@ -171,6 +184,55 @@ class Summary:
                 first_nonfinite_step=self.first_nonfinite,
             )
         return out
+
+
+@dataclass(frozen=True)
+class Split:
+    """How each step's batch is split into mini-batches, and how many sequences a step holds (None: as read)."""
+
+    minibatches: int = 1
+    sequences: int | None = None
+
+
+def run_config(path: Path) -> Path | None:
+    """The .hydra/config.yaml of an is-study run dir, given the dir or a file in it (its tokens.csv)."""
+    run_dir = path if path.is_dir() else path.parent
+    config = run_dir / ".hydra" / "config.yaml"
+    return config if config.is_file() else None
+
+
+def choose_split(path: Path, found: list[tuple[Path, object]], minibatches: int | None) -> Split:
+    """--minibatches as given, else the run's own: an is-study run's tokens.csv with its saved config is split
+    into the run's train.updates_per_step, and each step padded to the run's batch (rollout.batch_size ×
+    group_size) so every sequence keeps the index, hence the mini-batch, it had in the train step."""
+    if minibatches is not None and minibatches < 1:
+        raise UserError(f"--minibatches must be at least 1, got {minibatches}")
+    config = run_config(path)
+    if config is None or any(module.NAME != "tokens-csv" for _, module in found):
+        return Split(minibatches or 1)
+    from runner.hydra_app.job_config import resolved_values
+
+    keys = ["train.updates_per_step", "rollout.batch_size", "rollout.group_size"]
+    values = resolved_values(config, keys)
+    if not all(isinstance(values[k], int) and not isinstance(values[k], bool) for k in keys):
+        return Split(minibatches or 1)
+    sequences = values["rollout.batch_size"] * values["rollout.group_size"]
+    return Split(minibatches or values["train.updates_per_step"], sequences)
+
+
+def pad_sequences(batch: StepBatch, sequences: int | None) -> StepBatch:
+    """The step with empty sequences appended up to `sequences` (a tokens.csv names only sequences with a
+    logged token; the rows it lacks sit at the end of the batch, and hold nothing the metrics count)."""
+    missing = 0 if sequences is None else sequences - batch.mask.shape[0]
+    if missing <= 0:
+        return batch
+    pad = {
+        name: torch.nn.functional.pad(batch.tensor(name), (0, 0, 0, missing))
+        for name in FIELDS
+        if batch.tensor(name) is not None
+    }
+    seq = torch.cat([batch.seq, batch.seq.max() + 1 + torch.arange(missing)])
+    return StepBatch(step=batch.step, seq=seq, source=batch.source, **pad)
 
 
 TOKEN_CHUNK = 8192  # tokens.csv rows formatted at a time: a step's rows as Python objects would cost ~300 B a token
@@ -211,6 +273,7 @@ def _run(req: Request, on_step: Callable[[int], None] | None) -> Path:
     if req.fmt is not None:
         formats.reader(req.fmt)  # an unknown format fails before anything is created
     found = formats.files(req.path, req.fmt)  # a path with nothing to read fails before anything is created
+    split = choose_split(req.path, found, req.minibatches)
     batches = formats.steps(found, req.limits)
     first = next(batches)  # a dump that cannot be read fails before the replay dir is made
     out = req.out if req.out is not None else default_out()
@@ -229,7 +292,7 @@ def _run(req: Request, on_step: Callable[[int], None] | None) -> Path:
             if tokens_csv is not None:
                 for rows in token_rows(batch):
                     tokens_csv.write_number_rows(rows, TOKEN_TEMPLATE)
-            for row in replay_step(batch, presets, loss, generator):
+            for row in replay_step(pad_sequences(batch, split.sequences), presets, loss, generator, split.minibatches):
                 replay_csv.write(row)
                 summaries[row["preset"]].add(row)
             if on_step is not None:

@@ -18,6 +18,7 @@ READERS = {
     "skyrl": "runner.replay.skyrl",
     "prime-rl": "runner.replay.prime_rl",
     "npz": "runner.replay.own_npz",
+    "parquet": "runner.replay.own_parquet",
     "jsonl": "runner.replay.own_jsonl",
     "tokens-csv": "runner.replay.tokens_csv",
 }
