@@ -1,13 +1,14 @@
 """What log.trackers and log.format=parquet cost.
 
-    python scripts/bench_trackers.py [--tiny] [--rounds R] [--out bench_trackers.json]
+    python scripts/bench_trackers.py [--tiny] [--rounds R] [--steps N] [--out bench_trackers.json]
 
 1. Each installed tracker's cost on a default run (`is-study run`: the bigram world, 200 steps): the train
    study run in this process with log.trackers=[] and with [TRACKER], in alternating rounds, timing the
    whole study call (opening the tracker, its rows, closing it). The figure is the median over rounds of
    (with tracker) / (without). A first untimed round pays each library's import, which a fresh process
    pays once; it is measured apart, in a subprocess (`import_s`), and shown beside the ratio.
-   Target: ≤ 1.10×.
+   Target: ≤ 1.10×. `--steps 1000` runs five times as many rows: with the default run's figures it splits a
+   tracker's cost into a fixed part (start, finish) and a part per row, which is what a long run pays.
 2. The per-token table at T = 1024 (64 sequences of 1024 tokens a logged step, 5 logged steps): writing the
    same columns as tokens.csv (the study's own writer and row format) and as tokens.parquet, time and size,
    after an untimed warm-up write (pyarrow's one-time start).
@@ -134,9 +135,10 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tiny", action="store_true", help="CI smoke run: 4-step runs, one round; targets not judged")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds per side (default 5)")
+    ap.add_argument("--steps", type=int, default=200, help="train.steps of each run (default 200, the default run's)")
     ap.add_argument("--out", type=Path, help="write the figures as JSON here")
     args = ap.parse_args()
-    steps, rounds = (4, 1) if args.tiny else (200, args.rounds)
+    steps, rounds = (4, 1) if args.tiny else (args.steps, args.rounds)
     root = Path(tempfile.mkdtemp(prefix="bench_trackers_"))
     try:
         figures = {"loadavg_before": [round(x, 2) for x in os.getloadavg()], "cpus": os.cpu_count()}

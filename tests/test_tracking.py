@@ -135,6 +135,83 @@ def test_a_tracker_failing_mid_run_loses_no_csv(tmp_path, monkeypatch):
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3  # what it wrote before it failed
 
 
+# ------------------------------------------------------------------------------------------------ background
+
+
+class Recording:
+    """A tracker that records what reaches it, from which thread, and fails where told."""
+
+    name = "rec"
+
+    def __init__(self, fail_at: int | None = None):
+        import threading
+
+        self.rows, self.calls, self.closed, self.fail_at = [], 0, False, fail_at
+        self.threads = {threading.current_thread().name}
+
+    def log_rows(self, rows):
+        import threading
+
+        self.threads.add(threading.current_thread().name)
+        for step, data in rows:
+            if step == self.fail_at:
+                raise OSError(28, "No space left on device")
+            self.rows.append((step, dict(data)))
+        self.calls += 1
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_background_tracker_gets_every_row_in_order_off_the_run_s_thread():
+    import threading
+
+    from runner.tracking.background import BackgroundTracker
+
+    made, sent_all = [], threading.Event()
+
+    def opener():  # a slow start (W&B's service process): the rows queue meanwhile
+        sent_all.wait(10)
+        made.append(Recording())
+        return made[-1]
+
+    tracker = BackgroundTracker("rec", opener)
+    sent = [(step, {"training/reward": step / 7}) for step in range(2000)]
+    for step, data in sent:
+        tracker.log(step, data)
+    sent_all.set()
+    tracker.close()
+    (rec,) = made
+    assert rec.rows == sent and rec.closed  # whole and in order once close returns
+    assert "MainThread" not in rec.threads  # opened and fed on its own thread
+    assert rec.calls == 1  # the rows that waited were handed over in one call
+
+
+@pytest.mark.parametrize("where", ["open", "row"])
+def test_a_background_tracker_s_error_is_reported_once_on_the_run_s_thread(where, capsys):
+    from runner.tracking.background import BackgroundTracker
+    from runner.tracking.base import Trackers
+
+    def opener():
+        if where == "open":
+            raise ConnectionError("no tracking server at nosuch://x")
+        return Recording(fail_at=3)
+
+    trackers = Trackers([BackgroundTracker("rec", opener)], updates_per_step=1)
+    for step in range(10):
+        trackers.row({"step": step, "update": 0, "reward": 0.5})
+    trackers.close()
+    what = (
+        "ConnectionError: no tracking server at nosuch://x"
+        if where == "open"
+        else "OSError: [Errno 28] No space left on device"
+    )
+    assert capsys.readouterr().err.splitlines() == [
+        f"is-study: tracker rec failed ({what}); it is off for the rest of the run, the CSV files go on"
+    ]
+    assert trackers.live == []
+
+
 # ------------------------------------------------------------------------------------------------ choosing
 
 

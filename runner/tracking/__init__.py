@@ -23,13 +23,14 @@ class TrackerSpec:
     module: str  # runner.tracking.MODULE, imported only when chosen
     cls: str
     needs: str | None  # the import its package provides (None: the standard library suffices)
+    background: bool = False  # run on a thread of its own (runner/tracking/background.py): it mostly waits
 
 
 TRACKERS = {
     "jsonl": TrackerSpec("jsonl", "JsonlTracker", None),
     "tensorboard": TrackerSpec("tensorboard", "TensorboardTracker", "tensorboard"),
-    "mlflow": TrackerSpec("mlflow", "MlflowTracker", "mlflow"),
-    "wandb": TrackerSpec("wandb", "WandbTracker", "wandb"),
+    "mlflow": TrackerSpec("mlflow", "MlflowTracker", "mlflow", background=True),
+    "wandb": TrackerSpec("wandb", "WandbTracker", "wandb", background=True),
 }
 EXTRA = "tracking"  # pip install 'is-study[tracking]'
 
@@ -58,6 +59,7 @@ def check(names: Sequence[str]) -> tuple[str, ...]:
 def open_trackers(names: Sequence[str], run_dir: Path, config: dict[str, Any], updates_per_step: int):
     """A Trackers fan-out over the chosen trackers of the run in run_dir (none: a no-op one). A tracker
     that cannot open is reported like one that fails later, and the run goes on without it."""
+    from runner.tracking.background import BackgroundTracker
     from runner.tracking.base import Trackers, report_failure
     from runner.tracking.run_info import run_info
 
@@ -68,7 +70,10 @@ def open_trackers(names: Sequence[str], run_dir: Path, config: dict[str, Any], u
             spec = TRACKERS[name]
             try:
                 cls = getattr(importlib.import_module(f"runner.tracking.{spec.module}"), spec.cls)
-                opened.append(cls(info))
+                if spec.background:  # it opens on its thread; an error there is reported at the next row
+                    opened.append(BackgroundTracker(name, lambda cls=cls: cls(info)))
+                else:
+                    opened.append(cls(info))
             except Exception as exc:  # noqa: BLE001 - a tracker never stops the run
                 report_failure(name, exc)
     return Trackers(opened, updates_per_step)

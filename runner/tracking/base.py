@@ -27,6 +27,11 @@ class Tracker:
     def log(self, step: int, data: Mapping[str, Any]) -> None:
         raise NotImplementedError
 
+    def log_rows(self, rows: Sequence[tuple[int, Mapping[str, Any]]]) -> None:
+        """Several (step, data) rows in order (runner/tracking/background.py hands over all it has)."""
+        for step, data in rows:
+            self.log(step, data)
+
     def close(self) -> None:
         pass
 

@@ -3,7 +3,8 @@ else MLflow's own MLFLOW_TRACKING_URI, else a local file store `mlruns/` beside 
 sweep dir for a sweep's jobs). MLflow 3 keeps its file store in maintenance mode and refuses it unless
 MLFLOW_ALLOW_FILE_STORE is set, which this tracker sets for that default only. A sweep's jobs share one
 experiment named after the sweep (a single run goes to the experiment `is-study`), the config as params.
-Rows are logged through MLflow's asynchronous logging and waited for at the end."""
+The tracker runs on a thread of its own (runner/tracking/background.py) and writes the rows waiting there
+with one synchronous `log_batch` per MLflow batch limit (1000 metrics), in order."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from runner.tracking.run_info import RunInfo
 EXPERIMENT = "is-study"  # the experiment of runs outside a sweep
 PARAMS_PER_BATCH = 100  # MLflow's limit on params in one log_batch
 PARAM_LENGTH = 6000  # and on a param value's length
-PENDING_CHECK = 100  # asynchronous batches between two checks that they were written (their errors surface there)
+METRICS_PER_BATCH = 1000  # and on metrics in one log_batch
 
 
 def tracking_uri(info: RunInfo, configured: str | None) -> str:
@@ -51,7 +52,6 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Metric
 
         self._metric = Metric
-        self._pending: list[Any] = []
 
     def _experiment(self, name: str) -> str:
         found = self.client.get_experiment_by_name(name)
@@ -66,20 +66,16 @@ class MlflowTracker(Tracker):
             return found.experiment_id
 
     def log(self, step: int, data: Mapping[str, Any]) -> None:
-        now = int(time.time() * 1000)
-        metrics = [self._metric(name, float(value), now, step) for name, value in data.items()]
-        # MLflow's asynchronous logging: its own thread writes the batch, so the run does not wait on the file
-        # store's one append per value (3.3 s → 0.9 s of the run's time for a default run's 400 rows, measured);
-        # close() waits for every batch, and a killed run loses at most the batches still queued
-        self._pending.append(self.client.log_batch(self.run_id, metrics=metrics, synchronous=False))
-        if len(self._pending) >= PENDING_CHECK:
-            self._wait()
+        self.log_rows([(step, data)])
 
-    def _wait(self) -> None:
-        for operation in self._pending:
-            operation.wait()  # raises what the background write raised
-        self._pending = []
+    def log_rows(self, rows) -> None:
+        # synchronous and from one thread: MLflow's asynchronous logging writes its batches from a pool of
+        # threads, whose file-store writers race to create a metric's directory ("[Errno 17] File exists",
+        # seen in this benchmark) and may append one metric's values out of order
+        now = int(time.time() * 1000)
+        metrics = [self._metric(name, float(value), now, step) for step, data in rows for name, value in data.items()]
+        for i in range(0, len(metrics), METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[i : i + METRICS_PER_BATCH])
 
     def close(self) -> None:
-        self._wait()
         self.client.set_terminated(self.run_id)
