@@ -54,6 +54,8 @@ def _commands(checkout: Path, target: str, installed_here: str = "yes") -> list[
         capture_output=True,
         text=True,
         timeout=60,
+        # the Makefile's defaults, whatever the caller exported: CI's .ci/run sets EXTRAS=test,tracking
+        env={k: v for k, v in os.environ.items() if k != "EXTRAS"},
     )
     assert got.returncode == 0, got.stderr
     return got.stdout.splitlines()

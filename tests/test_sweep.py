@@ -275,8 +275,7 @@ VALID_CORRECTIONS = ", ".join(registry.group_options("correction"))
     [
         (
             ["correction=tis,icpop"],
-            "config: unknown correction 'icpop'; did you mean icepop or openrlhf-bc71bb1/icepop? "
-            f"(valid: {VALID_CORRECTIONS})",
+            f"config: unknown correction 'icpop'; did you mean icepop or nemo-rl/icepop? (valid: {VALID_CORRECTIONS})",
         ),
         (["correction.hihg=2,5"], "config: unknown key 'correction.hihg'; did you mean correction.high?"),
         (
@@ -804,6 +803,11 @@ def test_sweep_tables_merge_on_one_name_per_key(world_sweep):
     for name, df in tables.items():
         assert not [c for c in df.columns if c.startswith("mismatch.")], name
         assert {"job", "staleness", "precision"} <= set(df.columns), name
+    # summary.json's mismatch block, under a name no config key has
+    assert {"measured_mismatch.token_kl_k3.first", "measured_mismatch.max_abs_prob_diff"} <= set(
+        tables["sweep_summary.csv"].columns
+    )
+    assert "measured_mismatch.zero_grad_fraction" not in tables["sweep_summary.csv"].columns
     keys = ["job", "staleness", "precision"]
     summary = tables["sweep_summary.csv"]
     last_j = tables["sweep.csv"].groupby(keys, as_index=False)["objective"].last()

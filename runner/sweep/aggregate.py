@@ -329,6 +329,19 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def _summary_columns(summary: dict[str, Any]) -> dict[str, Any]:
+    """summary.json flattened for sweep_summary.csv. Its `mismatch` block (what the run measured between
+    trainer and engine) becomes `measured_mismatch.*`: a table's `mismatch.` names are the config's, and
+    the config's are renamed (staleness, not mismatch.staleness), so the block's must not look like them;
+    its zero_grad_fraction is the summary's own, already a column."""
+    flat = {}
+    for name, value in _flatten(summary).items():
+        if name == "mismatch.zero_grad_fraction":
+            continue
+        flat[f"measured_{name}" if name.startswith("mismatch.") else name] = value
+    return flat
+
+
 def _read_summary(job_dir: Path) -> dict[str, Any]:
     try:
         data = json.loads((job_dir / "summary.json").read_text(encoding="utf-8"))
@@ -345,7 +358,7 @@ def write_summary(jobs: list[Job], keys: list[str], out_path: Path, bands: dict[
     # its other fields named like our own columns are kept as summary.NAME
     copies = set(fixed) - {"status", "error"}
     # a damaged job's summary.json is not trusted (it may be what is damaged)
-    flats = [_flatten(_read_summary(job.dir)) if job.status != "damaged" else {} for job in jobs]
+    flats = [_summary_columns(_read_summary(job.dir)) if job.status != "damaged" else {} for job in jobs]
     columns: dict[str, None] = {}
     for flat in flats:
         for c in flat:
