@@ -61,19 +61,24 @@ def test_bench_rejects_an_unknown_benchmark():
     assert "unknown benchmark(s) nope" in res.stderr
 
 
-def test_bench_metrics_runs_at_tiny_size(tmp_path):
-    """scripts/bench_metrics.py (the figures behind keeping the NumPy totals and the fused PPO) runs and
-    reports every side: three train-step ratios and two per-call ratios, each a positive number."""
-    out = tmp_path / "bench_metrics.json"
+def _tiny_run(script: str, tmp_path):
+    """scripts/SCRIPT.py --tiny: it exits 0, and what it wrote with --out, parsed."""
+    out = tmp_path / f"{script}.json"
     res = subprocess.run(
-        [sys.executable, "scripts/bench_metrics.py", "--tiny", "--out", str(out)],
+        [sys.executable, f"scripts/{script}.py", "--tiny", "--out", str(out)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert res.returncode == 0, res.stderr[-2000:]
-    rows = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_bench_metrics_runs_at_tiny_size(tmp_path):
+    """scripts/bench_metrics.py (the figures behind keeping the NumPy totals and the fused PPO) runs and
+    reports every side: three train-step ratios and two per-call ratios, each a positive number."""
+    rows = _tiny_run("bench_metrics", tmp_path)
     assert [r["name"].split(" (")[0] for r in rows] == [
         "train step, torch metrics vs today",
         "train step, readable PPO vs today",
@@ -87,16 +92,7 @@ def test_bench_metrics_runs_at_tiny_size(tmp_path):
 def test_bench_replay_runs_at_tiny_size(tmp_path):
     """scripts/bench_replay.py (is-study replay's time and memory on a synthetic dump, every preset) runs and
     reports both figures, each a positive number from a replay that reached DONE."""
-    out = tmp_path / "bench_replay.json"
-    res = subprocess.run(
-        [sys.executable, "scripts/bench_replay.py", "--tiny", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    rows = json.loads(out.read_text())
+    rows = _tiny_run("bench_replay", tmp_path)
     assert [r["name"].split(",")[0] for r in rows] == ["replay time", "replay peak memory over the tokens' bytes"]
     from runner import registry
 
@@ -113,16 +109,7 @@ def test_bench_trackers_runs_at_tiny_size(tmp_path):
     and its figures are the ratios of the times it reports."""
     from runner import tracking
 
-    out = tmp_path / "bench_trackers.json"
-    res = subprocess.run(
-        [sys.executable, "scripts/bench_trackers.py", "--tiny", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    figures = json.loads(out.read_text())
+    figures = _tiny_run("bench_trackers", tmp_path)
     installed = [n for n, s in tracking.TRACKERS.items() if s.needs is None or tracking.installed(s.needs)]
     assert [row["tracker"] for row in figures["trackers"]] == installed and figures["judged"] is False
     for row in figures["trackers"]:
@@ -136,16 +123,7 @@ def test_bench_trackers_runs_at_tiny_size(tmp_path):
 def test_bench_regime_runs_at_tiny_size(tmp_path):
     """scripts/bench_regime.py (the field regime's step, exact J and accuracy band) runs and reports
     its four rows, each judged against its target."""
-    out = tmp_path / "bench_regime.json"
-    res = subprocess.run(
-        [sys.executable, "scripts/bench_regime.py", "--tiny", "--out", str(out)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert res.returncode == 0, res.stderr[-2000:]
-    rows = json.loads(out.read_text())
+    rows = _tiny_run("bench_regime", tmp_path)
     assert [r["name"].split(" (")[0].split(" in [")[0] for r in rows] == [
         "mlp field-regime train step",
         "mlp field-regime exact J",
