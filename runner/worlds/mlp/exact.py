@@ -149,7 +149,7 @@ class PositionDP:
             d[0, 0].index_add_(0, column.to(device), torch.full((column.numel(),), 1.0 / column.numel(), dtype=dtype))
         return d
 
-    def _policy(self, params: Params, table: torch.Tensor, positions: torch.Tensor, rows: int) -> torch.Tensor:
+    def _policy(self, params: Params, table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[P, X or 1, S, V] π(v | x, s, t) at the given positions, one forward pass."""
         net, V = self.net, self.net.vocab_size
         device = positions.device
@@ -179,21 +179,18 @@ class PositionDP:
         ended = torch.zeros(X, C, dtype=dtype, device=device)
         for first in range(0, T, self.CHUNK):
             positions = torch.arange(first, min(T, first + self.CHUNK), device=device)
-            policies = self._policy(params, table, positions, X)  # [P, X or 1, S, V]
+            policies = self._policy(params, table, positions)  # [P, X or 1, S, V]
             if not self.sees_previous:  # one state per prompt: only the targets' share and EOS's matter
                 d, ended = self._classes(d, ended, policies, hit)
                 continue
             for policy in policies:  # [X or 1, S, V] at one position
                 q = d @ policy  # [X, C, V]: a batched product when the policy depends on the prompt
                 moved = q * hit
-                # a target moves the count up one bin; the last bin keeps what reaches it
-                shifted = torch.cat([torch.zeros_like(moved[:, :1]), moved[:, :-1]], 1)
-                shifted = shifted + F.pad(moved[:, -1:], (0, 0, C - 1, 0))
-                nxt = q - moved + shifted  # [X, C, V]
+                nxt = q - moved + _count_up(moved)  # [X, C, V]
                 if self.eos_token is not None:
                     ended = ended + nxt[:, :, self.eos_token]
                     nxt = nxt.index_fill(2, torch.tensor([self.eos_token], device=device), 0.0)
-                d = F.pad(nxt, (0, 1)) if self.sees_previous else nxt.sum(2, keepdim=True)  # no return to BOS
+                d = F.pad(nxt, (0, 1))  # [X, C, V+1]: no response returns to BOS
         return ended + d.sum(2)  # [X, C]
 
     def _classes(self, d, ended, policies, hit):
@@ -208,8 +205,14 @@ class PositionDP:
         row = d[:, :, 0]  # [X, C]
         for t in range(policies.shape[0]):
             a, b, e = stay[t].unsqueeze(-1), up[t].unsqueeze(-1), p_eos[t].unsqueeze(-1)  # [X|1, 1]
-            shifted = torch.cat([torch.zeros_like(row[:, :1]), row[:, :-1]], 1)
-            shifted = shifted + F.pad(row[:, -1:], (self.bins - 1, 0))  # the last bin keeps what reaches it
+            shifted = _count_up(row)
             ended = ended + e * (shifted if eos_hits else row)
             row = a * row + b * shifted
         return row.unsqueeze(-1), ended
+
+
+def _count_up(mass: torch.Tensor) -> torch.Tensor:
+    """[X, C, ...] mass on counts → the same mass one count higher (a target was emitted); the last bin
+    absorbs, keeping what was already there and what reaches it."""
+    up = torch.cat([torch.zeros_like(mass[:, :1]), mass[:, :-1]], 1)
+    return torch.cat([up[:, :-1], up[:, -1:] + mass[:, -1:]], 1)
