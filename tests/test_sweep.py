@@ -8,6 +8,7 @@ log.timing=false, so a job's metrics.csv is byte-identical whichever launcher ra
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import re
@@ -876,3 +877,35 @@ def test_aggregate_combines_separate_runs(tmp_path, cli):
     code, stdout, err = cli("aggregate", str(runs))
     assert code == 0, err
     assert len(pd.read_csv(runs / "sweep_summary.csv")) == 3
+
+
+def test_aggregate_copies_plain_lines_as_the_csv_module_writes_them(tmp_path, monkeypatch):
+    """aggregate copies a table's plain lines without the csv module; the tables must be byte for byte
+    what parsing and rewriting every row gives, also where a job's table turns awkward mid-file (a
+    quoted cell with a comma and a newline, a blank line, a short row, needless quotes) and where a job's own column is
+    replaced by a key's (`seed`), so its cells are picked, not copied."""
+    from runner.sweep import aggregate as agg
+
+    sweep_dir = tmp_path / "s"
+    code, _, err = run_cli("sweep", "seed=0,1", *TINY, "log.tokens_every=1", f"hydra.sweep.dir={sweep_dir}")
+    assert code == 0, err
+    tokens = sweep_dir / "01" / "tokens.csv"
+    lines = tokens.read_text(encoding="utf-8").splitlines(keepends=True)
+    width = lines[0].count(",") + 1
+    assert len(lines) > 6 and "seed" in lines[0].split(",")
+    awkward = '"a, b\nc"' + "," * (width - 1) + "\n"
+    short = "1,2\n"
+    needless_quotes = '"7"' + "," * (width - 1) + "\n"  # the csv module writes it back unquoted
+    body = [*lines[:3], "\n", needless_quotes, *lines[3:5], awkward, short, *lines[5:]]
+    tokens.write_text("".join(body), encoding="utf-8")
+
+    names = ("sweep.csv", "sweep_tokens.csv", "sweep_summary.csv")
+    agg.aggregate(sweep_dir)
+    copied = {n: (sweep_dir / n).read_bytes() for n in names}
+    monkeypatch.setattr(agg, "_copy_plain_lines", lambda lines, *args: lines)  # every row through the csv module
+    agg.aggregate(sweep_dir)
+    for n in names:
+        assert copied[n] == (sweep_dir / n).read_bytes(), n
+    rows = list(csv.reader(io.StringIO(copied["sweep_tokens.csv"].decode())))
+    assert sum(1 for r in rows if r[0] == "1") == len(lines) - 1 + 3  # the awkward rows kept
+    assert any("a, b\nc" in r for r in rows)

@@ -48,9 +48,12 @@ aggregates in constant memory.
 from __future__ import annotations
 
 import csv
+import io
+import itertools
 import json
+import operator
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,6 +234,14 @@ class _AtomicCsv:
             self.abort()
             raise self._failed(exc) from None
 
+    def write_text(self, text: str) -> None:
+        """Lines already in this file's CSV dialect (see _plain_lines)."""
+        try:
+            self._file.write(text)
+        except OSError as exc:
+            self.abort()
+            raise self._failed(exc) from None
+
     def commit(self) -> None:
         try:
             self._file.close()
@@ -255,6 +266,42 @@ class _AtomicCsv:
             self.commit()
         else:
             self.abort()
+
+
+def _copy_plain_lines(
+    lines: Iterator[str], out: _AtomicCsv, start: str, width: int, idx: list[int]
+) -> Iterator[str] | None:
+    """Write a table's data lines to `out` without the csv module, each after `start` (the prefix's
+    cells) with the cells at `idx`, for as long as that is what parsing and rewriting each row would
+    write: no quote or carriage return (so no field is quoted, none holds a comma or a newline) and
+    `width` fields. Returns None when every line was written, else the lines from the first that is
+    not plain, for the csv module (which starts there in the state it would have reached: no field was
+    open). The studies' own tables are plain, and a sweep's largest (tokens.csv) is most of what
+    aggregating costs, row by row."""
+    commas = width - 1
+    pick = None if idx == list(range(width)) else operator.itemgetter(*idx)
+    chunk: list[str] = []
+
+    def flush() -> None:
+        out.write_text("".join(chunk))
+        out.rows += len(chunk)
+        chunk.clear()
+
+    for line in lines:
+        body = line[:-1] if line.endswith("\n") else line
+        if body == "":  # a blank line, skipped as the csv module skips it
+            continue
+        if '"' in body or "\r" in body or body.count(",") != commas:
+            flush()
+            return itertools.chain([line], lines)
+        if pick is not None:
+            cells = pick(body.split(","))
+            body = ",".join(cells) if len(idx) > 1 else cells
+        chunk.append(f"{start}{body}\n")
+        if len(chunk) == 4096:
+            flush()
+    flush()
+    return None
 
 
 def _read_header(path: Path) -> list[str] | None:
@@ -302,9 +349,13 @@ def concat_table(
             # table's own value of the same name, not an empty cell
             fill = [(1 + n, pos[k]) for n, k in enumerate(kept) if not prefix[1 + n] and k in pos]
             with open(job.dir / table, newline="", encoding="utf-8") as f:
-                reader = csv.reader(f)
-                next(reader, None)
-                for row in reader:
+                next(csv.reader(f), None)
+                rest: Iterator[str] | None = f
+                if idx and min(idx) >= 0 and not fill:
+                    start = io.StringIO()
+                    csv.writer(start, lineterminator="").writerow([*prefix, ""])  # the prefix and its comma
+                    rest = _copy_plain_lines(f, out, start.getvalue(), len(header), idx)
+                for row in csv.reader(rest or ()):
                     if not row:
                         continue
                     head = prefix
