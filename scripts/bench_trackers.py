@@ -44,7 +44,7 @@ def _study_seconds(overrides: list[str], run_dir: Path) -> float:
     return time.perf_counter() - start
 
 
-IMPORTS = {"tensorboard": "torch.utils.tensorboard", "mlflow": "mlflow.tracking", "wandb": "wandb"}
+IMPORTS = {"tensorboard": "tensorboardX", "mlflow": "mlflow.tracking", "wandb": "wandb"}
 
 
 def _import_seconds(module: str) -> float:

@@ -28,7 +28,7 @@ class TrackerSpec:
 
 TRACKERS = {
     "jsonl": TrackerSpec("jsonl", "JsonlTracker", None),
-    "tensorboard": TrackerSpec("tensorboard", "TensorboardTracker", "tensorboard"),
+    "tensorboard": TrackerSpec("tensorboard", "TensorboardTracker", "tensorboardX"),
     "mlflow": TrackerSpec("mlflow", "MlflowTracker", "mlflow", background=True),
     "wandb": TrackerSpec("wandb", "WandbTracker", "wandb", background=True),
 }

@@ -1,5 +1,6 @@
-"""tensorboard: event files in `RUN/tensorboard/` through torch.utils.tensorboard (which needs the
-tensorboard package): every value of a row as a scalar at the row's step, flushed as written; at the end
+"""tensorboard: event files in `RUN/tensorboard/` written by tensorboardX (read by TensorBoard, which the
+tracking extra brings too): every value of a row as a scalar at the row's step, on disk within FLUSH_S
+seconds of being written; at the end
 the run's config as hparams (a sweep job's: its swept keys), with the final J and reward as the metrics
 the HParams tab compares; `is-study plot` adds its figures as images. A sweep's jobs each log into
 their own `SWEEP/JOB/tensorboard/SWEPT/`, so `tensorboard --logdir SWEEP` shows one curve per job,
@@ -7,6 +8,7 @@ named by its job and swept values."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +17,9 @@ from runner.tracking.base import Tracker
 from runner.tracking.run_info import RunInfo
 
 DIR = "tensorboard"
+# tensorboardX's writer thread flushes at most this often; TensorBoard itself reloads every 5-30 s. A flush
+# per row would fsync per row (tensorboardX's flush does), about a millisecond each here.
+FLUSH_S = 1.0
 FINAL_METRICS = {"training/objective": "hparams/final_objective", "training/reward": "hparams/final_reward"}
 
 
@@ -37,39 +42,45 @@ class TensorboardTracker(Tracker):
     name = "tensorboard"
 
     def __init__(self, info: RunInfo):
-        from tensorboard.compat.proto.summary_pb2 import Summary
-        from torch.utils.tensorboard.writer import FileWriter
+        from tensorboardX import FileWriter
+        from tensorboardX.proto.summary_pb2 import Summary
 
         super().__init__(info)
         self.log_dir = log_dir(info)
-        # One Summary of every value a row, written by FileWriter, rather than SummaryWriter.add_scalar per value:
-        # the same scalars (a simple_value each, as add_scalar writes them), one event and one flush a row,
-        # which made the tracker ~4× cheaper on a default run (scripts/bench_trackers.py)
+        # One Summary of every value a row (a simple_value each, as add_scalar writes them), queued for
+        # tensorboardX's writer thread. Why tensorboardX, not torch.utils.tensorboard: with the crc32c package
+        # it checksums each record in C; torch's writer uses TensorBoard's pure-Python CRC-32C, which cost
+        # ~0.4 ms a row of 31 values on the writer thread, holding the interpreter lock the run needs.
         self._summary, self._value = Summary, Summary.Value
-        self.file_writer = FileWriter(str(self.log_dir))
+        self.file_writer = FileWriter(str(self.log_dir), max_queue=100_000, flush_secs=FLUSH_S)
         self.last: dict[str, float] = {}
 
     def log(self, step: int, data: Mapping[str, Any]) -> None:
         value = self._value
         summary = self._summary(value=[value(tag=name, simple_value=v) for name, v in data.items()])
         self.file_writer.add_summary(summary, step)
-        self.file_writer.flush()
         for name in FINAL_METRICS:
             if name in data:
                 self.last[name] = data[name]
 
     def close(self) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboardX.summary import hparams as hparams_summaries
 
-        self.file_writer.close()
         info = self.info
         keys = info.swept if info.swept else tuple(info.config)
         hparams = {key: _hparam(info.config.get(key)) for key in keys}
         metrics = {FINAL_METRICS[name]: value for name, value in self.last.items()}
         if hparams and metrics:
-            with SummaryWriter(log_dir=str(self.log_dir)) as writer:
-                # run_name=".": the hparams go into this run's own dir, not a timestamped subdir
-                writer.add_hparams(hparams, metrics, run_name=".")
+            # into the run's own event file, as SummaryWriter.add_hparams writes them into a file of their own:
+            # tensorboardX names a file by the second it opens and the host, so a second writer opened in
+            # the same second would replace the first's file
+            for summary in hparams_summaries(hparams, metrics):
+                self.file_writer.add_summary(summary)
+            value = self._value
+            self.file_writer.add_summary(
+                self._summary(value=[value(tag=k, simple_value=v) for k, v in metrics.items()])
+            )
+        self.file_writer.close()
 
 
 def add_figures(writer: Any, paths: Sequence[Path]) -> None:
@@ -88,9 +99,11 @@ def add_figures_to_run(run_dir: Path, paths: Sequence[Path]) -> bool:
     base = Path(run_dir) / DIR
     if not base.is_dir() or not paths:
         return False
-    from torch.utils.tensorboard import SummaryWriter
+    from tensorboardX import SummaryWriter
 
     events = sorted(base.rglob("events.out.tfevents.*"))
-    with SummaryWriter(log_dir=str(events[0].parent if events else base)) as writer:
+    # a suffix of its own: a file opened in the run's last second would otherwise take the run's file name
+    suffix = f".figures.{time.time_ns()}"
+    with SummaryWriter(logdir=str(events[0].parent if events else base), filename_suffix=suffix) as writer:
         add_figures(writer, paths)
     return True
