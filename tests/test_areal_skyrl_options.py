@@ -204,3 +204,20 @@ def test_m2po_is_computed_over_the_batch_it_is_given_so_each_mini_batch_is_its_o
 def test_bad_values_of_the_new_fields_are_one_line_errors(fields, message):
     with pytest.raises(UserError, match=message):
         Correction(name="x", **fields).validate()
+
+
+@pytest.mark.parametrize(
+    "metric,high,kept",
+    [("log-ratio", 5.0, [True, True, True]), ("k2", 2.0, [False, True, False]), ("k1", 2.0, [False, True, True])],
+)
+def test_nonfinite_log_ratios_under_each_metric_as_areal_rejects_them(metric, high, kept):
+    """lr = [NaN, 0, −inf] (old = [NaN, −1, −inf], roll = −1): AReaL 1.0.4's apply_rejection_sampling, run through
+    examples/audit/areal.py, keeps all three under the ratio metric (weights 1: the log-ratio is sanitised), and
+    under the KL metrics, which read the raw log-ratio, rejects NaN (both) and −inf (k2 = inf) but keeps −inf
+    under k1 with no lower bound, with weight 1."""
+    old = torch.tensor([[NAN, -1.0, -INF]])
+    roll = torch.full_like(old, -1.0)
+    corr = Correction(name="k", filter_metric=metric, high=high, **AREAL)
+    res = _coef(corr, old, roll, torch.ones_like(old))
+    assert res.keep[0].tolist() == kept
+    assert res.coef[0].tolist() == [1.0 if k else 0.0 for k in kept]
