@@ -221,3 +221,23 @@ def test_nonfinite_log_ratios_under_each_metric_as_areal_rejects_them(metric, hi
     res = _coef(corr, old, roll, torch.ones_like(old))
     assert res.keep[0].tolist() == kept
     assert res.coef[0].tolist() == [1.0 if k else 0.0 for k in kept]
+
+
+def test_a_zeroed_padding_weight_keeps_an_overflowing_padded_ratio_out_of_the_gradient():
+    """A kept sequence (mean k3 over its one masked-in token: lr = 0.1, k3 = 0.0048) with finite padding at
+    lr = 100: the padding's token weight ρ = e^100 = inf. Reduced by a where (masked-sum), the backward still
+    multiplies the where's 0 by that inf: NaN there. AReaL zeroes its weight at padding first (weight_padding:
+    zero), so the gradient there is 0 and the kept token's is −ρ·A/1 = −e^0.1 = −1.1051709."""
+    from runner.core.losses import LossSpec, policy_loss
+
+    old = torch.tensor([[0.1, 100.0]])
+    roll, mask, adv = torch.zeros_like(old), torch.tensor([[1.0, 0.0]]), torch.ones_like(old)
+    seq = Correction(name="s", weight="token", filter="geometric", filter_metric="k3", high=2.0, padding="masked-sum")
+
+    def grad(corr):
+        lp = old.clone().requires_grad_(True)
+        policy_loss(LossSpec(), corr, lp, old, roll, adv, mask).loss.backward()
+        return lp.grad[0].tolist()
+
+    assert math.isnan(grad(seq)[1])
+    assert grad(replace(seq, weight_padding="zero")) == pytest.approx([-1.1051709, 0.0], abs=1e-6)

@@ -28,6 +28,8 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
     statistics_mask  original: the weight's and the filter's sums read the action mask | masked: they read it
                  after the M2 mask, the veto and the token mask (SkyRL: outlier → token mask → TIS → sequence
                  mask; AReaL: M2PO before its rejection sampling), so an inf lr_t they removed is NaN (inf·0) there
+    weight_padding keep | zero: the coefficient is exactly 0 at padding, whatever the padding mode (AReaL's
+                 where(loss_mask, behave_imp_weight, 0): an overflowing ρ_t there cannot meet a 0 in the backward)
 
 All outputs are detached: no gradient flows through a coefficient. Nothing here knows about
 configs, files or the CLI, so every study (case, train, probe, audit) calls the same maths.
@@ -65,6 +67,7 @@ CHOICES = {
     "filter_metric": ("log-ratio", "k1", "k2", "k3"),
     "filter_nan": ("reject", "keep"),
     "statistics_mask": ("original", "masked"),
+    "weight_padding": ("keep", "zero"),
 }
 # `max` aggregates a filter's statistic, never a weight
 CHOICES["filter"] = (*LEVELS, "max")
@@ -102,6 +105,7 @@ class Correction:
     token_mask_high: float | None = None
     m2_threshold: float | None = None  # AReaL's M2PO second-moment mask over the batch
     statistics_mask: str = "original"  # the mask the weight's and filter's sums read (see the module docstring)
+    weight_padding: str = "keep"  # zero: the coefficient is exactly 0 at padding (AReaL's where(loss_mask, w, 0))
     faithful: bool = False  # reproduces released code, bugs included
 
     @property
@@ -380,7 +384,7 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
             new_mask = mask * keep_float
     if masks is not None and masks.m2_keep is not None:  # AReaL counts its tokens after M2PO
         new_mask = new_mask * masks.m2_keep.to(mask.dtype)
-    if corr.padding == "ignore":
+    if corr.padding == "ignore" or corr.weight_padding == "zero":
         coef = zero_padding(coef, mask)
     coef = coef.detach()
     keep_full = (torch.ones((1, 1), dtype=torch.bool) if keep is None else keep).expand_as(lr)

@@ -167,13 +167,14 @@ def band_coefficients(
 
 def _beyond_batched_bands(corr: Correction) -> bool:
     """The options the batched path above does not restate: the masks that run before the weight and the
-    filter (SkyRL's order of operations, M2PO), AReaL's KL statistics and agg=max, SkyRL's NaN-keeping band."""
+    filter (SkyRL's order of operations, M2PO), AReaL's KL statistics, agg=max and zeroed padding, SkyRL's NaN-keeping band."""
     return (
         corr.has_masks
         or corr.statistics_mask != "original"
         or corr.filter_metric != "log-ratio"
         or corr.filter == "max"
         or corr.filter_nan != "reject"
+        or corr.weight_padding != "keep"
     )
 
 
