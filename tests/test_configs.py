@@ -52,6 +52,17 @@ SPEC_PRESETS = [
     "skyrl/tis-token",
     "skyrl/tis-sequence",
     "skyrl/token-mask-is",
+    "areal/token-mask-kl_k1",
+    "areal/token-mask-kl_k2",
+    "areal/token-mask-kl_k3",
+    "areal/sequence-mask-kl_k3",
+    "areal/sequence-mask-max",
+    "areal/m2po",
+    "skyrl/geometric",
+    "skyrl/product",
+    "skyrl/outlier-token-is",
+    "skyrl/tis-sequence-token-mask-is",
+    "skyrl/geometric-token-mask-is",
 ]
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -564,6 +565,306 @@ GOLDEN = [
         -0.3800182,
         [[0.0, -0.1687323, -0.0686015], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
     ),
+    # AReaL's KL statistics, agg=max and M2PO; SkyRL's sequence masks, outlier veto and token pre-mask
+    (
+        "areal/token-mask-kl_k1",
+        0.0,
+        1.0,
+        "padded-mixed",
+        -0.0941294,
+        [[-0.0, -0.0, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "areal/token-mask-kl_k1",
+        0.0,
+        1.0,
+        "short-and-empty-rows",
+        0.4059299,
+        [[0.0, -0.1687324, -0.0], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "areal/token-mask-kl_k1",
+        None,
+        0.2,
+        "padded-mixed",
+        -0.190039,
+        [[-0.0, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "areal/token-mask-kl_k1",
+        None,
+        0.2,
+        "short-and-empty-rows",
+        -0.2112859,
+        [[0.0, -0.0, -0.0686015], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "areal/token-mask-kl_k2",
+        None,
+        0.1,
+        "padded-mixed",
+        -0.2281934,
+        [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "areal/token-mask-kl_k2",
+        None,
+        0.1,
+        "short-and-empty-rows",
+        -0.3800182,
+        [[0.0, -0.1687324, -0.0686015], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "areal/token-mask-kl_k2",
+        None,
+        2.0,
+        "padded-mixed",
+        -1.6678502,
+        [[-1.4778112, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "areal/token-mask-kl_k2",
+        None,
+        2.0,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "areal/token-mask-kl_k3",
+        None,
+        0.1,
+        "padded-mixed",
+        -0.2281934,
+        [[-0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "areal/token-mask-kl_k3",
+        None,
+        0.1,
+        "short-and-empty-rows",
+        -0.3800182,
+        [[0.0, -0.1687324, -0.0686015], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "areal/token-mask-kl_k3",
+        0.01,
+        2.0,
+        "padded-mixed",
+        -1.5737208,
+        [[-1.4778112, -0.134064, -0.0, 0.0], [0.0381545, 0.0, 0.0, 0.0]],
+    ),
+    (
+        "areal/token-mask-kl_k3",
+        0.01,
+        2.0,
+        "short-and-empty-rows",
+        0.4059299,
+        [[0.0, -0.1687324, -0.0], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "areal/sequence-mask-kl_k3",
+        None,
+        0.5,
+        "padded-mixed",
+        -1.6678502,
+        [[-1.4778112, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "areal/sequence-mask-kl_k3",
+        None,
+        0.5,
+        "short-and-empty-rows",
+        0.194644,
+        [[0.0, -0.1687324, -0.0686015], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("areal/sequence-mask-kl_k3", None, 0.02, "padded-mixed", 0.0, [[-0.0, -0.0, -0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+    (
+        "areal/sequence-mask-kl_k3",
+        None,
+        0.02,
+        "short-and-empty-rows",
+        -0.3800182,
+        [[0.0, -0.1687324, -0.0686015], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "areal/sequence-mask-max",
+        None,
+        5.0,
+        "padded-mixed",
+        0.1525636,
+        [[-0.0, -0.0, -0.0, 0.0], [0.0667959, 0.0857677, 0.0, 0.0]],
+    ),
+    (
+        "areal/sequence-mask-max",
+        None,
+        5.0,
+        "short-and-empty-rows",
+        0.2058592,
+        [[0.0, -0.1314089, -0.0797035], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "areal/sequence-mask-max",
+        0.5,
+        1.2,
+        "padded-mixed",
+        0.1525636,
+        [[-0.0, -0.0, -0.0, 0.0], [0.0667959, 0.0857677, 0.0, 0.0]],
+    ),
+    (
+        "areal/sequence-mask-max",
+        0.5,
+        1.2,
+        "short-and-empty-rows",
+        0.0,
+        [[0.0, -0.0, -0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "areal/m2po",
+        None,
+        None,
+        "padded-mixed",
+        -0.4247062,
+        [[0.0, -0.3016125, -0.3683903, 0.0], [0.0, 0.2452966, 0.0, 0.0]],
+    ),
+    (
+        "areal/m2po",
+        None,
+        None,
+        "short-and-empty-rows",
+        -0.4677551,
+        [[0.0, -0.1666667, -0.1010884], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("skyrl/geometric", 0.9, 1.1, "padded-mixed", 0.0, [[-0.0, -0.0, -0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+    (
+        "skyrl/geometric",
+        0.9,
+        1.1,
+        "short-and-empty-rows",
+        -0.3508163,
+        [[0.0, -0.125, -0.0758163], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/geometric",
+        0.5,
+        2.0,
+        "padded-mixed",
+        -0.3612356,
+        [[-0.2210342, -0.1809675, -0.2210342, 0.0], [0.1146223, 0.147178, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/geometric",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        -0.3508163,
+        [[0.0, -0.125, -0.0758163], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("skyrl/product", 0.5, 2.0, "padded-mixed", 0.0, [[-0.0, -0.0, -0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+    (
+        "skyrl/product",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        -0.3508163,
+        [[0.0, -0.125, -0.0758163], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/product",
+        0.1,
+        10.0,
+        "padded-mixed",
+        -0.3612356,
+        [[-0.2210342, -0.1809675, -0.2210342, 0.0], [0.1146223, 0.147178, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/product",
+        0.1,
+        10.0,
+        "short-and-empty-rows",
+        -0.0654475,
+        [[0.0, -0.125, -0.0758163], [0.2853688, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/outlier-token-is",
+        None,
+        None,
+        "padded-mixed",
+        -0.3612356,
+        [[-0.2210342, -0.1809675, -0.2210342, 0.0], [0.1146223, 0.147178, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/outlier-token-is",
+        None,
+        None,
+        "short-and-empty-rows",
+        -0.0654475,
+        [[0.0, -0.125, -0.0758163], [0.2853688, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/tis-sequence-token-mask-is",
+        None,
+        5.0,
+        "padded-mixed",
+        -0.17898,
+        [[-0.0, -0.1481636, -0.1809675, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/tis-sequence-token-mask-is",
+        None,
+        5.0,
+        "short-and-empty-rows",
+        -0.4075904,
+        [[0.0, -0.1452293, -0.088086], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/tis-sequence-token-mask-is",
+        None,
+        1.1,
+        "padded-mixed",
+        -0.17898,
+        [[-0.0, -0.1481636, -0.1809675, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/tis-sequence-token-mask-is",
+        None,
+        1.1,
+        "short-and-empty-rows",
+        -0.385898,
+        [[0.0, -0.1375, -0.083398], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/geometric-token-mask-is",
+        0.9,
+        1.1,
+        "padded-mixed",
+        -0.2548237,
+        [[-0.0, -0.1809675, -0.2210342, 0.0], [0.0, 0.147178, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/geometric-token-mask-is",
+        0.9,
+        1.1,
+        "short-and-empty-rows",
+        -0.3508163,
+        [[0.0, -0.125, -0.0758163], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/geometric-token-mask-is",
+        0.8,
+        1.25,
+        "padded-mixed",
+        -0.2548237,
+        [[-0.0, -0.1809675, -0.2210342, 0.0], [0.0, 0.147178, 0.0, 0.0]],
+    ),
+    (
+        "skyrl/geometric-token-mask-is",
+        0.8,
+        1.25,
+        "short-and-empty-rows",
+        -0.3508163,
+        [[0.0, -0.125, -0.0758163], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
 ]
 CASES = {
     "padded-mixed": {
@@ -738,9 +1039,14 @@ def test_seed_bug_numbers_side_by_side():
 
 # ----------------------------------------------------------------------------------------- band edges, the veto, the weights
 def _filtering_presets() -> list[str]:
-    """Every preset that rejects units by a band: token, sequence and geometric filters, compared in
-    ratio space (ours, OpenRLHF, TRL) and in log space (verl, whose geo-rs also inverts the statistic)."""
-    return [e.name for e in registry.presets() if _composed(e.name).filter != "none"]
+    """Every preset that rejects units by a band on a log-ratio statistic: token, sequence and geometric
+    filters, compared in ratio space (ours, OpenRLHF, TRL) and in log space (verl, whose geo-rs also inverts
+    the statistic). AReaL's KL statistics are 0, not 1, on policy: their edges are tested below."""
+    return [
+        e.name
+        for e in registry.presets()
+        if _composed(e.name).filter != "none" and _composed(e.name).filter_metric == "log-ratio"
+    ]
 
 
 FILTERING = _filtering_presets()
@@ -748,7 +1054,7 @@ FILTERING = _filtering_presets()
 
 def test_the_band_edges_cover_every_level_and_both_spaces():
     corrs = [_preset(name, 0.5, 2.0) for name in FILTERING]
-    assert {c.filter for c in corrs} == {"token", "sequence", "geometric"}
+    assert {c.filter for c in corrs} == {"token", "sequence", "geometric", "max"}
     assert {c.band_space for c in corrs} == {"ratio", "log"}
     assert any(c.filter_inverted for c in corrs)
 
@@ -875,6 +1181,7 @@ LOG_CLAMPED = [
     "verl/seq-mis",
     "skyrl/tis-token",
     "skyrl/tis-sequence",
+    "skyrl/tis-sequence-token-mask-is",
 ]
 
 
@@ -891,7 +1198,8 @@ def test_the_weight_log_ratio_is_clamped_at_20_nats(name):
     weights agree here, as L_i = lr for a one-token sequence."""
     old = torch.tensor([[-30.0], [-5.0]])
     roll = torch.tensor([[-5.0], [-30.0]])
-    res = apply_correction(_preset(name, None, None), old, roll, torch.ones(2, 1))
+    corr = replace(_preset(name, None, None), token_mask_low=None, token_mask_high=None)  # the weight alone
+    res = apply_correction(corr, old, roll, torch.ones(2, 1))
     assert res.coef[0, 0].item() == pytest.approx(2.0611536e-9, rel=1e-6)
     assert res.coef[1, 0].item() == pytest.approx(4.8516520e8, rel=1e-6)
 

@@ -13,8 +13,10 @@ numbers. Nothing of AReaL is copied here.
         --target-kwargs '{"areal": "wheels/site/areal", "level": "token", "action": "mask"}'
 
 `areal` is the folder of the `areal` package. The other kwargs are RejectionSamplingConfig's (level, action,
-metric, agg, upper, lower; AReaL's defaults: token, mask, ratio, mean, 5.0, None) and the loss's eps_clip
-(0.2). In AReaL's names the audit's `old` is the proximal policy and `roll` the behaviour policy (the
+metric, agg, upper, lower; AReaL's defaults: token, mask, ratio, mean, 5.0, None), the loss's eps_clip
+(0.2), `m2_threshold` (PPOActorConfig's M2PO threshold: grpo_loss_fn's _apply_m2po_masking of
+areal/trainer/ppo/actor.py, compiled from there too, masks the batch before the loss) and
+`rejection_sampling: false` for the loss without rejection sampling (as grpo_loss_fn calls it when unset). In AReaL's names the audit's `old` is the proximal policy and `roll` the behaviour policy (the
 inference engine's `old_logprobs`): the rejection compares π_proximal / π_behave, PPO's ratio is π_θ / π_proximal.
 """
 
@@ -54,25 +56,46 @@ def load(areal: str | Path) -> dict[str, Any]:
     return ns
 
 
+def load_m2po(areal: str | Path) -> Any:
+    """_apply_m2po_masking and _get_m2po_loss_mask of areal/trainer/ppo/actor.py (which imports the trainer's
+    engines at module level), compiled from the package folder."""
+    ns: dict[str, Any] = {"torch": torch}
+    compile_into(ns, Path(areal) / "trainer" / "ppo" / "actor.py", {"_apply_m2po_masking", "_get_m2po_loss_mask"})
+    return ns["_apply_m2po_masking"]
+
+
 class PPOActorLoss:
     """(log_probs, old_log_probs, advantages, action_mask, rollout_log_probs) → AReaL's ppo_actor_loss_fn with
     its rejection sampling: proximal_logprobs = old_log_probs, old_logprobs (behaviour) = rollout_log_probs."""
 
-    def __init__(self, areal: str, eps_clip: float = 0.2, **rejection_sampling: Any):
+    def __init__(
+        self,
+        areal: str,
+        eps_clip: float = 0.2,
+        m2_threshold: float | None = None,
+        rejection_sampling: bool = True,
+        **config: Any,
+    ):
         ns = load(areal)
         self.loss_fn = ns["ppo_actor_loss_fn"]
-        self.config = ns["RejectionSamplingConfig"](**rejection_sampling)
+        self.config = ns["RejectionSamplingConfig"](**config) if rejection_sampling else None
         self.eps_clip = eps_clip
+        self.m2_threshold = m2_threshold
+        self.m2po = load_m2po(areal) if m2_threshold is not None else None
 
     def __call__(self, log_probs, old_log_probs, advantages, action_mask=None, rollout_log_probs=None):
         mask = torch.ones_like(old_log_probs) if action_mask is None else action_mask
+        behave = old_log_probs if rollout_log_probs is None else rollout_log_probs
+        loss_mask = mask.bool()  # AReaL's loss_mask is boolean (torch.where takes it as the condition)
+        if self.m2po is not None:  # grpo_loss_fn: M2PO on (behaviour, proximal) before the loss
+            loss_mask = self.m2po(behave, old_log_probs, loss_mask, self.m2_threshold)
         loss, _stat = self.loss_fn(
             logprobs=log_probs,
             proximal_logprobs=old_log_probs,
-            old_logprobs=old_log_probs if rollout_log_probs is None else rollout_log_probs,
+            old_logprobs=behave,
             advantages=advantages,
             eps_clip=self.eps_clip,
-            loss_mask=mask.bool(),  # AReaL's loss_mask is boolean (torch.where takes it as the condition)
+            loss_mask=loss_mask,
             rejection_sampling=self.config,
         )
         return loss

@@ -203,9 +203,10 @@ CHECKOUT_TARGETS = tuple(
     )
     for mode in ("tis", "icepop", "seq-mask-tis")
 )
-# SkyRL's `regular` loss with one off-policy correction each, and the stack its docs recommend (geometric
-# sequence mask, token TIS, token mask, outlier mask: the order of operations matters); token TIS is compared
-# with its preset (skyrl/tis-token) on every batch, the other two have no preset yet. Its finding: NaN padding reaches the loss (loss · mask, summed). The
+# SkyRL's `regular` loss with one off-policy correction each, two in SkyRL's order (token mask, then sequence TIS
+# or the geometric mask over the tokens it kept), and the stack its docs recommend (geometric sequence mask,
+# token TIS, token mask, outlier mask: the order of operations matters); each mode with a preset is compared
+# with it on every batch (SKYRL_REFERENCES). Its finding: NaN padding reaches the loss (loss · mask, summed). The
 # hypothesis search sometimes also finds a gradient 2e-4 away from float64 finite differences, on either
 # profile: safe_exp_delta computes PPO's ratio in float32 whatever the input dtype (deliberate, no bug).
 SKYRL_STACK = {
@@ -216,11 +217,24 @@ SKYRL_STACK = {
     "outlier_token_is_threshold_low": 1e-4,
     "outlier_token_is_threshold_high": 100,
 }
+SKYRL_TOKEN_MASK = {"token_mask_is_threshold_low": 0.5, "token_mask_is_threshold_high": 2.0}
 SKYRL_MODES = (
     ("tis-token", {"tis_ratio_type": "token"}),
     ("sequence-mask-geometric", {"sequence_mask_metric": "geometric"}),
     ("recommended", SKYRL_STACK),
+    ("sequence-mask-product", {"sequence_mask_metric": "product"}),
+    ("outlier-token-is", {"outlier_token_is_threshold_low": 1e-4, "outlier_token_is_threshold_high": 100.0}),
+    ("tis-sequence-token-mask-is", {"tis_ratio_type": "sequence", **SKYRL_TOKEN_MASK}),
+    ("geometric-token-mask-is", {"sequence_mask_metric": "geometric", **SKYRL_TOKEN_MASK}),
 )
+SKYRL_REFERENCES = {
+    "tis-token": "skyrl/tis-token",
+    "sequence-mask-geometric": "skyrl/geometric",
+    "sequence-mask-product": "skyrl/product",
+    "outlier-token-is": "skyrl/outlier-token-is",
+    "tis-sequence-token-mask-is": "skyrl/tis-sequence-token-mask-is",
+    "geometric-token-mask-is": "skyrl/geometric-token-mask-is",
+}
 CHECKOUT_TARGETS += tuple(
     Target(
         f"skyrl-{name}",
@@ -230,7 +244,7 @@ CHECKOUT_TARGETS += tuple(
             "examples/audit/skyrl.py:PPOPolicyLoss",
             "--target-kwargs",
             json.dumps({"skyrl": f"{SITE}/skyrl", **config}),
-            *(("--reference", f"correction=skyrl/{name}") if name == "tis-token" else ()),
+            *(("--reference", f"correction={SKYRL_REFERENCES[name]}") if name in SKYRL_REFERENCES else ()),
         ),
         known=(),
         other=("4 padding: padding values leak: loss nan",),
@@ -263,6 +277,34 @@ AREAL_TARGETS = tuple(
         other=AREAL_OTHER,
     )
     for level, action in (("token", "mask"), ("token", "clamp"), ("sequence", "mask"))
+)
+# AReaL's other modes (its KL metrics, agg=max, M2PO without rejection sampling), each with its preset: the same
+# two findings, of the same PPO ratio.
+AREAL_MODES = (
+    *(
+        (f"token-mask-kl_{k}", {"level": "token", "action": "mask", "metric": f"kl_{k}", "upper": 2.0})
+        for k in ("k1", "k2", "k3")
+    ),
+    ("sequence-mask-kl_k3", {"level": "sequence", "action": "mask", "metric": "kl_k3", "agg": "mean", "upper": 2.0}),
+    ("sequence-mask-max", {"level": "sequence", "action": "mask", "metric": "ratio", "agg": "max"}),
+    ("m2po", {"rejection_sampling": False, "m2_threshold": 0.04}),
+)
+AREAL_TARGETS += tuple(
+    Target(
+        f"areal-1.0.4-{name}",
+        f"AReaL 1.0.4 ppo_actor_loss_fn, {name} (adapter)",
+        (
+            "--target",
+            "examples/audit/areal.py:PPOActorLoss",
+            "--target-kwargs",
+            json.dumps({"areal": f"{SITE}/areal", **config}),
+            "--reference",
+            f"correction=areal/{name}",
+        ),
+        known=(),
+        other=AREAL_OTHER,
+    )
+    for name, config in AREAL_MODES
 )
 TARGETS = (*TARGETS, *AREAL_TARGETS)
 

@@ -16,6 +16,20 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
                  (before the weight op: an overflowing ρ becomes 0, not `high`), on the ratio a token filter
                  compares and on each lr_t a sequence or geometric filter's statistic sums | zero-logratio:
                  AReaL's where(isfinite(lr), lr, 0) on the log-ratio itself (ratio 1; a finite lr still overflows)
+    filter_metric log-ratio: the filter reads lr_t (compared as exp(stat) or stat, band_space) | k1, k2, k3:
+                 AReaL's KL estimators of the raw lr_t (k1 = lr, k2 = lr²/2, k3 = e^−lr − 1 + lr), padding
+                 removed by a where, compared with [low, high] as they are; filter max: the largest masked-in
+                 statistic of the sequence (0 for a sequence with none)
+    filter_nan   reject: a NaN statistic fails the band | keep: SkyRL's ¬(s > high) ∧ ¬(s < low) keeps it
+    veto_high    reject a sequence if any masked-in ρ_t > veto_high (SkyRL's outlier mask, with `veto` its low side)
+    token mask   token_mask_low/high: tokens whose ρ_t leaves [low, high] are rejected (SkyRL's token_mask_is_*)
+    m2_threshold M2PO (AReaL): over the batch's masked-in tokens, drop those with the largest lr_t² until the
+                 mean of the rest is under the threshold (at least one is kept); they leave the action mask
+    statistics_mask  original: the weight's and the filter's sums read the action mask | masked: they read it
+                 after the M2 mask, the veto and the token mask (SkyRL: outlier → token mask → TIS → sequence
+                 mask; AReaL: M2PO before its rejection sampling), so an inf lr_t they removed is NaN (inf·0) there
+    weight_padding keep | zero: the coefficient is exactly 0 at padding, whatever the padding mode (AReaL's
+                 where(loss_mask, behave_imp_weight, 0): an overflowing ρ_t there cannot meet a 0 in the backward)
 
 All outputs are detached: no gradient flows through a coefficient. Nothing here knows about
 configs, files or the CLI, so every study (case, train, probe, audit) calls the same maths.
@@ -50,7 +64,13 @@ CHOICES = {
     # masked_sum does (torch.where), so NaN padding leaves the loss finite (not its gradient there).
     "padding": ("ignore", "multiply", "zero-logratio", "masked-sum"),
     "nonfinite": ("keep", "zero-ratio", "zero-logratio"),
+    "filter_metric": ("log-ratio", "k1", "k2", "k3"),
+    "filter_nan": ("reject", "keep"),
+    "statistics_mask": ("original", "masked"),
+    "weight_padding": ("keep", "zero"),
 }
+# `max` aggregates a filter's statistic, never a weight
+CHOICES["filter"] = (*LEVELS, "max")
 
 
 @dataclass(frozen=True)
@@ -78,11 +98,29 @@ class Correction:
     high: float | None = None
     veto: float | None = None
     nonfinite: str = "keep"  # what a NaN or ±inf ratio becomes (NeMo-RL: 0; AReaL: its log-ratio 0)
+    filter_metric: str = "log-ratio"  # AReaL's rejection_sampling.metric: ratio, or a KL estimator k1/k2/k3
+    filter_nan: str = "reject"  # SkyRL's sequence mask keeps a NaN statistic
+    veto_high: float | None = None  # SkyRL's outlier_token_is_threshold_high (a sequence veto from above)
+    token_mask_low: float | None = None  # SkyRL's token_mask_is_threshold_low/high: a token mask before the rest
+    token_mask_high: float | None = None
+    m2_threshold: float | None = None  # AReaL's M2PO second-moment mask over the batch
+    statistics_mask: str = "original"  # the mask the weight's and filter's sums read (see the module docstring)
+    weight_padding: str = "keep"  # zero: the coefficient is exactly 0 at padding (AReaL's where(loss_mask, w, 0))
     faithful: bool = False  # reproduces released code, bugs included
 
     @property
     def active(self) -> bool:
-        return self.weight != "none" or self.filter != "none" or self.veto is not None
+        return self.weight != "none" or self.filter != "none" or self.veto is not None or self.has_masks
+
+    @property
+    def has_masks(self) -> bool:
+        """Any of the masks that run before the weight and the filter (veto_high, token mask, M2PO)."""
+        return (
+            self.veto_high is not None
+            or self.token_mask_low is not None
+            or self.token_mask_high is not None
+            or self.m2_threshold is not None
+        )
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Correction:
@@ -106,7 +144,17 @@ class Correction:
             value = getattr(self, key)
             if value not in allowed:
                 raise UserError(f"correction.{key}={value!r} is not one of: {', '.join(allowed)}")
-        for key in ("low", "high", "veto", "log_clamp", "filter_log_clamp"):
+        for key in (
+            "low",
+            "high",
+            "veto",
+            "log_clamp",
+            "filter_log_clamp",
+            "veto_high",
+            "token_mask_low",
+            "token_mask_high",
+            "m2_threshold",
+        ):
             value = getattr(self, key)
             if value is None:
                 continue
@@ -116,6 +164,18 @@ class Correction:
                 raise UserError(f"correction.{key} must be non-negative, got {value}")
         if self.low is not None and self.high is not None and self.low > self.high:
             raise UserError(f"correction.low ({self.low}) > correction.high ({self.high})")
+        if (
+            self.token_mask_low is not None
+            and self.token_mask_high is not None
+            and self.token_mask_low > self.token_mask_high
+        ):
+            raise UserError(
+                f"correction.token_mask_low ({self.token_mask_low}) > correction.token_mask_high ({self.token_mask_high})"
+            )
+        if self.filter_metric != "log-ratio" and self.band_space != "ratio":
+            raise UserError(
+                f"correction.filter_metric={self.filter_metric} is compared as it is; band_space=log is for log-ratios"
+            )
         if not isinstance(self.filter_shuffle, bool):
             raise UserError(f"correction.filter_shuffle must be true or false, got {self.filter_shuffle!r}")
         if self.filter_shuffle and self.filter == "none":
@@ -150,14 +210,21 @@ def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) ->
         value = stat
         lo = None if corr.low is None else (math.log(corr.low) if corr.low > 0 else -math.inf)
         hi = None if corr.high is None else (math.log(corr.high) if corr.high > 0 else -math.inf)
-    # NaN statistics fail every comparison, so they are rejected, as in the released code.
+    return _band_keep(value, lo, hi, corr.filter_nan)
+
+
+def _band_keep(value: torch.Tensor, lo: float | None, hi: float | None, nan: str = "reject") -> torch.Tensor:
+    # NaN statistics fail every comparison, so they are rejected, as in the released code; SkyRL tests
+    # "not outside" instead, which a NaN passes (filter_nan: keep).
     if lo is not None and hi is not None:
-        return (value >= lo) & (value <= hi)
-    if lo is not None:
-        return value >= lo
-    if hi is not None:
-        return value <= hi
-    return value == value  # no band: keep everything that is not NaN
+        inside = (value >= lo) & (value <= hi)
+    elif lo is not None:
+        inside = value >= lo
+    elif hi is not None:
+        inside = value <= hi
+    else:
+        inside = value == value  # no band: keep everything that is not NaN
+    return inside | torch.isnan(value) if nan == "keep" else inside
 
 
 def mismatch_log_ratio(corr: Correction, old, roll, mask, lp=None) -> torch.Tensor:
@@ -209,7 +276,15 @@ def apply_correction_split(
     a step's mini-batches), evaluated once for the whole batch: every coefficient is a function of
     its own sequence, so group g's result equals apply_correction on the rows g, and the metrics
     of all groups come from one pass (a small batch pays per call, not per element). With
-    `filter_shuffle` the permutation is drawn over the whole batch, then split."""
+    `filter_shuffle` the permutation is drawn over the whole batch, then split. M2PO's mask is a function of
+    the batch it sees (AReaL computes it per micro-batch), so under m2_threshold each group is its own batch."""
+    if corr.m2_threshold is not None:
+        return [
+            apply_correction(
+                corr, old[g], roll[g], mask[g], None if lp is None else lp[g], metrics=metrics, generator=generator
+            )
+            for g in groups
+        ]
     ev = _evaluate(corr, old, roll, mask, lp, generator)
     inputs = ev.metric_inputs()
     per_group = correction_metrics_by_group(corr, *inputs, groups=groups) if metrics else [{} for _ in groups]
@@ -242,8 +317,12 @@ class _Evaluation:
 def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluation:
     mask = mask.to(old.dtype)
     lr = mismatch_log_ratio(corr, old, roll, mask, lp)
-    count = mask.sum(-1, keepdim=True)  # [B, 1]
-    seq_lr = (lr * mask).sum(-1, keepdim=True) if corr.weight in ("sequence", "geometric") else None  # L_i
+    masks = _early_masks(corr, old, roll, mask, lr, lp) if corr.has_masks else None
+    stats_mask = mask
+    if masks is not None and corr.statistics_mask == "masked":
+        stats_mask = masks.stats_mask
+    count = stats_mask.sum(-1, keepdim=True)  # [B, 1]
+    seq_lr = (lr * stats_mask).sum(-1, keepdim=True) if corr.weight in ("sequence", "geometric") else None  # L_i
 
     # The coefficient, before rejection.
     if corr.weight == "none":
@@ -265,14 +344,18 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
 
     # Which units survive: a [B, T] mask for token filters, [B, 1] for sequence ones.
     keep = None
-    if corr.filter != "none":
+    if corr.filter != "none" and corr.filter_metric != "log-ratio":
+        keep = _kl_filter_keep(corr, old, roll, stats_mask, lp)
+    elif corr.filter != "none":
         stat_lr = lr if corr.filter_log_clamp is None else lr.clamp(-corr.filter_log_clamp, corr.filter_log_clamp)
         if corr.filter == "token":
             stat = stat_lr
+        elif corr.filter == "max":
+            stat = _masked_max(stat_lr, stats_mask)
         else:
             if corr.nonfinite == "zero-ratio":
                 stat_lr = _zero_nonfinite(stat_lr)
-            stat = (stat_lr * mask).sum(-1, keepdim=True)
+            stat = (stat_lr * stats_mask).sum(-1, keepdim=True)
             if corr.filter == "geometric":
                 stat = stat / count.clamp(min=1)
         keep = _in_band(-stat if corr.filter_inverted else stat, corr, token_ratio=corr.filter == "token")
@@ -287,6 +370,8 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         threshold = math.log(corr.veto) if corr.veto > 0 else -math.inf
         vetoed = ((lr < threshold) & (mask > 0)).any(-1, keepdim=True)
         keep = ~vetoed if keep is None else keep & ~vetoed
+    if masks is not None:
+        keep = masks.keep if keep is None else keep & masks.keep
 
     # Rejection: `where` zeroes exactly (never 0·inf), `multiply` is the released code's product.
     # Under `padding: ignore` the coefficient is also exactly 0 at padding.
@@ -297,7 +382,9 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         coef = zero_where_not(weight, keep, keep_float) if corr.reject == "where" else weight * keep_float
         if corr.denominator == "drop":
             new_mask = mask * keep_float
-    if corr.padding == "ignore":
+    if masks is not None and masks.m2_keep is not None:  # AReaL counts its tokens after M2PO
+        new_mask = new_mask * masks.m2_keep.to(mask.dtype)
+    if corr.padding == "ignore" or corr.weight_padding == "zero":
         coef = zero_padding(coef, mask)
     coef = coef.detach()
     keep_full = (torch.ones((1, 1), dtype=torch.bool) if keep is None else keep).expand_as(lr)
@@ -313,3 +400,104 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         weight=weight,
         keep=keep,
     )
+
+
+def correction_parts(corr: Correction, old, roll, mask) -> tuple:
+    """At lp = old, `apply_correction`'s (coef, reduction mask, [B, T] keep, where the weight op changed the
+    weight or None): what the probe's estimator needs of a correction its batched band path does not cover."""
+    ev = _evaluate(corr, old, roll, mask, old)
+    changed = ev.weight != ev.raw if corr.weight_op != "raw" else None
+    return ev.coef, ev.new_mask, ev.keep_full, changed
+
+
+@dataclass
+class _EarlyMasks:
+    keep: torch.Tensor  # [B, T] bool: survived the M2 mask, the veto (both sides) and the token mask
+    stats_mask: torch.Tensor  # the action mask times those, in SkyRL's order (the float products it takes)
+    m2_keep: torch.Tensor | None  # M2PO's survivors, which also leave AReaL's token count
+
+
+def _raw_log_ratio(corr: Correction, old, roll, lp) -> torch.Tensor:
+    """lr_t before any nonfinite or padding treatment: AReaL's KL estimators and its M2PO read this."""
+    base = lp if corr.ratio == "bypass" else old
+    return base.detach() - roll.detach()
+
+
+def _early_masks(corr: Correction, old, roll, mask, lr, lp) -> _EarlyMasks:
+    inside = mask > 0
+    keep = torch.ones_like(inside)
+    stats_mask = mask
+    m2_keep = None
+    if corr.m2_threshold is not None:
+        m2_keep = m2po_keep(_raw_log_ratio(corr, old, roll, lp), inside, corr.m2_threshold)
+        keep = keep & m2_keep
+        stats_mask = stats_mask * m2_keep.to(mask.dtype)
+    if corr.veto_high is not None:
+        # with `veto`, SkyRL's outlier mask: a sequence with any token outside [veto, veto_high] is rejected
+        # (the low side is the veto below, also over the original mask); NaN is neither above nor below
+        over = ((lr > math.log(corr.veto_high) if corr.veto_high > 0 else lr > -math.inf) & inside).any(
+            -1, keepdim=True
+        )
+        keep = keep & ~over
+    if corr.veto is not None and corr.statistics_mask == "masked":
+        threshold = math.log(corr.veto) if corr.veto > 0 else -math.inf
+        under = ((lr < threshold) & inside).any(-1, keepdim=True)
+        keep = keep & ~under
+    if corr.statistics_mask == "masked":
+        stats_mask = stats_mask * keep.to(mask.dtype)  # the sequences the veto rejected leave every sum
+    if corr.token_mask_low is not None or corr.token_mask_high is not None:
+        in_band = _band_keep(torch.exp(lr), corr.token_mask_low, corr.token_mask_high)
+        token_keep = in_band | ~inside
+        keep = keep & token_keep
+        stats_mask = stats_mask * token_keep.to(mask.dtype)
+    return _EarlyMasks(keep=keep, stats_mask=stats_mask, m2_keep=m2_keep)
+
+
+def m2po_keep(lr: torch.Tensor, inside: torch.Tensor, threshold: float) -> torch.Tensor:
+    """M2PO's token mask (AReaL's m2_threshold): sort the masked-in lr_t² of the whole batch from the largest
+    (a NaN sorts first), drop the first k, k the first index where the mean of the rest is under the
+    threshold (every one but the smallest if none is). The sums run as suffix sums of the sorted values,
+    from the smallest, so the cut is the same float for float."""
+    m2 = lr * lr
+    selected = m2[inside]
+    keep = torch.ones_like(inside)
+    n = selected.numel()
+    if n == 0:
+        return keep
+    ordered, order = torch.sort(selected, descending=True)
+    tail_means = ordered.flip(0).cumsum(0).flip(0) / torch.arange(n, 0, -1, dtype=ordered.dtype)
+    under = torch.nonzero(tail_means < threshold)
+    n_drop = int(under[0, 0]) if len(under) else n - 1
+    kept = torch.empty(n, dtype=torch.bool)
+    kept[order] = torch.arange(n) >= n_drop
+    keep[inside] = kept
+    return keep
+
+
+def _masked_max(stat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The largest masked-in statistic of each sequence, 0 for a sequence with none (AReaL's agg=max)."""
+    inside = mask > 0
+    top = stat.masked_fill(~inside, -math.inf).max(-1, keepdim=True)[0]
+    return torch.where(inside.any(-1, keepdim=True), top, torch.zeros_like(top))
+
+
+def _kl_filter_keep(corr: Correction, old, roll, mask, lp) -> torch.Tensor:
+    """AReaL's rejection on a KL estimator of the raw log-ratio: per token, or summed / averaged / maximised
+    over the masked-in tokens (padding removed by a where), kept inside [low, high] as it is."""
+    lr = _raw_log_ratio(corr, old, roll, lp)
+    if corr.filter_metric == "k1":
+        kl = lr
+    elif corr.filter_metric == "k2":
+        kl = lr**2 / 2.0
+    else:
+        neg = -lr
+        kl = neg.exp() - 1 - neg
+    if corr.filter == "token":
+        stat = kl
+    elif corr.filter == "max":
+        stat = _masked_max(kl, mask)
+    else:
+        stat = torch.where(mask > 0, kl, 0.0).sum(-1, keepdim=True)
+        if corr.filter == "geometric":
+            stat = stat / mask.sum(-1, keepdim=True).clamp(min=1)
+    return _band_keep(stat, corr.low, corr.high, corr.filter_nan)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from runner.core.corrections import Correction
+from runner.core.corrections import Correction, correction_parts
 from runner.core.losses import LossSpec, policy_loss
 from runner.errors import UserError
 from runner.probe.settings import Arm
@@ -46,6 +46,7 @@ class PresetGroup:
     log_low: torch.Tensor
     log_high: torch.Tensor
     any_bound: bool
+    bands: tuple[tuple[float | None, float | None], ...] = ()  # each arm's (low, high) as configured
 
 
 def plan(arms: list[Arm]) -> list[PresetGroup]:
@@ -82,6 +83,7 @@ def plan(arms: list[Arm]) -> list[PresetGroup]:
                 bounds(lows, -math.inf, log=True),
                 bounds(highs, math.inf, log=True),
                 any(v is not None for v in lows + highs),
+                tuple(zip(lows, highs)),
             )
         )
     return out
@@ -96,6 +98,8 @@ def band_coefficients(
     preset that does not clamp). The band-free parts (log-ratios, raw weight, filter statistic,
     veto) are computed once. `full`: the mask is all ones, so the padding wheres are skipped."""
     corr = group.correction
+    if _beyond_batched_bands(corr):
+        return _one_band_at_a_time(group, old, roll, mask)
     inside = None if full and corr.veto is None else mask > 0
     lr = old - roll  # decoupled; bypass (lp − roll) is the same at lp = old
     if corr.nonfinite == "zero-logratio":
@@ -158,6 +162,29 @@ def band_coefficients(
             red_mask = mask * keep.to(mask.dtype)
     if corr.padding == "ignore" and not full:
         coef = torch.where(inside, coef, 0.0)
+    return coef, red_mask, keep, changed
+
+
+def _beyond_batched_bands(corr: Correction) -> bool:
+    """The options the batched path above does not restate: the masks that run before the weight and the
+    filter (SkyRL's order of operations, M2PO), AReaL's KL statistics, agg=max and zeroed padding, SkyRL's NaN-keeping band."""
+    return (
+        corr.has_masks
+        or corr.statistics_mask != "original"
+        or corr.filter_metric != "log-ratio"
+        or corr.filter == "max"
+        or corr.filter_nan != "reject"
+        or corr.weight_padding != "keep"
+    )
+
+
+def _one_band_at_a_time(group: PresetGroup, old, roll, mask):
+    """The algebra's own evaluation for each band, stacked to [K, B, T]: the same order of operations as
+    training by construction, at the price of K evaluations instead of one."""
+    parts = [correction_parts(replace(group.correction, low=lo, high=hi), old, roll, mask) for lo, hi in group.bands]
+    coef, red_mask, keep, changed = (
+        None if any(p[i] is None for p in parts) else torch.stack([p[i] for p in parts]) for i in range(4)
+    )
     return coef, red_mask, keep, changed
 
 

@@ -32,11 +32,43 @@ def _finite_or_0(x: float) -> float:
     return x if math.isfinite(x) else 0.0
 
 
+def _outside(x: float, lo: float | None, hi: float | None) -> bool:
+    """SkyRL's test: strictly above or below; a NaN is neither."""
+    return (lo is not None and x < lo) or (hi is not None and x > hi)
+
+
+def _kl(lr: float, k: str) -> float:
+    """AReaL's KL estimators of one log-ratio."""
+    if k == "k1":
+        return lr
+    if k == "k2":
+        return lr * lr / 2.0
+    return _exp(-lr) - 1.0 + lr
+
+
+def _m2po_kept(old, roll, mask, threshold: float) -> set:
+    """M2PO over the batch: masked-in tokens by lr² from the largest; drop the fewest so that the mean of
+    the rest is under the threshold (all but the smallest if it never is). Returns the kept (i, t)."""
+    tokens = [(i, t) for i in range(len(old)) for t in range(len(old[0])) if mask[i][t] == 1]
+    m2 = {it: (old[it[0]][it[1]] - roll[it[0]][it[1]]) ** 2 for it in tokens}
+    ordered = sorted(tokens, key=lambda it: -m2[it])
+    if not ordered:
+        return set()
+    n_drop = len(ordered) - 1
+    for k in range(len(ordered)):
+        rest = [m2[it] for it in ordered[k:]]
+        if sum(rest) / len(rest) < threshold:
+            n_drop = k
+            break
+    return set(ordered[n_drop:])
+
+
 def coefficients(preset: str, old, roll, mask, low, high):
     """Per-token coefficient and the mask that the loss is reduced with, from the spec's table."""
     B, T = len(old), len(old[0])
     coef = [[0.0] * T for _ in range(B)]
     red = [[float(mask[i][t]) for t in range(T)] for i in range(B)]
+    m2_kept = _m2po_kept(old, roll, mask, 0.04) if preset == "areal/m2po" else set()
     for i in range(B):
         lr = [old[i][t] - roll[i][t] for t in range(T)]
         inside = [mask[i][t] == 1 for t in range(T)]
@@ -48,6 +80,11 @@ def coefficients(preset: str, old, roll, mask, low, high):
         rho_seq, rho_geo = _exp(L), _exp(G)
         L_finite = sum(_finite_or_0(lr[t]) for t in range(T) if inside[t])  # NeMo-RL's and AReaL's sanitising
         G_finite = L_finite / max(n, 1)
+        # SkyRL's token mask at 0.5-2.0 and the sums over the tokens it keeps
+        kept = [inside[t] and _in(_exp(_clip(lr[t], -20, 20)), 0.5, 2.0) for t in range(T)]
+        n_kept = sum(kept)
+        L_kept = sum(lr[t] for t in range(T) if kept[t])
+        outlier = any(inside[t] and _outside(_exp(_clip(lr[t], -20, 20)), 1e-4, 100.0) for t in range(T))
         for t in range(T):
             r = rho[t]
             if preset == "none":
@@ -112,6 +149,28 @@ def coefficients(preset: str, old, roll, mask, low, high):
                 c = min(_exp(_clip(L, -20, 20)), high)
             elif preset == "skyrl/token-mask-is":
                 c = 1.0 if _in(_exp(_clip(lr[t], -20, 20)), low, high) else 0.0
+            elif preset.startswith("areal/token-mask-kl_"):
+                w = _exp(_finite_or_0(lr[t]))
+                c = w if _in(_kl(lr[t], preset[-2:]), low, high) else 0.0
+            elif preset == "areal/sequence-mask-kl_k3":
+                mean_k3 = sum(_kl(lr[s], "k3") for s in range(T) if inside[s]) / max(n, 1)
+                c = _exp(_finite_or_0(lr[t])) if _in(mean_k3, low, high) else 0.0
+            elif preset == "areal/sequence-mask-max":
+                top = max((_finite_or_0(lr[s]) for s in range(T) if inside[s]), default=0.0)
+                c = _exp(G_finite) if _in(_exp(top), low, high) else 0.0
+            elif preset == "areal/m2po":
+                c = 1.0 if (i, t) in m2_kept else 0.0
+                red[i][t] = c
+            elif preset == "skyrl/geometric":
+                c = 0.0 if _outside(_exp(G), low, high) else 1.0
+            elif preset == "skyrl/product":
+                c = 0.0 if _outside(_exp(L), low, high) else 1.0
+            elif preset == "skyrl/outlier-token-is":
+                c = 0.0 if outlier else 1.0
+            elif preset == "skyrl/tis-sequence-token-mask-is":
+                c = min(_exp(_clip(L_kept, -20, 20)), high) if kept[t] else 0.0
+            elif preset == "skyrl/geometric-token-mask-is":
+                c = 0.0 if not kept[t] or _outside(_exp(L_kept / max(n_kept, 1)), low, high) else 1.0
             else:
                 raise KeyError(preset)
             coef[i][t] = c if inside[t] else 0.0
