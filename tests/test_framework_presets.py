@@ -124,3 +124,87 @@ def test_readme_groups_the_faithful_presets_by_framework_with_their_counts():
     rows = dict(re.findall(r"^\| ([\w-]+) \((\d+)\) \|", readme, re.M))
     expected = {name: str(len(group)) for name, group in registry.presets_by_framework() if name != registry.OWN}
     assert rows == expected
+
+
+# ------------------------------------------------- verl 0.9.1: batch-normalised weights, seq_max divergence rejection
+# Case files for modes beside a framework's first presets (conf/cases/FRAMEWORK-*.yaml), checked the same way
+EXTRA_CASES = ("verl-rs-batch-norm",)
+
+
+def _extra_entries():
+    for name in EXTRA_CASES:
+        path = REPO / "conf" / "cases" / f"{name}.yaml"
+        for i, entry in enumerate(yaml.safe_load(path.read_text())["expect"]):
+            yield pytest.param(path, entry, id=f"{name}:{entry['preset']}:{i}")
+
+
+@pytest.mark.parametrize("path,entry", list(_extra_entries()))
+def test_extra_modes_match_the_released_code_element_for_element(path, entry):
+    test_preset_matches_the_released_code_element_for_element(path, entry)
+
+
+def _verl(name: str, low=None, high=None) -> Correction:
+    return _composed(f"verl/{name}", [f"correction.low={'null' if low is None else low}", f"correction.high={high}"])[0]
+
+
+def test_seq_max_k3_vetoes_a_sequence_k2_keeps():
+    """lr = [0.9, −0.9, 0]: the largest k2 is ½·0.81 = 0.405 ≤ 0.5 (kept), the largest k3 is e^0.9 − 1.9 = 0.5596
+    > 0.5 (rejected, and out of the mask); the second sequence (lr = ±0.1) is kept by both."""
+    old = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
+    roll = torch.tensor([[-1.9, -0.1, -1.0], [-1.1, -0.9, -1.0]])
+    mask = torch.ones_like(old)
+    k2 = apply_correction(_verl("seq-max-k2", high=0.5), old, roll, mask)
+    k3 = apply_correction(_verl("seq-max-k3", high=0.5), old, roll, mask)
+    assert k2.keep[:, 0].tolist() == [True, True] and k2.mask.tolist() == [[1.0] * 3] * 2
+    assert k3.keep[:, 0].tolist() == [False, True] and k3.mask.tolist() == [[0.0] * 3, [1.0] * 3]
+    assert k3.metrics["seq_masked_fraction"] == pytest.approx(0.5)
+    # the threshold is the statistic's own value (band_space: value): at exactly 0.5596 it is kept
+    assert apply_correction(_verl("seq-max-k3", high=math.exp(0.9) - 1.9 + 1e-6), old, roll, mask).keep.all()
+
+
+def test_seq_max_takes_only_masked_in_tokens_an_empty_sequence_passes_and_nan_rejects():
+    """Padding with lr = 5 (k2 = 12.5) does not count; an empty row's max is 0 (kept, verl's _sequence_max); a NaN
+    masked-in log-prob makes the max NaN, which every band rejects."""
+    old = torch.tensor([[-1.0, -1.0], [-1.0, -1.0], [-1.0, math.nan]])
+    roll = torch.tensor([[-1.1, -6.0], [-6.0, -6.0], [-1.0, -1.0]])
+    mask = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    res = apply_correction(_verl("seq-max-k2", high=0.5), old, roll, mask)
+    assert res.keep[:, 0].tolist() == [True, True, False]
+
+
+def test_batch_normalise_gives_mean_one_over_masked_in_tokens_or_sequences():
+    """lr = [1, 0, −ln 2 | ln 2, NaN at padding], TIS high 2: token weights [2, 1, 0.5 | 2] over their mean
+    5.5/4 on the 4 masked-in tokens (NaN padding left out); sequence weights min(e^L_i, 2) = [e^(1 − ln 2) | 2]
+    over their mean over the two sequences, not over the 4 tokens."""
+    old = torch.tensor([[0.0, 0.0, 0.0], [0.0, math.nan, 0.0]])
+    roll = torch.tensor([[-1.0, 0.0, math.log(2.0)], [-math.log(2.0), 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    token = apply_correction(_verl("token-tis-batch-norm", high=2.0), old, roll, mask).coef
+    assert token[0].tolist() == pytest.approx([2 / 1.375, 1 / 1.375, 0.5 / 1.375], rel=1e-6)
+    assert token[1, 0].item() == pytest.approx(2 / 1.375, rel=1e-6)
+    seq = apply_correction(_verl("seq-tis-batch-norm", high=2.0), old, roll, mask).coef
+    w0 = math.exp(1 - math.log(2.0))
+    assert seq[0].tolist() == pytest.approx([w0 / ((w0 + 2) / 2)] * 3, rel=1e-6)
+    assert seq[1, 0].item() == pytest.approx(2 / ((w0 + 2) / 2), rel=1e-6)
+
+
+def test_batch_normalise_leaves_an_all_zero_batch_and_refuses_a_missing_weight():
+    """verl divides only when the mean is above 1e-8: weights exp(−20) (the clamp) average 2e-9, so they stay."""
+    old, roll = torch.full((1, 2), -30.0), torch.full((1, 2), -5.0)
+    coef = apply_correction(_verl("token-tis-batch-norm", high=2.0), old, roll, torch.ones(1, 2)).coef
+    assert coef[0].tolist() == pytest.approx([math.exp(-20.0)] * 2, rel=1e-6)
+    with pytest.raises(UserError, match="normalize=batch needs a weight"):
+        Correction(name="n", normalize="batch").validate()
+    with pytest.raises(UserError, match="filter_statistic=k3 is a divergence"):
+        Correction(name="k", filter="max", filter_statistic="k3").validate()
+
+
+def test_masked_sum_keeps_nan_padding_out_of_a_sequence_weight_and_statistic():
+    """verl's masked_sum selects before it sums: NaN at padding leaves L_i (seq-tis) and the rejection statistic
+    (seq-mis) finite, as verl 0.9.1 gives (conf/cases/verl-rs-batch-norm.yaml, nan-padding: loss −1.0525855)."""
+    old = torch.tensor([[-0.5, -1.1, math.nan]])
+    roll = torch.tensor([[-0.6, -1.0, math.nan]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    for name, band in (("seq-tis", (None, 2.0)), ("seq-mis", (0.5, 2.0))):
+        coef = apply_correction(_verl(name, *band), old, roll, mask).coef
+        assert coef[0, :2].tolist() == pytest.approx([1.0] * 2), name  # L_i = 0.1 − 0.1 = 0

@@ -6,7 +6,12 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
     log clamp    lr (token) or L_i (sequence/geometric) clamped to [−c, c] before exp()
     weight       none: 1 | token: ρ_t | sequence: ρ_seq = exp(L_i) | geometric: ρ_geo = exp(G_i)
     weight op    raw | clamp(low?, high?) | clamp-high (min(·, high))
-    filter       none | token | sequence | geometric statistic, kept inside [low, high]
+    filter       none | token | sequence | geometric statistic, kept inside [low, high]; max: a sequence's
+                 largest per-token statistic (verl's seq_max_*)
+    statistic    filter_statistic: what each token contributes to the filter: log-ratio (lr_t) | k2 (½·lr_t²)
+                 | k3 (e^lr_t − 1 − lr_t), verl's divergence estimators
+    normalize    batch: the weight divided by its mean over the batch (self-normalised IS, verl's
+                 rollout_is_batch_normalize), after the weight op and before the filter
     shuffle      filter_shuffle: keep as many units as the filter keeps, drawn at random (a control arm:
                  the filter's rejection rate without its selection; needs a random stream)
     veto         reject a sequence if any masked-in ρ_t < veto
@@ -39,8 +44,11 @@ CHOICES = {
     "ratio": ("decoupled", "bypass"),
     "weight": LEVELS,
     "weight_op": ("raw", "clamp", "clamp-high"),
-    "filter": LEVELS,
-    "band_space": ("ratio", "log"),
+    "filter": (*LEVELS, "max"),
+    "filter_statistic": ("log-ratio", "k2", "k3"),
+    # value: the statistic itself is compared with [low, high] (verl's k2 / k3 thresholds)
+    "band_space": ("ratio", "log", "value"),
+    "normalize": ("none", "batch"),
     "reject": ("where", "multiply"),
     "denominator": ("keep", "drop"),
     # ignore: masked positions are replaced before any arithmetic, so NaN/inf padding cannot leak.
@@ -78,6 +86,8 @@ class Correction:
     high: float | None = None
     veto: float | None = None
     nonfinite: str = "keep"  # what a NaN or ±inf ratio becomes (NeMo-RL: 0; AReaL: its log-ratio 0)
+    filter_statistic: str = "log-ratio"  # per token, before the filter aggregates: lr, or verl's k2 / k3 of it
+    normalize: str = "none"  # batch: self-normalised weights, mean 1 over the batch (verl's batch_normalize)
     faithful: bool = False  # reproduces released code, bugs included
 
     @property
@@ -120,6 +130,13 @@ class Correction:
             raise UserError(f"correction.filter_shuffle must be true or false, got {self.filter_shuffle!r}")
         if self.filter_shuffle and self.filter == "none":
             raise UserError("correction.filter_shuffle=true needs a filter to shuffle (correction.filter is none)")
+        if self.filter_statistic != "log-ratio" and self.band_space != "value":
+            raise UserError(
+                f"correction.filter_statistic={self.filter_statistic} is a divergence, not a log-ratio: it needs "
+                "correction.band_space=value (its threshold is compared with the statistic itself)"
+            )
+        if self.normalize != "none" and self.weight == "none":
+            raise UserError("correction.normalize=batch needs a weight to normalise (correction.weight is none)")
 
 
 @dataclass
@@ -138,6 +155,39 @@ def _zero_nonfinite(x: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
 
+def _token_statistic(lr: torch.Tensor, statistic: str) -> torch.Tensor:
+    """What one token contributes to the filter. k2 and k3 are written as verl writes them (k3 as
+    exp(x) − 1 − x, not expm1), so that a threshold decides the same tokens to the last bit."""
+    if statistic == "k2":
+        return 0.5 * lr**2
+    if statistic == "k3":
+        return torch.exp(lr) - 1.0 - lr
+    return lr
+
+
+def _sequence_max(stat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, 1]: the largest statistic over a sequence's masked-in tokens, 0 for an empty sequence (verl's
+    _sequence_max); a NaN among them makes it NaN, so the sequence is rejected."""
+    top = stat.masked_fill(mask <= 0, -math.inf).amax(-1, keepdim=True)
+    return torch.where(top == -math.inf, 0.0, top)
+
+
+def _batch_normalized(weight: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """The weight over its batch mean, as verl's rollout_is_batch_normalize computes it: the masked token
+    mean for token weights, the mean over non-empty sequences of each sequence's weight otherwise, each
+    masked mean a sum over count + 1e-8 (verl's masked_mean); NaN at padding is left out of the sums. A
+    mean that is not above 1e-8 (an all-zero or NaN batch) leaves the weight as it is."""
+    inside = mask > 0
+    masked = torch.where(inside, weight, 0.0) * mask
+    if level == "token":
+        mean = masked.sum() / (mask.sum() + 1e-8)
+    else:
+        per_seq = masked.sum(-1) / (mask.sum(-1) + 1e-8)
+        nonempty = (mask.sum(-1) > 0).to(weight.dtype)
+        mean = (per_seq * nonempty).sum() / nonempty.sum().clamp_min(1e-8)
+    return weight / mean if bool(mean > 1e-8) else weight
+
+
 def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) -> torch.Tensor:
     """stat is a log-space statistic; compare it where the framework compares. `token_ratio`: stat is
     each token's lr, so under nonfinite=zero-ratio the ratio compared is the one the weight uses."""
@@ -146,6 +196,8 @@ def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) ->
         if corr.nonfinite == "zero-ratio" and token_ratio:
             value = _zero_nonfinite(value)
         lo, hi = corr.low, corr.high
+    elif corr.band_space == "value":
+        value, lo, hi = stat, corr.low, corr.high
     else:
         value = stat
         lo = None if corr.low is None else (math.log(corr.low) if corr.low > 0 else -math.inf)
@@ -219,6 +271,12 @@ def apply_correction_split(
     ]
 
 
+def correction_parts(corr: Correction, old, roll, mask, lp=None, generator=None) -> _Evaluation:
+    """apply_correction's intermediates (the raw and clamped weight, the survivors), for a caller that
+    vectorises around the algebra and needs more than its result (the probe's per-band path)."""
+    return _evaluate(corr, old, roll, mask, lp, generator)
+
+
 @dataclass
 class _Evaluation:
     coef: torch.Tensor  # the coefficient after rejection (and padding), detached
@@ -243,7 +301,9 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
     mask = mask.to(old.dtype)
     lr = mismatch_log_ratio(corr, old, roll, mask, lp)
     count = mask.sum(-1, keepdim=True)  # [B, 1]
-    seq_lr = (lr * mask).sum(-1, keepdim=True) if corr.weight in ("sequence", "geometric") else None  # L_i
+    # verl's masked_sum selects the masked-in values first (a where), so NaN padding stays out of L_i there
+    summed = torch.where(mask > 0, lr, 0.0) if corr.padding == "masked-sum" else lr
+    seq_lr = (summed * mask).sum(-1, keepdim=True) if corr.weight in ("sequence", "geometric") else None  # L_i
 
     # The coefficient, before rejection.
     if corr.weight == "none":
@@ -262,17 +322,25 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         weight = raw.clamp(max=corr.high)
     else:
         weight = raw
+    # self-normalised: the coefficient is scaled, `weight` stays the clamped one (clamped_fraction reads it)
+    scaled = _batch_normalized(weight, mask, corr.weight) if corr.normalize == "batch" else weight
 
     # Which units survive: a [B, T] mask for token filters, [B, 1] for sequence ones.
     keep = None
     if corr.filter != "none":
         stat_lr = lr if corr.filter_log_clamp is None else lr.clamp(-corr.filter_log_clamp, corr.filter_log_clamp)
         if corr.filter == "token":
-            stat = stat_lr
+            stat = _token_statistic(stat_lr, corr.filter_statistic)
         else:
             if corr.nonfinite == "zero-ratio":
                 stat_lr = _zero_nonfinite(stat_lr)
-            stat = (stat_lr * mask).sum(-1, keepdim=True)
+            stat_lr = _token_statistic(stat_lr, corr.filter_statistic)
+            if corr.filter == "max":
+                stat = _sequence_max(stat_lr, mask)
+            else:
+                if corr.padding == "masked-sum":
+                    stat_lr = torch.where(mask > 0, stat_lr, 0.0)
+                stat = (stat_lr * mask).sum(-1, keepdim=True)
             if corr.filter == "geometric":
                 stat = stat / count.clamp(min=1)
         keep = _in_band(-stat if corr.filter_inverted else stat, corr, token_ratio=corr.filter == "token")
@@ -291,10 +359,10 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
     # Rejection: `where` zeroes exactly (never 0·inf), `multiply` is the released code's product.
     # Under `padding: ignore` the coefficient is also exactly 0 at padding.
     new_mask = mask
-    coef = weight
+    coef = scaled
     if keep is not None:
         keep_float = keep.to(weight.dtype)
-        coef = zero_where_not(weight, keep, keep_float) if corr.reject == "where" else weight * keep_float
+        coef = zero_where_not(scaled, keep, keep_float) if corr.reject == "where" else scaled * keep_float
         if corr.denominator == "drop":
             new_mask = mask * keep_float
     if corr.padding == "ignore":

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from runner.core.corrections import Correction
+from runner.core.corrections import Correction, correction_parts
 from runner.core.losses import LossSpec, policy_loss
 from runner.errors import UserError
 from runner.probe.settings import Arm
@@ -46,6 +46,7 @@ class PresetGroup:
     log_low: torch.Tensor
     log_high: torch.Tensor
     any_bound: bool
+    bands: tuple[tuple[float | None, float | None], ...] = ()  # each arm's (low, high) as configured
 
 
 def plan(arms: list[Arm]) -> list[PresetGroup]:
@@ -82,6 +83,7 @@ def plan(arms: list[Arm]) -> list[PresetGroup]:
                 bounds(lows, -math.inf, log=True),
                 bounds(highs, math.inf, log=True),
                 any(v is not None for v in lows + highs),
+                tuple(zip(lows, highs)),
             )
         )
     return out
@@ -161,6 +163,32 @@ def band_coefficients(
     return coef, red_mask, keep, changed
 
 
+def vectorised(corr: Correction) -> bool:
+    """Whether band_coefficients' closed form covers `corr`. The options it leaves out (a k2 / k3 or max
+    filter, a value band, batch-normalised weights) go through the algebra itself, one band at a time."""
+    return (
+        corr.filter_statistic == "log-ratio"
+        and corr.filter != "max"
+        and corr.band_space != "value"
+        and corr.normalize == "none"
+    )
+
+
+def per_band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor):
+    """band_coefficients' outputs, [K, B, T] each, from runner.core.corrections evaluated on every band."""
+    coefs, masks, keeps, changes = [], [], [], []
+    for low, high in group.bands:
+        ev = correction_parts(replace(group.correction, low=low, high=high), old, roll, mask)
+        coefs.append(ev.coef)
+        masks.append(ev.new_mask)
+        keeps.append(ev.keep_full)
+        changes.append(ev.weight != ev.raw)
+    changed = torch.stack(changes) if group.correction.weight_op != "raw" else None
+    keep = torch.stack(keeps) if group.correction.filter != "none" or group.correction.veto is not None else None
+    red_mask = torch.stack(masks) if group.correction.denominator == "drop" and keep is not None else mask
+    return torch.stack(coefs), red_mask, keep, changed
+
+
 def reduction_weights(red_mask: torch.Tensor, reduction: str, n_seq: int) -> torch.Tensor:
     """mask'·s: d(reduced loss)/d(per-token loss) for [.., B, T] reduction masks."""
     if reduction == "seq-mean-token-sum":
@@ -235,7 +263,10 @@ def fast_estimates(
         n_seq = nonempty.sum().clamp(min=1)
         ess, masked, seq_masked, clamped = (torch.zeros(n_arms) for _ in range(4))
     for group in groups:
-        coef, red_mask, keep, changed = band_coefficients(group, batch.old, batch.roll, mask, full)
+        if vectorised(group.correction):
+            coef, red_mask, keep, changed = band_coefficients(group, batch.old, batch.roll, mask, full)
+        else:
+            coef, red_mask, keep, changed = per_band_coefficients(group, batch.old, batch.roll, mask)
         base = shared if red_mask is mask else batch.adv * reduction_weights(red_mask, reduction, B)
         i, j = group.index[0], group.index[-1] + 1
         contiguous = group.index == tuple(range(i, j))

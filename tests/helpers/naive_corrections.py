@@ -112,10 +112,37 @@ def coefficients(preset: str, old, roll, mask, low, high):
                 c = min(_exp(_clip(L, -20, 20)), high)
             elif preset == "skyrl/token-mask-is":
                 c = 1.0 if _in(_exp(_clip(lr[t], -20, 20)), low, high) else 0.0
+            elif preset in ("verl/seq-max-k2", "verl/seq-max-k3"):
+                k = _k2 if preset.endswith("k2") else _k3
+                top = max((k(_clip(lr[s], -20, 20)) for s in range(T) if inside[s]), default=0.0)
+                c = 1.0
+                if not _in(top, low, high):
+                    c, red[i][t] = 0.0, 0.0
+            elif preset == "verl/token-tis-batch-norm":
+                c = min(_exp(_clip(lr[t], -20, 20)), high)  # divided by the batch mean below
+            elif preset == "verl/seq-tis-batch-norm":
+                c = min(_exp(_clip(L, -20, 20)), high)
             else:
                 raise KeyError(preset)
             coef[i][t] = c if inside[t] else 0.0
+    if preset.endswith("-batch-norm"):  # verl's rollout_is_batch_normalize: mean 1 over the batch
+        inside = [(i, t) for i in range(B) for t in range(T) if mask[i][t] == 1]
+        if preset.startswith("verl/token"):
+            mean = sum(coef[i][t] for i, t in inside) / len(inside) if inside else 0.0
+        else:  # one weight per non-empty sequence
+            rows = sorted({i for i, _ in inside})
+            mean = sum(next(coef[i][t] for j, t in inside if j == i) for i in rows) / len(rows) if rows else 0.0
+        if mean > 1e-8:
+            coef = [[c / mean for c in row] for row in coef]
     return coef, red
+
+
+def _k2(x: float) -> float:
+    return 0.5 * x * x
+
+
+def _k3(x: float) -> float:
+    return _exp(x) - 1.0 - x
 
 
 def ppo_token_mean(preset, case, low, high, eps=0.2):
