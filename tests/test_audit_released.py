@@ -327,3 +327,29 @@ def test_verl_rollout_correction_cases_are_what_its_released_code_gives(site, en
     )
     assert got.returncode == 0, got.stderr
     assert compare(json.loads(got.stdout), entry["results"]) == []
+
+
+@pytest.mark.parametrize(
+    "entry",
+    yaml.safe_load((REPO / "conf" / "cases" / "trl-off-policy-mask.yaml").read_text())["expect"],
+    ids=lambda e: f"{e['preset']}{e['overrides']}",
+)
+def test_trl_off_policy_mask_cases_are_what_its_released_loss_gives(site, entry):
+    """conf/cases/trl-off-policy-mask.yaml's numbers are TRL 1.16.0's own: GRPOTrainer._compute_loss with its
+    get_off_policy_mask, compiled from the downloaded wheel (examples/audit/trl_grpo.py) with each entry's
+    off_policy_mask_threshold, gives them again."""
+    from runner.audit.case_study import compare
+
+    kwargs = json.dumps({"trl": str(site / "trl"), **entry["trl"]})
+    target = ("--convention", "trl", "--target", "examples/audit/trl_grpo.py:GRPOLoss", "--target-kwargs", kwargs)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    got = subprocess.run(
+        [sys.executable, str(ONLY_OWN), "case", "trl-off-policy-mask", *target, "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert got.returncode == 0, got.stderr
+    assert compare(json.loads(got.stdout), entry["results"]) == []

@@ -591,6 +591,24 @@ GOLDEN = [
         -0.4677551,
         [[0.0, -0.1666667, -0.1010884], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
     ),
+    # TRL's off-policy sequence mask (δ = 0.5) over sequence-mask: padded-mixed's row 1 has A = −0.7 and mean
+    # roll − lp = 0.615 > 0.5, so it is dropped; short-and-empty-rows' negative row has mean −0.65 and stays
+    (
+        "trl/off-policy-mask",
+        None,
+        20.0,
+        "padded-mixed",
+        -3.410465,
+        [[-1.209929, -0.9906065, -1.209929, 0.0], [0.0, 0.0, 0.0, 0.0]],
+    ),
+    (
+        "trl/off-policy-mask",
+        None,
+        3.0,
+        "short-and-empty-rows",
+        0.1670718,
+        [[0.0, -0.1452293, -0.08808601], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
     # verl's batch-normalised TIS: the truncated weights over their batch mean (tokens, or non-empty sequences)
     (
         "verl/token-tis-batch-norm",

@@ -128,7 +128,7 @@ def test_readme_groups_the_faithful_presets_by_framework_with_their_counts():
 
 # ------------------------------------------------- verl 0.9.1: batch-normalised weights, seq_max divergence rejection
 # Case files for modes beside a framework's first presets (conf/cases/FRAMEWORK-*.yaml), checked the same way
-EXTRA_CASES = ("verl-rs-batch-norm",)
+EXTRA_CASES = ("verl-rs-batch-norm", "trl-off-policy-mask")
 
 
 def _extra_entries():
@@ -208,3 +208,64 @@ def test_masked_sum_keeps_nan_padding_out_of_a_sequence_weight_and_statistic():
     for name, band in (("seq-tis", (None, 2.0)), ("seq-mis", (0.5, 2.0))):
         coef = apply_correction(_verl(name, *band), old, roll, mask).coef
         assert coef[0, :2].tolist() == pytest.approx([1.0] * 2), name  # L_i = 0.1 − 0.1 = 0
+
+
+# ---------------------------------------------------------------- TRL 1.16.0: off-policy sequence masking (OPSM)
+def _opsm(**fields) -> Correction:
+    return Correction(**{"name": "o", "weight": "token", "padding": "multiply", "opsm_delta": 0.5, **fields})
+
+
+def test_opsm_drops_only_negative_advantage_sequences_past_delta_measured_from_the_current_policy():
+    """Rows: A < 0 with mean(roll − lp) = 0.6 (dropped), the same with A > 0 (kept), A < 0 at exactly 0.5
+    (kept: TRL keeps mean ≤ δ). old = roll, so a KL measured against old would be 0 and drop nothing."""
+    roll = torch.tensor([[-1.0, -2.0], [-1.0, -2.0], [-1.0, -2.0]])
+    lp = roll - torch.tensor([[0.6], [0.6], [0.5]])
+    adv = torch.tensor([[-1.0], [1.0], [-1.0]]).expand(3, 2)
+    mask = torch.ones(3, 2)
+    res = apply_correction(_opsm(), roll, roll, mask, lp=lp, adv=adv)
+    assert res.keep.tolist() == [[False, False], [True, True], [True, True]]
+    assert res.coef.tolist() == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]
+    assert res.metrics["seq_masked_fraction"] == pytest.approx(1 / 3)
+    against_old = apply_correction(_opsm(opsm_reference="old"), roll, roll + 1.0, mask, lp=lp, adv=adv)
+    assert against_old.keep[0].tolist() == [False, False]  # old − lp = 0.6 although roll − lp = −0.4
+    # without advantages (a dump that has none) it masks nothing
+    assert apply_correction(_opsm(), roll, roll, mask, lp=lp).keep.all()
+
+
+def test_opsm_zeroes_a_nan_token_and_multiplies_an_infinite_weight():
+    """A NaN rollout log-prob counts as KL 0 (TRL's nan_to_num), so the mean of [0.9, NaN→0] = 0.45 keeps the
+    sequence; a dropped token whose weight overflowed to inf becomes inf·0 = NaN, as TRL's product gives."""
+    lp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    roll = torch.tensor([[-0.1, math.nan], [-0.1, -0.1]])
+    old = torch.tensor([[-1.0, -1.0], [-1.0, 100.0]])
+    adv = torch.full((2, 2), -1.0)
+    res = apply_correction(_opsm(), old, roll, torch.ones(2, 2), lp=lp, adv=adv)
+    assert res.keep.tolist() == [[True, True], [False, False]]
+    assert res.coef[1, 0].item() == 0.0 and math.isnan(res.coef[1, 1].item())
+    with pytest.raises(UserError, match="correction.opsm_delta must be non-negative"):
+        _opsm(opsm_delta=-1.0).validate()
+    with pytest.raises(UserError, match="correction.opsm_reference='sampler' is not one of: roll, old"):
+        _opsm(opsm_reference="sampler").validate()
+
+
+def test_a_training_run_applies_opsm_to_each_update_current_policy(tmp_path):
+    """The train study evaluates an OPSM preset per update (it reads that update's lp): a short run with several
+    mini-batches finishes, and with δ = 0 (every negative-advantage sequence whose policy moved away from the
+    engine is dropped) some updates reject sequences."""
+    import csv
+
+    from tests.helpers.cli import run_cli
+
+    out = tmp_path / "run"
+    code, _, err = run_cli(
+        "run",
+        "correction=trl/off-policy-mask",
+        "correction.opsm_delta=0.0",
+        "train.steps=3",
+        "log.timing=false",
+        f"hydra.run.dir={out}",
+        "--quiet",
+    )
+    assert code == 0, err
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    assert max(float(r["seq_masked_fraction"]) for r in rows[:-1]) > 0

@@ -12,6 +12,9 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
                  | k3 (e^lr_t − 1 − lr_t), verl's divergence estimators
     normalize    batch: the weight divided by its mean over the batch (self-normalised IS, verl's
                  rollout_is_batch_normalize), after the weight op and before the filter
+    opsm         opsm_delta: off-policy sequence masking (DeepSeek-V3.2 eq. 9; TRL's off_policy_mask_threshold):
+                 a sequence with a negative advantage whose mean KL, mean_t (ref − lp) with ref = roll or old
+                 (opsm_reference), exceeds δ gets coefficient · 0; needs lp and the advantages
     shuffle      filter_shuffle: keep as many units as the filter keeps, drawn at random (a control arm:
                  the filter's rejection rate without its selection; needs a random stream)
     veto         reject a sequence if any masked-in ρ_t < veto
@@ -49,6 +52,7 @@ CHOICES = {
     # value: the statistic itself is compared with [low, high] (verl's k2 / k3 thresholds)
     "band_space": ("ratio", "log", "value"),
     "normalize": ("none", "batch"),
+    "opsm_reference": ("roll", "old"),
     "reject": ("where", "multiply"),
     "denominator": ("keep", "drop"),
     # ignore: masked positions are replaced before any arithmetic, so NaN/inf padding cannot leak.
@@ -88,11 +92,15 @@ class Correction:
     nonfinite: str = "keep"  # what a NaN or ±inf ratio becomes (NeMo-RL: 0; AReaL: its log-ratio 0)
     filter_statistic: str = "log-ratio"  # per token, before the filter aggregates: lr, or verl's k2 / k3 of it
     normalize: str = "none"  # batch: self-normalised weights, mean 1 over the batch (verl's batch_normalize)
+    # Off-policy sequence masking (OPSM, DeepSeek-V3.2): drop a negative-advantage sequence whose mean
+    # KL(ref ‖ π_θ) estimate mean_t(ref − lp) exceeds opsm_delta; ref is the engine's log-probs (TRL) or old
+    opsm_delta: float | None = None
+    opsm_reference: str = "roll"
     faithful: bool = False  # reproduces released code, bugs included
 
     @property
     def active(self) -> bool:
-        return self.weight != "none" or self.filter != "none" or self.veto is not None
+        return self.weight != "none" or self.filter != "none" or self.veto is not None or self.opsm_delta is not None
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Correction:
@@ -116,7 +124,7 @@ class Correction:
             value = getattr(self, key)
             if value not in allowed:
                 raise UserError(f"correction.{key}={value!r} is not one of: {', '.join(allowed)}")
-        for key in ("low", "high", "veto", "log_clamp", "filter_log_clamp"):
+        for key in ("low", "high", "veto", "log_clamp", "filter_log_clamp", "opsm_delta"):
             value = getattr(self, key)
             if value is None:
                 continue
@@ -188,6 +196,18 @@ def _batch_normalized(weight: torch.Tensor, mask: torch.Tensor, level: str) -> t
     return weight / mean if bool(mean > 1e-8) else weight
 
 
+def off_policy_sequence_keep(corr: Correction, lp, old, roll, adv, mask) -> torch.Tensor:
+    """[B, T] bool: DeepSeek-V3.2's off-policy sequence mask as TRL 1.16.0's get_off_policy_mask computes it.
+    Per token, ref − lp (the current policy, detached) through nan_to_num(nan=0), which also maps ±inf to
+    the dtype's extremes, so padding never reaches the sum; its masked mean over the sequence (count clamped
+    to 1); kept where the advantage is ≥ 0 or that mean is ≤ δ. The advantage is read per token, so a
+    sequence-level advantage broadcast over its tokens decides the whole sequence."""
+    ref = roll if corr.opsm_reference == "roll" else old
+    kl = torch.nan_to_num(ref.detach() - lp.detach(), nan=0.0)
+    mean_kl = (kl * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return (adv.detach() >= 0) | (mean_kl <= corr.opsm_delta)
+
+
 def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) -> torch.Tensor:
     """stat is a log-space statistic; compare it where the framework compares. `token_ratio`: stat is
     each token's lr, so under nonfinite=zero-ratio the ratio compared is the one the weight uses."""
@@ -237,10 +257,12 @@ def apply_correction(
     lp: torch.Tensor | None = None,
     metrics: bool = True,
     generator: torch.Generator | None = None,
+    adv: torch.Tensor | None = None,
 ) -> CorrectionResult:
     """Evaluate `corr` on one batch of [B, T] log-probs; see the module docstring. `generator`: the random
-    stream of `filter_shuffle` (required by it, unused otherwise)."""
-    ev = _evaluate(corr, old, roll, mask, lp, generator)
+    stream of `filter_shuffle` (required by it, unused otherwise). `adv`: the [B, T] advantages, which only
+    off-policy sequence masking reads (without them it masks nothing)."""
+    ev = _evaluate(corr, old, roll, mask, lp, generator, adv)
     out = CorrectionResult(coef=ev.coef, mask=ev.new_mask, keep=ev.keep_full)
     if metrics:
         out.metrics = correction_metrics(corr, *ev.metric_inputs())
@@ -256,13 +278,14 @@ def apply_correction_split(
     lp: torch.Tensor | None = None,
     metrics: bool = True,
     generator: torch.Generator | None = None,
+    adv: torch.Tensor | None = None,
 ) -> list[CorrectionResult]:
     """`apply_correction` on each group of sequences (contiguous slices that tile the batch, like
     a step's mini-batches), evaluated once for the whole batch: every coefficient is a function of
     its own sequence, so group g's result equals apply_correction on the rows g, and the metrics
     of all groups come from one pass (a small batch pays per call, not per element). With
     `filter_shuffle` the permutation is drawn over the whole batch, then split."""
-    ev = _evaluate(corr, old, roll, mask, lp, generator)
+    ev = _evaluate(corr, old, roll, mask, lp, generator, adv)
     inputs = ev.metric_inputs()
     per_group = correction_metrics_by_group(corr, *inputs, groups=groups) if metrics else [{} for _ in groups]
     return [
@@ -271,10 +294,10 @@ def apply_correction_split(
     ]
 
 
-def correction_parts(corr: Correction, old, roll, mask, lp=None, generator=None) -> _Evaluation:
+def correction_parts(corr: Correction, old, roll, mask, lp=None, generator=None, adv=None) -> _Evaluation:
     """apply_correction's intermediates (the raw and clamped weight, the survivors), for a caller that
     vectorises around the algebra and needs more than its result (the probe's per-band path)."""
-    return _evaluate(corr, old, roll, mask, lp, generator)
+    return _evaluate(corr, old, roll, mask, lp, generator, adv)
 
 
 @dataclass
@@ -297,7 +320,7 @@ class _Evaluation:
         return self.old, self.roll, self.mask, self.lr, self.raw, self.weight, self.coef, self.keep
 
 
-def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluation:
+def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None) -> _Evaluation:
     mask = mask.to(old.dtype)
     lr = mismatch_log_ratio(corr, old, roll, mask, lp)
     count = mask.sum(-1, keepdim=True)  # [B, 1]
@@ -365,6 +388,13 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         coef = zero_where_not(scaled, keep, keep_float) if corr.reject == "where" else scaled * keep_float
         if corr.denominator == "drop":
             new_mask = mask * keep_float
+    if corr.opsm_delta is not None and adv is not None:
+        # a product, as TRL's per_token_loss * off_policy_mask: an inf coefficient it drops becomes NaN
+        opsm = off_policy_sequence_keep(corr, old if lp is None else lp, old, roll, adv, mask)
+        coef = coef * opsm.to(coef.dtype)
+        if corr.denominator == "drop":
+            new_mask = new_mask * opsm.to(mask.dtype)
+        keep = opsm if keep is None else keep & opsm
     if corr.padding == "ignore":
         coef = zero_padding(coef, mask)
     coef = coef.detach()

@@ -323,7 +323,7 @@ def policy_loss(
     cres = (
         correction
         if correction is not None
-        else apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics, generator=generator)
+        else apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics, generator=generator, adv=adv)
     )
     old, roll, adv = old.detach(), roll.detach(), adv.detach()
     # Our presets: NaN/inf at masked positions must not reach the loss or any gradient. Zeroing each

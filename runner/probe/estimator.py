@@ -171,20 +171,23 @@ def vectorised(corr: Correction) -> bool:
         and corr.filter != "max"
         and corr.band_space != "value"
         and corr.normalize == "none"
+        and corr.opsm_delta is None
     )
 
 
-def per_band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor):
-    """band_coefficients' outputs, [K, B, T] each, from runner.core.corrections evaluated on every band."""
+def per_band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor, adv=None):
+    """band_coefficients' outputs, [K, B, T] each, from runner.core.corrections evaluated on every band (at
+    lp = old, as the probe's estimate is)."""
     coefs, masks, keeps, changes = [], [], [], []
     for low, high in group.bands:
-        ev = correction_parts(replace(group.correction, low=low, high=high), old, roll, mask)
+        ev = correction_parts(replace(group.correction, low=low, high=high), old, roll, mask, lp=old, adv=adv)
         coefs.append(ev.coef)
         masks.append(ev.new_mask)
         keeps.append(ev.keep_full)
         changes.append(ev.weight != ev.raw)
     changed = torch.stack(changes) if group.correction.weight_op != "raw" else None
-    keep = torch.stack(keeps) if group.correction.filter != "none" or group.correction.veto is not None else None
+    corr = group.correction
+    keep = torch.stack(keeps) if corr.filter != "none" or corr.veto is not None or corr.opsm_delta is not None else None
     red_mask = torch.stack(masks) if group.correction.denominator == "drop" and keep is not None else mask
     return torch.stack(coefs), red_mask, keep, changed
 
@@ -266,7 +269,7 @@ def fast_estimates(
         if vectorised(group.correction):
             coef, red_mask, keep, changed = band_coefficients(group, batch.old, batch.roll, mask, full)
         else:
-            coef, red_mask, keep, changed = per_band_coefficients(group, batch.old, batch.roll, mask)
+            coef, red_mask, keep, changed = per_band_coefficients(group, batch.old, batch.roll, mask, batch.adv)
         base = shared if red_mask is mask else batch.adv * reduction_weights(red_mask, reduction, B)
         i, j = group.index[0], group.index[-1] + 1
         contiguous = group.index == tuple(range(i, j))

@@ -32,8 +32,9 @@ def _finite_or_0(x: float) -> float:
     return x if math.isfinite(x) else 0.0
 
 
-def coefficients(preset: str, old, roll, mask, low, high):
-    """Per-token coefficient and the mask that the loss is reduced with, from the spec's table."""
+def coefficients(preset: str, old, roll, mask, low, high, lp=None, adv=None):
+    """Per-token coefficient and the mask that the loss is reduced with, from the spec's table (lp and adv: for
+    the presets that read the current policy and the advantage, TRL's off-policy sequence mask)."""
     B, T = len(old), len(old[0])
     coef = [[0.0] * T for _ in range(B)]
     red = [[float(mask[i][t]) for t in range(T)] for i in range(B)]
@@ -72,6 +73,11 @@ def coefficients(preset: str, old, roll, mask, low, high):
                 c = _clip(rho_seq, low, high)
             elif preset == "trl/sequence-mask":
                 c = rho_seq if _in(rho_seq, low, high) else 0.0
+            elif preset == "trl/off-policy-mask":  # δ = 0.5 on sequence-mask: mean(roll − lp) over the sequence
+                c = rho_seq if _in(rho_seq, low, high) else 0.0
+                kl = sum(roll[i][s] - lp[i][s] for s in range(T) if inside[s]) / max(n, 1)
+                if adv[i][t] < 0 and kl > 0.5:
+                    c = 0.0
             elif preset == "verl/token-tis":
                 c = min(_exp(_clip(lr[t], -20, 20)), high)
             elif preset == "verl/seq-tis":
@@ -150,7 +156,7 @@ def ppo_token_mean(preset, case, low, high, eps=0.2):
     lp, old, roll, adv, mask = (
         case[k] for k in ("log_probs", "old_log_probs", "rollout_log_probs", "advantages", "action_mask")
     )
-    coef, red = coefficients(preset, old, roll, mask, low, high)
+    coef, red = coefficients(preset, old, roll, mask, low, high, lp, adv)
     B, T = len(lp), len(lp[0])
     denom = sum(red[i][t] for i in range(B) for t in range(T))
     total, grad = 0.0, [[0.0] * T for _ in range(B)]
