@@ -269,3 +269,24 @@ def test_a_training_run_applies_opsm_to_each_update_current_policy(tmp_path):
     assert code == 0, err
     rows = list(csv.DictReader((out / "metrics.csv").open()))
     assert max(float(r["seq_masked_fraction"]) for r in rows[:-1]) > 0
+
+
+# ------------------------------------------------------------- NeMo-RL 7ea279a: force_on_policy_ratio
+def test_ratio_against_current_is_one_with_the_gradient_of_lp_and_ppo_only():
+    """lp − old = [1.5, −2] would clip both tokens (A > 0: r = e^1.5 > 1.2 binds, gradient 0; A < 0: r = e^−2 < 0.8
+    binds, gradient 0). Against the current policy r = exp(lp − sg(lp)) = 1: loss −mean(A·c) = −(2 − 1)/2 and
+    gradient −A/2 on both, as NeMo-RL's force_on_policy_ratio gives (conf/cases/nemo-rl.yaml)."""
+    from runner.core.losses import policy_loss
+
+    lp = torch.tensor([[-0.5, -3.0]], requires_grad=True)
+    old, adv, mask = torch.tensor([[-2.0, -1.0]]), torch.tensor([[2.0, -1.0]]), torch.ones(1, 2)
+    corr = Correction(name="none")
+    clipped = policy_loss(LossSpec(), corr, lp, old, old, adv, mask)
+    clipped.loss.backward()
+    assert lp.grad.tolist() == [[0.0, 0.0]]
+    lp.grad = None
+    forced = policy_loss(LossSpec(ratio_against="current"), corr, lp, old, old, adv, mask)
+    forced.loss.backward()
+    assert forced.loss.item() == pytest.approx(-0.5) and lp.grad.tolist() == [[-1.0, 0.5]]
+    with pytest.raises(UserError, match="ratio_against=current .* applies to loss=ppo only, not loss=cispo"):
+        LossSpec.from_config({"name": "cispo", "ratio_against": "current"})
