@@ -282,7 +282,8 @@ def apply_correction_split(
 ) -> list[CorrectionResult]:
     """`apply_correction` on each group of sequences (contiguous slices that tile the batch, like
     a step's mini-batches), evaluated once for the whole batch: every coefficient is a function of
-    its own sequence, so group g's result equals apply_correction on the rows g, and the metrics
+    its own sequence (but for normalize: batch, whose mean is the whole batch's, as verl normalises
+    before it splits), so group g's result equals apply_correction on the rows g, and the metrics
     of all groups come from one pass (a small batch pays per call, not per element). With
     `filter_shuffle` the permutation is drawn over the whole batch, then split."""
     ev = _evaluate(corr, old, roll, mask, lp, generator, adv)
