@@ -44,6 +44,7 @@ spec = importlib.util.spec_from_file_location("released", REPO / "examples" / "a
 released = sys.modules.setdefault("released", importlib.util.module_from_spec(spec))
 spec.loader.exec_module(released)
 
+VERL_STUBS = "tensordict,transformers,ray,codetiming,orjson"  # what verl imports at module level and never calls
 TIME_LIMIT_S = 60  # a sanity bound for a shared CI box; the measured times are in docs/performance.md
 
 
@@ -292,6 +293,58 @@ def test_areal_cases_are_what_its_released_loss_gives(site, entry):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     got = subprocess.run(
         [sys.executable, str(ONLY_OWN), "case", "areal", *target, "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert got.returncode == 0, got.stderr
+    assert compare(json.loads(got.stdout), entry["results"]) == []
+
+
+@pytest.mark.parametrize(
+    "entry",
+    yaml.safe_load((REPO / "conf" / "cases" / "verl-rs-batch-norm.yaml").read_text())["expect"],
+    ids=lambda e: e["preset"],
+)
+def test_verl_rollout_correction_cases_are_what_its_released_code_gives(site, entry):
+    """conf/cases/verl-rs-batch-norm.yaml's numbers are verl 0.9.1's own: its IS weights (batch-normalised) and
+    rejection mask (seq_max_k2 / k3) from the downloaded rollout_corr_helper, through compute_policy_loss_vanilla
+    (examples/audit/verl_rollout_corr.py), with each entry's recorded settings, give them again."""
+    from runner.audit.case_study import compare
+
+    kwargs = json.dumps({"verl": str(site / "verl"), **entry["verl"]})
+    target = ("--target", "examples/audit/verl_rollout_corr.py:RolloutCorrectedLoss", "--target-kwargs", kwargs)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    got = subprocess.run(
+        [sys.executable, str(ONLY_OWN), "case", "verl-rs-batch-norm", "--stub", VERL_STUBS, *target, "--json"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert got.returncode == 0, got.stderr
+    assert compare(json.loads(got.stdout), entry["results"]) == []
+
+
+@pytest.mark.parametrize(
+    "entry",
+    yaml.safe_load((REPO / "conf" / "cases" / "trl-off-policy-mask.yaml").read_text())["expect"],
+    ids=lambda e: f"{e['preset']}{e['overrides']}",
+)
+def test_trl_off_policy_mask_cases_are_what_its_released_loss_gives(site, entry):
+    """conf/cases/trl-off-policy-mask.yaml's numbers are TRL 1.16.0's own: GRPOTrainer._compute_loss with its
+    get_off_policy_mask, compiled from the downloaded wheel (examples/audit/trl_grpo.py) with each entry's
+    off_policy_mask_threshold, gives them again."""
+    from runner.audit.case_study import compare
+
+    kwargs = json.dumps({"trl": str(site / "trl"), **entry["trl"]})
+    target = ("--convention", "trl", "--target", "examples/audit/trl_grpo.py:GRPOLoss", "--target-kwargs", kwargs)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    got = subprocess.run(
+        [sys.executable, str(ONLY_OWN), "case", "trl-off-policy-mask", *target, "--json"],
         cwd=REPO,
         env=env,
         capture_output=True,

@@ -731,6 +731,29 @@ GOLDEN = [
         "areal/m2po",
         None,
         None,
+    # verl's seq_max rejection: k2 keeps padded-mixed's row 0 (max ½·1.9² = 1.805 ≤ 2), k3 drops it
+    # (e^1.9 − 2.9 = 3.79); on short-and-empty-rows k3 drops row 1 (e^0.7 − 1.7 = 0.314 > 0.3), k2 keeps it (0.245)
+    (
+        "verl/seq-max-k2",
+        None,
+        2.0,
+        "padded-mixed",
+        -0.3612356,
+        [[-0.2210342, -0.1809675, -0.2210342, 0.0], [0.1146223, 0.147178, 0.0, 0.0]],
+    ),
+    (
+        "verl/seq-max-k2",
+        None,
+        0.3,
+        "short-and-empty-rows",
+        -0.06544751,
+        [[0.0, -0.125, -0.07581633], [0.2853688, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("verl/seq-max-k3", None, 2.0, "padded-mixed", 0.6545006, [[0.0, 0.0, 0.0, 0.0], [0.2865558, 0.3679449, 0.0, 0.0]]),
+    (
+        "verl/seq-max-k3",
+        None,
+        0.3,
         "short-and-empty-rows",
         -0.4677551,
         [[0.0, -0.1666667, -0.1010884], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
@@ -864,6 +887,57 @@ GOLDEN = [
         "short-and-empty-rows",
         -0.3508163,
         [[0.0, -0.125, -0.0758163], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    # TRL's off-policy sequence mask (δ = 0.5) over sequence-mask: padded-mixed's row 1 has A = −0.7 and mean
+    # roll − lp = 0.615 > 0.5, so it is dropped; short-and-empty-rows' negative row has mean −0.65 and stays
+    (
+        "trl/off-policy-mask",
+        None,
+        20.0,
+        "padded-mixed",
+        -3.410465,
+        [[-1.209929, -0.9906065, -1.209929, 0.0], [0.0, 0.0, 0.0, 0.0]],
+    ),
+    (
+        "trl/off-policy-mask",
+        None,
+        3.0,
+        "short-and-empty-rows",
+        0.1670718,
+        [[0.0, -0.1452293, -0.08808601], [0.5746622, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    # verl's batch-normalised TIS: the truncated weights over their batch mean (tokens, or non-empty sequences)
+    (
+        "verl/token-tis-batch-norm",
+        None,
+        2.0,
+        "padded-mixed",
+        -0.6079052,
+        [[-0.4251425, -0.128931, -0.2349275, 0.0], [0.03669359, 0.1444022, 0.0, 0.0]],
+    ),
+    (
+        "verl/token-tis-batch-norm",
+        None,
+        2.0,
+        "short-and-empty-rows",
+        0.1465403,
+        [[0.0, -0.1296464, -0.05271028], [0.4385292, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "verl/seq-tis-batch-norm",
+        None,
+        2.0,
+        "padded-mixed",
+        -0.9892013,
+        [[-0.3779015, -0.3093996, -0.3779015, 0.0], [0.03327517, 0.04272617, 0.0, 0.0]],
+    ),
+    (
+        "verl/seq-tis-batch-norm",
+        None,
+        2.0,
+        "short-and-empty-rows",
+        0.1031978,
+        [[0.0, -0.09186394, -0.0557183], [0.3610168, 0.0, 0.0], [0.0, 0.0, 0.0]],
     ),
 ]
 CASES = {
@@ -1045,7 +1119,9 @@ def _filtering_presets() -> list[str]:
     return [
         e.name
         for e in registry.presets()
-        if _composed(e.name).filter != "none" and _composed(e.name).filter_metric == "log-ratio"
+        if _composed(e.name).filter != "none"
+        and _composed(e.name).filter_metric == "log-ratio"
+        and _composed(e.name).band_space != "value"  # divergences: below
     ]
 
 
@@ -1183,12 +1259,24 @@ LOG_CLAMPED = [
     "skyrl/tis-sequence",
     "skyrl/tis-sequence-token-mask-is",
 ]
+LOG_CLAMPED_NORMALISED = ["verl/token-tis-batch-norm", "verl/seq-tis-batch-norm"]
 
 
 def test_the_spec_names_the_log_clamped_presets():
     """The spec gives `log clamp 20` (or exp(clamp(·, ±20))) for exactly these presets."""
     clamped = {e.name for e in registry.presets() if _preset(e.name, None, None).log_clamp is not None}
-    assert clamped == set(LOG_CLAMPED)
+    assert clamped == set(LOG_CLAMPED) | set(LOG_CLAMPED_NORMALISED)
+
+
+@pytest.mark.parametrize("name", LOG_CLAMPED_NORMALISED)
+def test_a_batch_normalised_weight_is_clamped_at_20_nats_before_the_mean(name):
+    """lr = −25 and +25 as above: the weights e^∓20 over their mean (e^−20 + e^20)/2 are 2/(1 + e^40) and
+    2/(1 + e^−40); unclamped, their ratio would be e^−50 instead of e^−40."""
+    old = torch.tensor([[-30.0], [-5.0]])
+    roll = torch.tensor([[-5.0], [-30.0]])
+    coef = apply_correction(_preset(name, None, None), old, roll, torch.ones(2, 1)).coef.double()
+    assert coef[1, 0].item() == pytest.approx(2.0, rel=1e-6)
+    assert (coef[0, 0] / coef[1, 0]).item() == pytest.approx(math.exp(-40.0), rel=1e-5)
 
 
 @pytest.mark.parametrize("name", LOG_CLAMPED)

@@ -124,3 +124,169 @@ def test_readme_groups_the_faithful_presets_by_framework_with_their_counts():
     rows = dict(re.findall(r"^\| ([\w-]+) \((\d+)\) \|", readme, re.M))
     expected = {name: str(len(group)) for name, group in registry.presets_by_framework() if name != registry.OWN}
     assert rows == expected
+
+
+# ------------------------------------------------- verl 0.9.1: batch-normalised weights, seq_max divergence rejection
+# Case files for modes beside a framework's first presets (conf/cases/FRAMEWORK-*.yaml), checked the same way
+EXTRA_CASES = ("verl-rs-batch-norm", "trl-off-policy-mask")
+
+
+def _extra_entries():
+    for name in EXTRA_CASES:
+        path = REPO / "conf" / "cases" / f"{name}.yaml"
+        for i, entry in enumerate(yaml.safe_load(path.read_text())["expect"]):
+            yield pytest.param(path, entry, id=f"{name}:{entry['preset']}:{i}")
+
+
+@pytest.mark.parametrize("path,entry", list(_extra_entries()))
+def test_extra_modes_match_the_released_code_element_for_element(path, entry):
+    test_preset_matches_the_released_code_element_for_element(path, entry)
+
+
+def _verl(name: str, low=None, high=None) -> Correction:
+    return _composed(f"verl/{name}", [f"correction.low={'null' if low is None else low}", f"correction.high={high}"])[0]
+
+
+def test_seq_max_k3_vetoes_a_sequence_k2_keeps():
+    """lr = [0.9, −0.9, 0]: the largest k2 is ½·0.81 = 0.405 ≤ 0.5 (kept), the largest k3 is e^0.9 − 1.9 = 0.5596
+    > 0.5 (rejected, and out of the mask); the second sequence (lr = ±0.1) is kept by both."""
+    old = torch.tensor([[-1.0, -1.0, -1.0], [-1.0, -1.0, -1.0]])
+    roll = torch.tensor([[-1.9, -0.1, -1.0], [-1.1, -0.9, -1.0]])
+    mask = torch.ones_like(old)
+    k2 = apply_correction(_verl("seq-max-k2", high=0.5), old, roll, mask)
+    k3 = apply_correction(_verl("seq-max-k3", high=0.5), old, roll, mask)
+    assert k2.keep[:, 0].tolist() == [True, True] and k2.mask.tolist() == [[1.0] * 3] * 2
+    assert k3.keep[:, 0].tolist() == [False, True] and k3.mask.tolist() == [[0.0] * 3, [1.0] * 3]
+    assert k3.metrics["seq_masked_fraction"] == pytest.approx(0.5)
+    # the threshold is the statistic's own value (band_space: value): at exactly 0.5596 it is kept
+    assert apply_correction(_verl("seq-max-k3", high=math.exp(0.9) - 1.9 + 1e-6), old, roll, mask).keep.all()
+
+
+def test_seq_max_takes_only_masked_in_tokens_an_empty_sequence_passes_and_nan_rejects():
+    """Padding with lr = 5 (k2 = 12.5) does not count; an empty row's max is 0 (kept, verl's _sequence_max); a NaN
+    masked-in log-prob makes the max NaN, which every band rejects."""
+    old = torch.tensor([[-1.0, -1.0], [-1.0, -1.0], [-1.0, math.nan]])
+    roll = torch.tensor([[-1.1, -6.0], [-6.0, -6.0], [-1.0, -1.0]])
+    mask = torch.tensor([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]])
+    res = apply_correction(_verl("seq-max-k2", high=0.5), old, roll, mask)
+    assert res.keep[:, 0].tolist() == [True, True, False]
+
+
+def test_batch_normalise_gives_mean_one_over_masked_in_tokens_or_sequences():
+    """lr = [1, 0, −ln 2 | ln 2, NaN at padding], TIS high 2: token weights [2, 1, 0.5 | 2] over their mean
+    5.5/4 on the 4 masked-in tokens (NaN padding left out); sequence weights min(e^L_i, 2) = [e^(1 − ln 2) | 2]
+    over their mean over the two sequences, not over the 4 tokens."""
+    old = torch.tensor([[0.0, 0.0, 0.0], [0.0, math.nan, 0.0]])
+    roll = torch.tensor([[-1.0, 0.0, math.log(2.0)], [-math.log(2.0), 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    token = apply_correction(_verl("token-tis-batch-norm", high=2.0), old, roll, mask).coef
+    assert token[0].tolist() == pytest.approx([2 / 1.375, 1 / 1.375, 0.5 / 1.375], rel=1e-6)
+    assert token[1, 0].item() == pytest.approx(2 / 1.375, rel=1e-6)
+    seq = apply_correction(_verl("seq-tis-batch-norm", high=2.0), old, roll, mask).coef
+    w0 = math.exp(1 - math.log(2.0))
+    assert seq[0].tolist() == pytest.approx([w0 / ((w0 + 2) / 2)] * 3, rel=1e-6)
+    assert seq[1, 0].item() == pytest.approx(2 / ((w0 + 2) / 2), rel=1e-6)
+
+
+def test_batch_normalise_leaves_an_all_zero_batch_and_refuses_a_missing_weight():
+    """verl divides only when the mean is above 1e-8: weights exp(−20) (the clamp) average 2e-9, so they stay."""
+    old, roll = torch.full((1, 2), -30.0), torch.full((1, 2), -5.0)
+    coef = apply_correction(_verl("token-tis-batch-norm", high=2.0), old, roll, torch.ones(1, 2)).coef
+    assert coef[0].tolist() == pytest.approx([math.exp(-20.0)] * 2, rel=1e-6)
+    with pytest.raises(UserError, match="normalize=batch needs a weight"):
+        Correction(name="n", normalize="batch").validate()
+    with pytest.raises(UserError, match="filter_statistic=k3 is a divergence"):
+        Correction(name="k", filter="max", filter_statistic="k3").validate()
+
+
+def test_masked_sum_keeps_nan_padding_out_of_a_sequence_weight_and_statistic():
+    """verl's masked_sum selects before it sums: NaN at padding leaves L_i (seq-tis) and the rejection statistic
+    (seq-mis) finite, as verl 0.9.1 gives (conf/cases/verl-rs-batch-norm.yaml, nan-padding: loss −1.0525855)."""
+    old = torch.tensor([[-0.5, -1.1, math.nan]])
+    roll = torch.tensor([[-0.6, -1.0, math.nan]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    for name, band in (("seq-tis", (None, 2.0)), ("seq-mis", (0.5, 2.0))):
+        coef = apply_correction(_verl(name, *band), old, roll, mask).coef
+        assert coef[0, :2].tolist() == pytest.approx([1.0] * 2), name  # L_i = 0.1 − 0.1 = 0
+
+
+# ---------------------------------------------------------------- TRL 1.16.0: off-policy sequence masking (OPSM)
+def _opsm(**fields) -> Correction:
+    return Correction(**{"name": "o", "weight": "token", "padding": "multiply", "opsm_delta": 0.5, **fields})
+
+
+def test_opsm_drops_only_negative_advantage_sequences_past_delta_measured_from_the_current_policy():
+    """Rows: A < 0 with mean(roll − lp) = 0.6 (dropped), the same with A > 0 (kept), A < 0 at exactly 0.5
+    (kept: TRL keeps mean ≤ δ). old = roll, so a KL measured against old would be 0 and drop nothing."""
+    roll = torch.tensor([[-1.0, -2.0], [-1.0, -2.0], [-1.0, -2.0]])
+    lp = roll - torch.tensor([[0.6], [0.6], [0.5]])
+    adv = torch.tensor([[-1.0], [1.0], [-1.0]]).expand(3, 2)
+    mask = torch.ones(3, 2)
+    res = apply_correction(_opsm(), roll, roll, mask, lp=lp, adv=adv)
+    assert res.keep.tolist() == [[False, False], [True, True], [True, True]]
+    assert res.coef.tolist() == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]
+    assert res.metrics["seq_masked_fraction"] == pytest.approx(1 / 3)
+    against_old = apply_correction(_opsm(opsm_reference="old"), roll, roll + 1.0, mask, lp=lp, adv=adv)
+    assert against_old.keep[0].tolist() == [False, False]  # old − lp = 0.6 although roll − lp = −0.4
+    # without advantages (a dump that has none) it masks nothing
+    assert apply_correction(_opsm(), roll, roll, mask, lp=lp).keep.all()
+
+
+def test_opsm_zeroes_a_nan_token_and_multiplies_an_infinite_weight():
+    """A NaN rollout log-prob counts as KL 0 (TRL's nan_to_num), so the mean of [0.9, NaN→0] = 0.45 keeps the
+    sequence; a dropped token whose weight overflowed to inf becomes inf·0 = NaN, as TRL's product gives."""
+    lp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    roll = torch.tensor([[-0.1, math.nan], [-0.1, -0.1]])
+    old = torch.tensor([[-1.0, -1.0], [-1.0, 100.0]])
+    adv = torch.full((2, 2), -1.0)
+    res = apply_correction(_opsm(), old, roll, torch.ones(2, 2), lp=lp, adv=adv)
+    assert res.keep.tolist() == [[True, True], [False, False]]
+    assert res.coef[1, 0].item() == 0.0 and math.isnan(res.coef[1, 1].item())
+    with pytest.raises(UserError, match="correction.opsm_delta must be non-negative"):
+        _opsm(opsm_delta=-1.0).validate()
+    with pytest.raises(UserError, match="correction.opsm_reference='sampler' is not one of: roll, old"):
+        _opsm(opsm_reference="sampler").validate()
+
+
+def test_a_training_run_applies_opsm_to_each_update_current_policy(tmp_path):
+    """The train study evaluates an OPSM preset per update (it reads that update's lp): a short run with several
+    mini-batches finishes, and with δ = 0 (every negative-advantage sequence whose policy moved away from the
+    engine is dropped) some updates reject sequences."""
+    import csv
+
+    from tests.helpers.cli import run_cli
+
+    out = tmp_path / "run"
+    code, _, err = run_cli(
+        "run",
+        "correction=trl/off-policy-mask",
+        "correction.opsm_delta=0.0",
+        "train.steps=3",
+        "log.timing=false",
+        f"hydra.run.dir={out}",
+        "--quiet",
+    )
+    assert code == 0, err
+    rows = list(csv.DictReader((out / "metrics.csv").open()))
+    assert max(float(r["seq_masked_fraction"]) for r in rows[:-1]) > 0
+
+
+# ------------------------------------------------------------- NeMo-RL 7ea279a: force_on_policy_ratio
+def test_ratio_against_current_is_one_with_the_gradient_of_lp_and_ppo_only():
+    """lp − old = [1.5, −2] would clip both tokens (A > 0: r = e^1.5 > 1.2 binds, gradient 0; A < 0: r = e^−2 < 0.8
+    binds, gradient 0). Against the current policy r = exp(lp − sg(lp)) = 1: loss −mean(A·c) = −(2 − 1)/2 and
+    gradient −A/2 on both, as NeMo-RL's force_on_policy_ratio gives (conf/cases/nemo-rl.yaml)."""
+    from runner.core.losses import policy_loss
+
+    lp = torch.tensor([[-0.5, -3.0]], requires_grad=True)
+    old, adv, mask = torch.tensor([[-2.0, -1.0]]), torch.tensor([[2.0, -1.0]]), torch.ones(1, 2)
+    corr = Correction(name="none")
+    clipped = policy_loss(LossSpec(), corr, lp, old, old, adv, mask)
+    clipped.loss.backward()
+    assert lp.grad.tolist() == [[0.0, 0.0]]
+    lp.grad = None
+    forced = policy_loss(LossSpec(ratio_against="current"), corr, lp, old, old, adv, mask)
+    forced.loss.backward()
+    assert forced.loss.item() == pytest.approx(-0.5) and lp.grad.tolist() == [[-1.0, 0.5]]
+    with pytest.raises(UserError, match="ratio_against=current .* applies to loss=ppo only, not loss=cispo"):
+        LossSpec.from_config({"name": "cispo", "ratio_against": "current"})

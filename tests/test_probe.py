@@ -153,7 +153,7 @@ def test_vectorised_path_matches_reference(world_name):
         # 1e-5 absolute, and relative for the huge (finite) estimates an unclamped exp(L_i) gives
         torch.testing.assert_close(fast.grad[f_ok], slow[f_ok], atol=1e-5, rtol=1e-5)
         for k, arm in enumerate(arms):
-            m = apply_correction(arm.correction, batch.old, batch.roll, batch.mask, lp=batch.old).metrics
+            m = apply_correction(arm.correction, batch.old, batch.roll, batch.mask, lp=batch.old, adv=batch.adv).metrics
             for ours, theirs in (
                 (fast.ess, "ess"),
                 (fast.masked, "token_masked_fraction"),

@@ -307,6 +307,67 @@ AREAL_TARGETS += tuple(
     for name, config in AREAL_MODES
 )
 TARGETS = (*TARGETS, *AREAL_TARGETS)
+# verl's rejection sampling and self-normalised IS weights, and TRL's off-policy sequence mask, each through
+# an adapter that runs the released functions. verl's token-mean divides by the surviving tokens: a batch
+# its rejection empties gives 0/0 = NaN (the finding below; is-study's reductions give 0 there).
+VERL_STUBS = "tensordict,transformers,ray,codetiming,orjson"
+VERL_ROLLOUT_CORR = "examples/audit/verl_rollout_corr.py:RolloutCorrectedLoss"
+MODE_TARGETS = (
+    Target(
+        "verl-0.9.1-seq-max-k2",
+        "verl 0.9.1 vanilla PPO loss behind its seq_max_k2 rejection, threshold 0.5 (adapter)",
+        (
+            "--stub",
+            VERL_STUBS,
+            "--target",
+            VERL_ROLLOUT_CORR,
+            "--target-kwargs",
+            json.dumps({"verl": f"{SITE}/verl", "rollout_rs": "seq_max_k2", "rollout_rs_threshold": 0.5}),
+            "--allow-raise",
+            "ValueError",
+        ),
+        known=("1 finite: loss nan on finite inputs",),
+        other=("4 padding: padding values leak: grad",),
+    ),
+    Target(
+        "verl-0.9.1-token-tis-batch-norm",
+        "verl 0.9.1 vanilla PPO loss with batch-normalised token TIS weights (adapter)",
+        (
+            "--stub",
+            VERL_STUBS,
+            "--target",
+            VERL_ROLLOUT_CORR,
+            "--target-kwargs",
+            json.dumps(
+                {
+                    "verl": f"{SITE}/verl",
+                    "rollout_is": "token",
+                    "rollout_is_threshold": 2.0,
+                    "rollout_is_batch_normalize": True,
+                }
+            ),
+            "--allow-raise",
+            "ValueError",
+        ),
+        known=(),
+        other=("4 padding: padding values leak: grad",),
+    ),
+    Target(
+        "trl-1.16.0-off-policy-mask",
+        "TRL 1.16.0 GRPO loss with off_policy_mask_threshold=0.5 over its vLLM IS correction",
+        (
+            "--convention",
+            "trl",
+            "--target",
+            "examples/audit/trl_grpo.py:GRPOLoss",
+            "--target-kwargs",
+            json.dumps({"trl": f"{SITE}/trl", "off_policy_mask_threshold": 0.5}),
+        ),
+        known=(),
+        other=("1 finite: grad", "4 padding: padding values leak: loss nan"),
+    ),
+)
+TARGETS = (*TARGETS, *MODE_TARGETS)
 
 
 def download(wheels: Path) -> None:

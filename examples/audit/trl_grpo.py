@@ -14,7 +14,9 @@ GRPOConfig's settings, on one process with no gradient accumulation.
 
 `trl` is the folder of the `trl` package (e.g. a `pip download --no-deps trl==1.16.0` wheel,
 unzipped). The other kwargs are GRPOConfig's, with its defaults: loss_type="dapo",
-vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_max=3.0, ...
+vllm_importance_sampling_mode="sequence_mask", vllm_importance_sampling_clip_max=3.0,
+off_policy_mask_threshold=None (DeepSeek-V3.2's off-policy sequence mask, which `_compute_loss` computes from
+the `sampling_per_token_logps` that `_generate_and_score_completions` hands it under vLLM), ...
 """
 
 from __future__ import annotations
@@ -125,6 +127,7 @@ class GRPOLoss:
         vllm_importance_sampling_clip_max: float | None = 3.0,
         importance_sampling_level: str = "token",
         delta: float | None = None,
+        off_policy_mask_threshold: float | None = None,
     ):
         root = Path(trl)
         trainer_py, utils_py = root / "trainer" / "grpo_trainer.py", root / "trainer" / "utils.py"
@@ -133,10 +136,14 @@ class GRPOLoss:
             utils_py, [_function(_parse(utils_py), "nanmin"), _function(_parse(utils_py), "nanmax")], {"torch": torch}
         )
         block = _is_block(_method(tree, "GRPOTrainer", "_generate_and_score_completions"))
+        # a @staticmethod in TRL: compiled as the plain function it is, and set on the stand-in trainer
+        off_policy_mask = _method(tree, "GRPOTrainer", "get_off_policy_mask")
+        off_policy_mask.decorator_list = []
         ns = _compile(
             trainer_py,
             [
                 _method(tree, "GRPOTrainer", "_compute_loss"),
+                off_policy_mask,
                 _as_function(
                     "importance_sampling_ratio",
                     ["self", "completion_mask", "tool_mask", "old_per_token_logps", "sampling_per_token_logps"],
@@ -146,6 +153,7 @@ class GRPOLoss:
             {"torch": torch, "math": math, "nanmin": utils["nanmin"], "nanmax": utils["nanmax"]},
         )
         self._compute_loss, self._importance_sampling_ratio = ns["_compute_loss"], ns["importance_sampling_ratio"]
+        self._get_off_policy_mask = ns["get_off_policy_mask"]
         self.settings = dict(
             loss_type=loss_type,
             epsilon_low=epsilon,
@@ -153,7 +161,7 @@ class GRPOLoss:
             importance_sampling_level=importance_sampling_level,
             beta=0.0,
             top_entropy_quantile=1.0,
-            off_policy_mask_threshold=None,
+            off_policy_mask_threshold=off_policy_mask_threshold,
             use_vllm=True,
             vllm_importance_sampling_correction=True,
             vllm_importance_sampling_mode=vllm_importance_sampling_mode,
@@ -171,6 +179,7 @@ class GRPOLoss:
             model=SimpleNamespace(training=True),
             accelerator=_Accelerator(),
             _metrics={"train": defaultdict(list), "eval": defaultdict(list)},
+            get_off_policy_mask=self._get_off_policy_mask,
         )
         entropies = torch.zeros_like(per_token_logps.detach())
         trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (per_token_logps, entropies, None)
@@ -190,6 +199,7 @@ class GRPOLoss:
             "advantages": advantages,
             "old_per_token_logps": old_per_token_logps,
             "importance_sampling_ratio": ratio,
+            "sampling_per_token_logps": sampling_per_token_logps,  # in the batch whenever vLLM generated it
             "num_items_in_batch": completion_mask.sum(),
         }
         return self._compute_loss(trainer, None, inputs)

@@ -6,7 +6,15 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
     log clamp    lr (token) or L_i (sequence/geometric) clamped to [−c, c] before exp()
     weight       none: 1 | token: ρ_t | sequence: ρ_seq = exp(L_i) | geometric: ρ_geo = exp(G_i)
     weight op    raw | clamp(low?, high?) | clamp-high (min(·, high))
-    filter       none | token | sequence | geometric statistic, kept inside [low, high]
+    filter       none | token | sequence | geometric statistic, kept inside [low, high]; max: a sequence's
+                 largest per-token statistic (verl's seq_max_*)
+    statistic    filter_statistic: what each token contributes to the filter: log-ratio (lr_t) | k2 (½·lr_t²)
+                 | k3 (e^lr_t − 1 − lr_t), verl's divergence estimators
+    normalize    batch: the weight divided by its mean over the batch (self-normalised IS, verl's
+                 rollout_is_batch_normalize), after the weight op and before the filter
+    opsm         opsm_delta: off-policy sequence masking (DeepSeek-V3.2 eq. 9; TRL's off_policy_mask_threshold):
+                 a sequence with a negative advantage whose mean KL, mean_t (ref − lp) with ref = roll or old
+                 (opsm_reference), exceeds δ gets coefficient · 0; needs lp and the advantages
     shuffle      filter_shuffle: keep as many units as the filter keeps, drawn at random (a control arm:
                  the filter's rejection rate without its selection; needs a random stream)
     veto         reject a sequence if any masked-in ρ_t < veto
@@ -53,8 +61,12 @@ CHOICES = {
     "ratio": ("decoupled", "bypass"),
     "weight": LEVELS,
     "weight_op": ("raw", "clamp", "clamp-high"),
-    "filter": LEVELS,
-    "band_space": ("ratio", "log"),
+    "filter": (*LEVELS, "max"),
+    "filter_statistic": ("log-ratio", "k2", "k3"),
+    # value: the statistic itself is compared with [low, high] (verl's k2 / k3 thresholds)
+    "band_space": ("ratio", "log", "value"),
+    "normalize": ("none", "batch"),
+    "opsm_reference": ("roll", "old"),
     "reject": ("where", "multiply"),
     "denominator": ("keep", "drop"),
     # ignore: masked positions are replaced before any arithmetic, so NaN/inf padding cannot leak.
@@ -106,11 +118,23 @@ class Correction:
     m2_threshold: float | None = None  # AReaL's M2PO second-moment mask over the batch
     statistics_mask: str = "original"  # the mask the weight's and filter's sums read (see the module docstring)
     weight_padding: str = "keep"  # zero: the coefficient is exactly 0 at padding (AReaL's where(loss_mask, w, 0))
+    filter_statistic: str = "log-ratio"  # per token, before the filter aggregates: lr, or verl's k2 / k3 of it
+    normalize: str = "none"  # batch: self-normalised weights, mean 1 over the batch (verl's batch_normalize)
+    # Off-policy sequence masking (OPSM, DeepSeek-V3.2): drop a negative-advantage sequence whose mean
+    # KL(ref ‖ π_θ) estimate mean_t(ref − lp) exceeds opsm_delta; ref is the engine's log-probs (TRL) or old
+    opsm_delta: float | None = None
+    opsm_reference: str = "roll"
     faithful: bool = False  # reproduces released code, bugs included
 
     @property
     def active(self) -> bool:
-        return self.weight != "none" or self.filter != "none" or self.veto is not None or self.has_masks
+        return (
+            self.weight != "none"
+            or self.filter != "none"
+            or self.veto is not None
+            or self.has_masks
+            or self.opsm_delta is not None
+        )
 
     @property
     def has_masks(self) -> bool:
@@ -154,6 +178,7 @@ class Correction:
             "token_mask_low",
             "token_mask_high",
             "m2_threshold",
+            "opsm_delta",
         ):
             value = getattr(self, key)
             if value is None:
@@ -180,6 +205,13 @@ class Correction:
             raise UserError(f"correction.filter_shuffle must be true or false, got {self.filter_shuffle!r}")
         if self.filter_shuffle and self.filter == "none":
             raise UserError("correction.filter_shuffle=true needs a filter to shuffle (correction.filter is none)")
+        if self.filter_statistic != "log-ratio" and self.band_space != "value":
+            raise UserError(
+                f"correction.filter_statistic={self.filter_statistic} is a divergence, not a log-ratio: it needs "
+                "correction.band_space=value (its threshold is compared with the statistic itself)"
+            )
+        if self.normalize != "none" and self.weight == "none":
+            raise UserError("correction.normalize=batch needs a weight to normalise (correction.weight is none)")
 
 
 @dataclass
@@ -198,6 +230,52 @@ def _zero_nonfinite(x: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
 
+def _token_statistic(lr: torch.Tensor, statistic: str) -> torch.Tensor:
+    """What one token contributes to the filter. k2 and k3 are written as verl writes them (k3 as
+    exp(x) − 1 − x, not expm1), so that a threshold decides the same tokens to the last bit."""
+    if statistic == "k2":
+        return 0.5 * lr**2
+    if statistic == "k3":
+        return torch.exp(lr) - 1.0 - lr
+    return lr
+
+
+def _sequence_max(stat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B, 1]: the largest statistic over a sequence's masked-in tokens, 0 for an empty sequence (verl's
+    _sequence_max), and for one whose every statistic is −inf, where AReaL's agg=max (_masked_max) keeps
+    −inf; a NaN among them makes it NaN, so the sequence is rejected."""
+    top = stat.masked_fill(mask <= 0, -math.inf).amax(-1, keepdim=True)
+    return torch.where(top == -math.inf, 0.0, top)
+
+
+def _batch_normalized(weight: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """The weight over its batch mean, as verl's rollout_is_batch_normalize computes it: the masked token
+    mean for token weights, the mean over non-empty sequences of each sequence's weight otherwise, each
+    masked mean a sum over count + 1e-8 (verl's masked_mean); NaN at padding is left out of the sums. A
+    mean that is not above 1e-8 (an all-zero or NaN batch) leaves the weight as it is."""
+    inside = mask > 0
+    masked = torch.where(inside, weight, 0.0) * mask
+    if level == "token":
+        mean = masked.sum() / (mask.sum() + 1e-8)
+    else:
+        per_seq = masked.sum(-1) / (mask.sum(-1) + 1e-8)
+        nonempty = (mask.sum(-1) > 0).to(weight.dtype)
+        mean = (per_seq * nonempty).sum() / nonempty.sum().clamp_min(1e-8)
+    return weight / mean if bool(mean > 1e-8) else weight
+
+
+def off_policy_sequence_keep(corr: Correction, lp, old, roll, adv, mask) -> torch.Tensor:
+    """[B, T] bool: DeepSeek-V3.2's off-policy sequence mask as TRL 1.16.0's get_off_policy_mask computes it.
+    Per token, ref − lp (the current policy, detached) through nan_to_num(nan=0), which also maps ±inf to
+    the dtype's extremes, so padding never reaches the sum; its masked mean over the sequence (count clamped
+    to 1); kept where the advantage is ≥ 0 or that mean is ≤ δ. The advantage is read per token, so a
+    sequence-level advantage broadcast over its tokens decides the whole sequence."""
+    ref = roll if corr.opsm_reference == "roll" else old
+    kl = torch.nan_to_num(ref.detach() - lp.detach(), nan=0.0)
+    mean_kl = (kl * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    return (adv.detach() >= 0) | (mean_kl <= corr.opsm_delta)
+
+
 def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) -> torch.Tensor:
     """stat is a log-space statistic; compare it where the framework compares. `token_ratio`: stat is
     each token's lr, so under nonfinite=zero-ratio the ratio compared is the one the weight uses."""
@@ -206,6 +284,8 @@ def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) ->
         if corr.nonfinite == "zero-ratio" and token_ratio:
             value = _zero_nonfinite(value)
         lo, hi = corr.low, corr.high
+    elif corr.band_space == "value":
+        value, lo, hi = stat, corr.low, corr.high
     else:
         value = stat
         lo = None if corr.low is None else (math.log(corr.low) if corr.low > 0 else -math.inf)
@@ -252,10 +332,12 @@ def apply_correction(
     lp: torch.Tensor | None = None,
     metrics: bool = True,
     generator: torch.Generator | None = None,
+    adv: torch.Tensor | None = None,
 ) -> CorrectionResult:
     """Evaluate `corr` on one batch of [B, T] log-probs; see the module docstring. `generator`: the random
-    stream of `filter_shuffle` (required by it, unused otherwise)."""
-    ev = _evaluate(corr, old, roll, mask, lp, generator)
+    stream of `filter_shuffle` (required by it, unused otherwise). `adv`: the [B, T] advantages, which only
+    off-policy sequence masking reads (without them it masks nothing)."""
+    ev = _evaluate(corr, old, roll, mask, lp, generator, adv)
     out = CorrectionResult(coef=ev.coef, mask=ev.new_mask, keep=ev.keep_full)
     if metrics:
         out.metrics = correction_metrics(corr, *ev.metric_inputs())
@@ -271,27 +353,42 @@ def apply_correction_split(
     lp: torch.Tensor | None = None,
     metrics: bool = True,
     generator: torch.Generator | None = None,
+    adv: torch.Tensor | None = None,
 ) -> list[CorrectionResult]:
     """`apply_correction` on each group of sequences (contiguous slices that tile the batch, like
     a step's mini-batches), evaluated once for the whole batch: every coefficient is a function of
-    its own sequence, so group g's result equals apply_correction on the rows g, and the metrics
+    its own sequence (but for normalize: batch, whose mean is the whole batch's, as verl normalises
+    before it splits), so group g's result equals apply_correction on the rows g, and the metrics
     of all groups come from one pass (a small batch pays per call, not per element). With
     `filter_shuffle` the permutation is drawn over the whole batch, then split. M2PO's mask is a function of
     the batch it sees (AReaL computes it per micro-batch), so under m2_threshold each group is its own batch."""
     if corr.m2_threshold is not None:
         return [
             apply_correction(
-                corr, old[g], roll[g], mask[g], None if lp is None else lp[g], metrics=metrics, generator=generator
+                corr,
+                old[g],
+                roll[g],
+                mask[g],
+                None if lp is None else lp[g],
+                metrics=metrics,
+                generator=generator,
+                adv=None if adv is None else adv[g],
             )
             for g in groups
         ]
-    ev = _evaluate(corr, old, roll, mask, lp, generator)
+    ev = _evaluate(corr, old, roll, mask, lp, generator, adv)
     inputs = ev.metric_inputs()
     per_group = correction_metrics_by_group(corr, *inputs, groups=groups) if metrics else [{} for _ in groups]
     return [
         CorrectionResult(coef=ev.coef[g], mask=ev.new_mask[g], keep=ev.keep_full[g], metrics=m)
         for g, m in zip(groups, per_group)
     ]
+
+
+def correction_parts(corr: Correction, old, roll, mask, lp=None, generator=None, adv=None) -> _Evaluation:
+    """apply_correction's intermediates (the raw and clamped weight, the survivors), for a caller that
+    vectorises around the algebra and needs more than its result (the probe's per-band path)."""
+    return _evaluate(corr, old, roll, mask, lp, generator, adv)
 
 
 @dataclass
@@ -314,7 +411,7 @@ class _Evaluation:
         return self.old, self.roll, self.mask, self.lr, self.raw, self.weight, self.coef, self.keep
 
 
-def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluation:
+def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None) -> _Evaluation:
     mask = mask.to(old.dtype)
     lr = mismatch_log_ratio(corr, old, roll, mask, lp)
     masks = _early_masks(corr, old, roll, mask, lr, lp) if corr.has_masks else None
@@ -322,7 +419,9 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
     if masks is not None and corr.statistics_mask == "masked":
         stats_mask = masks.stats_mask
     count = stats_mask.sum(-1, keepdim=True)  # [B, 1]
-    seq_lr = (lr * stats_mask).sum(-1, keepdim=True) if corr.weight in ("sequence", "geometric") else None  # L_i
+    # verl's masked_sum selects the masked-in values first (a where), so NaN padding stays out of L_i there
+    summed = torch.where(mask > 0, lr, 0.0) if corr.padding == "masked-sum" else lr
+    seq_lr = (summed * stats_mask).sum(-1, keepdim=True) if corr.weight in ("sequence", "geometric") else None  # L_i
 
     # The coefficient, before rejection.
     if corr.weight == "none":
@@ -341,6 +440,8 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         weight = raw.clamp(max=corr.high)
     else:
         weight = raw
+    # self-normalised: the coefficient is scaled, `weight` stays the clamped one (clamped_fraction reads it)
+    scaled = _batch_normalized(weight, mask, corr.weight) if corr.normalize == "batch" else weight
 
     # Which units survive: a [B, T] mask for token filters, [B, 1] for sequence ones.
     keep = None
@@ -349,13 +450,17 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
     elif corr.filter != "none":
         stat_lr = lr if corr.filter_log_clamp is None else lr.clamp(-corr.filter_log_clamp, corr.filter_log_clamp)
         if corr.filter == "token":
-            stat = stat_lr
-        elif corr.filter == "max":
-            stat = _masked_max(stat_lr, stats_mask)
+            stat = _token_statistic(stat_lr, corr.filter_statistic)
         else:
             if corr.nonfinite == "zero-ratio":
                 stat_lr = _zero_nonfinite(stat_lr)
-            stat = (stat_lr * stats_mask).sum(-1, keepdim=True)
+            stat_lr = _token_statistic(stat_lr, corr.filter_statistic)
+            if corr.filter == "max":
+                stat = _sequence_max(stat_lr, stats_mask)
+            else:
+                if corr.padding == "masked-sum":
+                    stat_lr = torch.where(mask > 0, stat_lr, 0.0)
+                stat = (stat_lr * stats_mask).sum(-1, keepdim=True)
             if corr.filter == "geometric":
                 stat = stat / count.clamp(min=1)
         keep = _in_band(-stat if corr.filter_inverted else stat, corr, token_ratio=corr.filter == "token")
@@ -376,14 +481,21 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
     # Rejection: `where` zeroes exactly (never 0·inf), `multiply` is the released code's product.
     # Under `padding: ignore` the coefficient is also exactly 0 at padding.
     new_mask = mask
-    coef = weight
+    coef = scaled
     if keep is not None:
         keep_float = keep.to(weight.dtype)
-        coef = zero_where_not(weight, keep, keep_float) if corr.reject == "where" else weight * keep_float
+        coef = zero_where_not(scaled, keep, keep_float) if corr.reject == "where" else scaled * keep_float
         if corr.denominator == "drop":
             new_mask = mask * keep_float
     if masks is not None and masks.m2_keep is not None:  # AReaL counts its tokens after M2PO
         new_mask = new_mask * masks.m2_keep.to(mask.dtype)
+    if corr.opsm_delta is not None and adv is not None:
+        # a product, as TRL's per_token_loss * off_policy_mask: an inf coefficient it drops becomes NaN
+        opsm = off_policy_sequence_keep(corr, old if lp is None else lp, old, roll, adv, mask)
+        coef = coef * opsm.to(coef.dtype)
+        if corr.denominator == "drop":
+            new_mask = new_mask * opsm.to(mask.dtype)
+        keep = opsm if keep is None else keep & opsm
     if corr.padding == "ignore" or corr.weight_padding == "zero":
         coef = zero_padding(coef, mask)
     coef = coef.detach()
@@ -400,14 +512,6 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         weight=weight,
         keep=keep,
     )
-
-
-def correction_parts(corr: Correction, old, roll, mask) -> tuple:
-    """At lp = old, `apply_correction`'s (coef, reduction mask, [B, T] keep, where the weight op changed the
-    weight or None): what the probe's estimator needs of a correction its batched band path does not cover."""
-    ev = _evaluate(corr, old, roll, mask, old)
-    changed = ev.weight != ev.raw if corr.weight_op != "raw" else None
-    return ev.coef, ev.new_mask, ev.keep_full, changed
 
 
 @dataclass

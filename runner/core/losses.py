@@ -38,7 +38,8 @@ REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 # PPO: the clip bounds the updates made within a step), or `behaviour`, the engine's reported log-probs
 # `roll` (old := roll, as verl's bypass mode and M2PO: the ratio π_θ / π_behaviour is itself the importance
 # weight, and the clip bounds the whole distance to the policy that sampled, staleness included).
-RATIO_AGAINST = ("old", "behaviour")
+# `current`: NeMo-RL's force_on_policy_ratio, r = exp(lp − sg(lp)): 1 in value, its gradient that of lp (PPO only)
+RATIO_AGAINST = ("old", "behaviour", "current")
 PPO_LOG_RATIO_BOUND = 20.0
 # False: PPO always takes the plain autograd formula (scripts/bench_metrics.py times both)
 FUSED_PPO = True
@@ -52,7 +53,7 @@ class LossSpec:
     eps_high: float = 0.2
     dual_clip: float | None = None  # c > 1: where A < 0, the loss is capped at −c·A
     reduction: str = "token-mean"
-    ratio_against: str = "old"  # old | behaviour (RATIO_AGAINST)
+    ratio_against: str = "old"  # old | behaviour | current (RATIO_AGAINST)
     # The 2026 losses' own settings (runner/core/loss_families/; each YAML in conf/loss/ names its source).
     # eps_low/eps_high are CISPO's weight bounds [1 − ε_low, 1 + ε_high] and GMPO's log-ratio clip.
     mask_low: float = 0.2  # DPPO's trust region δ_low (A < 0) and δ_high (A > 0)
@@ -97,6 +98,11 @@ class LossSpec:
             raise UserError("loss.tau_pos and loss.tau_neg must be positive")
         if spec.dual_clip is not None and spec.name not in ("ppo", "gspo"):
             raise UserError(f"loss.dual_clip applies to loss=ppo and loss=gspo only, not loss={spec.name}")
+        if spec.ratio_against == "current" and spec.name != "ppo":
+            raise UserError(
+                f"loss.ratio_against=current (NeMo-RL's force_on_policy_ratio) applies to loss=ppo only, not "
+                f"loss={spec.name}: a ratio forced to 1 leaves {spec.name} nothing to clip or weight"
+            )
         if spec.ratio_against == "behaviour" and spec.name == "reinforce":
             raise UserError(
                 "loss.ratio_against=behaviour: loss=reinforce has no ratio to take against the behaviour "
@@ -213,8 +219,9 @@ def ratio_base(spec: LossSpec, old: torch.Tensor, roll: torch.Tensor) -> torch.T
 
 def ppo_per_token(spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics):
     """coef · PPO's clipped surrogate per token: −coef·min(r·A, clip(r, 1−ε_low, 1+ε_high)·A), with
-    r = exp(clamp(lp − old, ±20)) (lp − roll under ratio_against=behaviour) and the optional dual clip."""
-    log_ratio = lp - ratio_base(spec, old, roll)
+    r = exp(clamp(lp − old, ±20)) (lp − roll under ratio_against=behaviour, lp − sg(lp) under current) and the
+    optional dual clip."""
+    log_ratio = lp - (lp.detach() if spec.ratio_against == "current" else ratio_base(spec, old, roll))
     if sanitise:
         log_ratio = zero_padding(log_ratio, mask)
     if not (FUSED_PPO and _all_finite(log_ratio, adv, cres.coef)):
@@ -323,7 +330,7 @@ def policy_loss(
     cres = (
         correction
         if correction is not None
-        else apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics, generator=generator)
+        else apply_correction(corr, old, roll, mask, lp=lp, metrics=metrics, generator=generator, adv=adv)
     )
     old, roll, adv = old.detach(), roll.detach(), adv.detach()
     # Our presets: NaN/inf at masked positions must not reach the loss or any gradient. Zeroing each

@@ -98,8 +98,6 @@ def band_coefficients(
     preset that does not clamp). The band-free parts (log-ratios, raw weight, filter statistic,
     veto) are computed once. `full`: the mask is all ones, so the padding wheres are skipped."""
     corr = group.correction
-    if _beyond_batched_bands(corr):
-        return _one_band_at_a_time(group, old, roll, mask)
     inside = None if full and corr.veto is None else mask > 0
     lr = old - roll  # decoupled; bypass (lp − roll) is the same at lp = old
     if corr.nonfinite == "zero-logratio":
@@ -165,27 +163,44 @@ def band_coefficients(
     return coef, red_mask, keep, changed
 
 
-def _beyond_batched_bands(corr: Correction) -> bool:
-    """The options the batched path above does not restate: the masks that run before the weight and the
-    filter (SkyRL's order of operations, M2PO), AReaL's KL statistics, agg=max and zeroed padding, SkyRL's NaN-keeping band."""
+def vectorised(corr: Correction) -> bool:
+    """Whether band_coefficients' closed form covers `corr`. The options it leaves out go through the
+    algebra itself, one band at a time: a k2 / k3 or max filter, a value band, batch-normalised weights,
+    OPSM, the masks that run before the weight and the filter (SkyRL's order of operations, M2PO), AReaL's
+    KL statistics, zeroed padding and SkyRL's NaN-keeping band."""
     return (
-        corr.has_masks
-        or corr.statistics_mask != "original"
-        or corr.filter_metric != "log-ratio"
-        or corr.filter == "max"
-        or corr.filter_nan != "reject"
-        or corr.weight_padding != "keep"
+        corr.filter_statistic == "log-ratio"
+        and corr.filter != "max"
+        and corr.band_space != "value"
+        and corr.normalize == "none"
+        and corr.opsm_delta is None
+        and not corr.has_masks
+        and corr.statistics_mask == "original"
+        and corr.filter_metric == "log-ratio"
+        and corr.filter_nan == "reject"
+        and corr.weight_padding == "keep"
     )
 
 
-def _one_band_at_a_time(group: PresetGroup, old, roll, mask):
-    """The algebra's own evaluation for each band, stacked to [K, B, T]: the same order of operations as
-    training by construction, at the price of K evaluations instead of one."""
-    parts = [correction_parts(replace(group.correction, low=lo, high=hi), old, roll, mask) for lo, hi in group.bands]
-    coef, red_mask, keep, changed = (
-        None if any(p[i] is None for p in parts) else torch.stack([p[i] for p in parts]) for i in range(4)
-    )
-    return coef, red_mask, keep, changed
+def per_band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor, adv=None):
+    """band_coefficients' outputs, [K, B, T] each, from runner.core.corrections evaluated on every band (at
+    lp = old, as the probe's estimate is): the same order of operations as training by construction, at
+    the price of K evaluations instead of one."""
+    coefs, masks, keeps, changes = [], [], [], []
+    for low, high in group.bands:
+        ev = correction_parts(replace(group.correction, low=low, high=high), old, roll, mask, lp=old, adv=adv)
+        coefs.append(ev.coef)
+        masks.append(ev.new_mask)
+        keeps.append(ev.keep_full)
+        changes.append(ev.weight != ev.raw)
+    corr = group.correction
+    changed = torch.stack(changes) if corr.weight_op != "raw" else None
+    rejects = corr.filter != "none" or corr.veto is not None or corr.opsm_delta is not None or corr.has_masks
+    keep = torch.stack(keeps) if rejects else None
+    # AReaL counts its tokens after M2PO, whatever the denominator
+    dropped = (corr.denominator == "drop" and keep is not None) or corr.m2_threshold is not None
+    red_mask = torch.stack(masks) if dropped else mask
+    return torch.stack(coefs), red_mask, keep, changed
 
 
 def reduction_weights(red_mask: torch.Tensor, reduction: str, n_seq: int) -> torch.Tensor:
@@ -262,7 +277,10 @@ def fast_estimates(
         n_seq = nonempty.sum().clamp(min=1)
         ess, masked, seq_masked, clamped = (torch.zeros(n_arms) for _ in range(4))
     for group in groups:
-        coef, red_mask, keep, changed = band_coefficients(group, batch.old, batch.roll, mask, full)
+        if vectorised(group.correction):
+            coef, red_mask, keep, changed = band_coefficients(group, batch.old, batch.roll, mask, full)
+        else:
+            coef, red_mask, keep, changed = per_band_coefficients(group, batch.old, batch.roll, mask, batch.adv)
         base = shared if red_mask is mask else batch.adv * reduction_weights(red_mask, reduction, B)
         i, j = group.index[0], group.index[-1] + 1
         contiguous = group.index == tuple(range(i, j))

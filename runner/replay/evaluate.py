@@ -143,7 +143,9 @@ def _evaluate(
     base = batch.lp if batch.lp is not None else batch.old
     lp = base.detach().clone().requires_grad_(batch.advantages is not None)
     old = _old(batch)
-    parts = apply_correction_split(corr, old, batch.roll, batch.mask, slices, lp=lp, metrics=True, generator=generator)
+    parts = apply_correction_split(
+        corr, old, batch.roll, batch.mask, slices, lp=lp, metrics=True, generator=generator, adv=batch.advantages
+    )
     raw = _raw_weight(corr, batch, lp.detach())
     return [_evaluate_part(corr, batch, loss, lp, old, sl, part, raw) for sl, part in zip(slices, parts)]
 

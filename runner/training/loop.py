@@ -140,7 +140,8 @@ class Trainer:
             apply_correction_split(
                 s.correction, old, ro.roll, ro.mask, self.slices, metrics=s.metrics, generator=self.shuffle_gen
             )
-            if s.correction.ratio == "decoupled"
+            # bypass and off-policy sequence masking read each update's lp: evaluated per update instead
+            if s.correction.ratio == "decoupled" and s.correction.opsm_delta is None
             else [None] * len(self.slices)
         )
         for update, (sl, part) in enumerate(zip(self.slices, parts)):

@@ -63,8 +63,9 @@ def _m2po_kept(old, roll, mask, threshold: float) -> set:
     return set(ordered[n_drop:])
 
 
-def coefficients(preset: str, old, roll, mask, low, high):
-    """Per-token coefficient and the mask that the loss is reduced with, from the spec's table."""
+def coefficients(preset: str, old, roll, mask, low, high, lp=None, adv=None):
+    """Per-token coefficient and the mask that the loss is reduced with, from the spec's table (lp and adv: for
+    the presets that read the current policy and the advantage, TRL's off-policy sequence mask)."""
     B, T = len(old), len(old[0])
     coef = [[0.0] * T for _ in range(B)]
     red = [[float(mask[i][t]) for t in range(T)] for i in range(B)]
@@ -109,6 +110,11 @@ def coefficients(preset: str, old, roll, mask, low, high):
                 c = _clip(rho_seq, low, high)
             elif preset == "trl/sequence-mask":
                 c = rho_seq if _in(rho_seq, low, high) else 0.0
+            elif preset == "trl/off-policy-mask":  # δ = 0.5 on sequence-mask: mean(roll − lp) over the sequence
+                c = rho_seq if _in(rho_seq, low, high) else 0.0
+                kl = sum(roll[i][s] - lp[i][s] for s in range(T) if inside[s]) / max(n, 1)
+                if adv[i][t] < 0 and kl > 0.5:
+                    c = 0.0
             elif preset == "verl/token-tis":
                 c = min(_exp(_clip(lr[t], -20, 20)), high)
             elif preset == "verl/seq-tis":
@@ -171,10 +177,37 @@ def coefficients(preset: str, old, roll, mask, low, high):
                 c = min(_exp(_clip(L_kept, -20, 20)), high) if kept[t] else 0.0
             elif preset == "skyrl/geometric-token-mask-is":
                 c = 0.0 if not kept[t] or _outside(_exp(L_kept / max(n_kept, 1)), low, high) else 1.0
+            elif preset in ("verl/seq-max-k2", "verl/seq-max-k3"):
+                k = _k2 if preset.endswith("k2") else _k3
+                top = max((k(_clip(lr[s], -20, 20)) for s in range(T) if inside[s]), default=0.0)
+                c = 1.0
+                if not _in(top, low, high):
+                    c, red[i][t] = 0.0, 0.0
+            elif preset == "verl/token-tis-batch-norm":
+                c = min(_exp(_clip(lr[t], -20, 20)), high)  # divided by the batch mean below
+            elif preset == "verl/seq-tis-batch-norm":
+                c = min(_exp(_clip(L, -20, 20)), high)
             else:
                 raise KeyError(preset)
             coef[i][t] = c if inside[t] else 0.0
+    if preset.endswith("-batch-norm"):  # verl's rollout_is_batch_normalize: mean 1 over the batch
+        inside = [(i, t) for i in range(B) for t in range(T) if mask[i][t] == 1]
+        if preset.startswith("verl/token"):
+            mean = sum(coef[i][t] for i, t in inside) / len(inside) if inside else 0.0
+        else:  # one weight per non-empty sequence
+            rows = sorted({i for i, _ in inside})
+            mean = sum(next(coef[i][t] for j, t in inside if j == i) for i in rows) / len(rows) if rows else 0.0
+        if mean > 1e-8:
+            coef = [[c / mean for c in row] for row in coef]
     return coef, red
+
+
+def _k2(x: float) -> float:
+    return 0.5 * x * x
+
+
+def _k3(x: float) -> float:
+    return _exp(x) - 1.0 - x
 
 
 def ppo_token_mean(preset, case, low, high, eps=0.2):
@@ -182,7 +215,7 @@ def ppo_token_mean(preset, case, low, high, eps=0.2):
     lp, old, roll, adv, mask = (
         case[k] for k in ("log_probs", "old_log_probs", "rollout_log_probs", "advantages", "action_mask")
     )
-    coef, red = coefficients(preset, old, roll, mask, low, high)
+    coef, red = coefficients(preset, old, roll, mask, low, high, lp, adv)
     B, T = len(lp), len(lp[0])
     denom = sum(red[i][t] for i in range(B) for t in range(T))
     total, grad = 0.0, [[0.0] * T for _ in range(B)]
