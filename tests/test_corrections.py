@@ -731,29 +731,6 @@ GOLDEN = [
         "areal/m2po",
         None,
         None,
-    # verl's seq_max rejection: k2 keeps padded-mixed's row 0 (max ½·1.9² = 1.805 ≤ 2), k3 drops it
-    # (e^1.9 − 2.9 = 3.79); on short-and-empty-rows k3 drops row 1 (e^0.7 − 1.7 = 0.314 > 0.3), k2 keeps it (0.245)
-    (
-        "verl/seq-max-k2",
-        None,
-        2.0,
-        "padded-mixed",
-        -0.3612356,
-        [[-0.2210342, -0.1809675, -0.2210342, 0.0], [0.1146223, 0.147178, 0.0, 0.0]],
-    ),
-    (
-        "verl/seq-max-k2",
-        None,
-        0.3,
-        "short-and-empty-rows",
-        -0.06544751,
-        [[0.0, -0.125, -0.07581633], [0.2853688, 0.0, 0.0], [0.0, 0.0, 0.0]],
-    ),
-    ("verl/seq-max-k3", None, 2.0, "padded-mixed", 0.6545006, [[0.0, 0.0, 0.0, 0.0], [0.2865558, 0.3679449, 0.0, 0.0]]),
-    (
-        "verl/seq-max-k3",
-        None,
-        0.3,
         "short-and-empty-rows",
         -0.4677551,
         [[0.0, -0.1666667, -0.1010884], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
@@ -887,6 +864,33 @@ GOLDEN = [
         "short-and-empty-rows",
         -0.3508163,
         [[0.0, -0.125, -0.0758163], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    # verl's seq_max rejection: k2 keeps padded-mixed's row 0 (max ½·1.9² = 1.805 ≤ 2), k3 drops it
+    # (e^1.9 − 2.9 = 3.79); on short-and-empty-rows k3 drops row 1 (e^0.7 − 1.7 = 0.314 > 0.3), k2 keeps it (0.245)
+    (
+        "verl/seq-max-k2",
+        None,
+        2.0,
+        "padded-mixed",
+        -0.3612356,
+        [[-0.2210342, -0.1809675, -0.2210342, 0.0], [0.1146223, 0.147178, 0.0, 0.0]],
+    ),
+    (
+        "verl/seq-max-k2",
+        None,
+        0.3,
+        "short-and-empty-rows",
+        -0.06544751,
+        [[0.0, -0.125, -0.07581633], [0.2853688, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("verl/seq-max-k3", None, 2.0, "padded-mixed", 0.6545006, [[0.0, 0.0, 0.0, 0.0], [0.2865558, 0.3679449, 0.0, 0.0]]),
+    (
+        "verl/seq-max-k3",
+        None,
+        0.3,
+        "short-and-empty-rows",
+        -0.4677551,
+        [[0.0, -0.1666667, -0.1010884], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
     ),
     # TRL's off-policy sequence mask (δ = 0.5) over sequence-mask: padded-mixed's row 1 has A = −0.7 and mean
     # roll − lp = 0.615 > 0.5, so it is dropped; short-and-empty-rows' negative row has mean −0.65 and stays
