@@ -52,6 +52,16 @@ SPEC_PRESETS = [
     "skyrl/tis-token",
     "skyrl/tis-sequence",
     "skyrl/token-mask-is",
+    "roll/is-token",
+    "roll/is-segment",
+    "roll/is-geometric",
+    "roll/is-sequence",
+    "roll/filter-token",
+    "roll/filter-segment",
+    "roll/filter-geometric",
+    "roll/filter-sequence",
+    "roll/diff-token",
+    "roll/ratio-diff-segment",
 ]
 
 

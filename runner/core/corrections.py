@@ -5,13 +5,19 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
     ratio base   decoupled: lr = old − roll          bypass: lr = lp − roll (detached)
     log clamp    lr (token) or L_i (sequence/geometric) clamped to [−c, c] before exp()
     weight       none: 1 | token: ρ_t | sequence: ρ_seq = exp(L_i) | geometric: ρ_geo = exp(G_i)
+                 | segment: exp(mean of lr over the token's run of masked-in tokens) (ROLL; runner/core/segments.py)
     weight op    raw | clamp(low?, high?) | clamp-high (min(·, high))
-    filter       none | token | sequence | geometric statistic, kept inside [low, high]
+    filter       none | token | sequence | geometric | segment statistic, kept inside [low, high]
+    diff filter  none | token | sequence | geometric | segment statistic of the probability difference
+                 Δp_t = exp(base) − exp(roll) (sum, mean, run mean), kept inside [diff_low, diff_high]; a unit
+                 must pass both filters (ROLL's diff_enabled beside ratio_enabled)
     shuffle      filter_shuffle: keep as many units as the filter keeps, drawn at random (a control arm:
                  the filter's rejection rate without its selection; needs a random stream)
     veto         reject a sequence if any masked-in ρ_t < veto
     reject       where: a rejected coefficient is exactly 0 | multiply: coefficient · 0/1 (0·inf = NaN)
-    denominator  keep: rejected tokens still count | drop: they leave the action mask
+    denominator  keep: rejected tokens still count | drop: they leave the action mask | drop-tokens: they
+                 leave the mask, but a sequence left empty still counts among seq-mean-token-mean's sequences
+                 (ROLL: its sample count is taken before the filter)
     nonfinite    keep | zero-ratio: NeMo-RL's nan_to_num(·, nan=0, posinf=0, neginf=0) on the weight's ratio
                  (before the weight op: an overflowing ρ becomes 0, not `high`), on the ratio a token filter
                  compares and on each lr_t a sequence or geometric filter's statistic sums | zero-logratio:
@@ -32,17 +38,21 @@ import torch
 
 from runner.core.masking import shuffled_keep, zero_padding, zero_where_not
 from runner.core.metrics import correction_metrics, correction_metrics_by_group
+from runner.core.segments import segment_mean
 from runner.errors import UserError
 
 LEVELS = ("none", "token", "sequence", "geometric")
+# ROLL's segment level, for the weight and both filters: a level of its own, after the others
+SEGMENT_LEVELS = (*LEVELS, "segment")
 CHOICES = {
     "ratio": ("decoupled", "bypass"),
-    "weight": LEVELS,
+    "weight": SEGMENT_LEVELS,
     "weight_op": ("raw", "clamp", "clamp-high"),
-    "filter": LEVELS,
+    "filter": SEGMENT_LEVELS,
+    "diff_filter": SEGMENT_LEVELS,
     "band_space": ("ratio", "log"),
     "reject": ("where", "multiply"),
-    "denominator": ("keep", "drop"),
+    "denominator": ("keep", "drop", "drop-tokens"),
     # ignore: masked positions are replaced before any arithmetic, so NaN/inf padding cannot leak.
     # multiply: released code's `x * mask`, where NaN·0 = NaN leaks. zero-logratio: TRL's
     # log-ratio is zeroed at padding (ratio 1), the loss is still reduced by multiplication.
@@ -79,10 +89,15 @@ class Correction:
     veto: float | None = None
     nonfinite: str = "keep"  # what a NaN or ±inf ratio becomes (NeMo-RL: 0; AReaL: its log-ratio 0)
     faithful: bool = False  # reproduces released code, bugs included
+    # The probability-difference filter: Δp = exp(base) − exp(roll) at diff_filter's level inside
+    # [diff_low, diff_high] (either may be null: no bound on that side; negative bounds are allowed)
+    diff_filter: str = "none"
+    diff_low: float | None = None
+    diff_high: float | None = None
 
     @property
     def active(self) -> bool:
-        return self.weight != "none" or self.filter != "none" or self.veto is not None
+        return self.weight != "none" or self.filter != "none" or self.veto is not None or self.diff_filter != "none"
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> Correction:
@@ -116,6 +131,14 @@ class Correction:
                 raise UserError(f"correction.{key} must be non-negative, got {value}")
         if self.low is not None and self.high is not None and self.low > self.high:
             raise UserError(f"correction.low ({self.low}) > correction.high ({self.high})")
+        for key in ("diff_low", "diff_high"):
+            value = getattr(self, key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+            ):
+                raise UserError(f"correction.{key} must be a number or null, got {value!r}")
+        if self.diff_low is not None and self.diff_high is not None and self.diff_low > self.diff_high:
+            raise UserError(f"correction.diff_low ({self.diff_low}) > correction.diff_high ({self.diff_high})")
         if not isinstance(self.filter_shuffle, bool):
             raise UserError(f"correction.filter_shuffle must be true or false, got {self.filter_shuffle!r}")
         if self.filter_shuffle and self.filter == "none":
@@ -158,6 +181,38 @@ def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) ->
     if hi is not None:
         return value <= hi
     return value == value  # no band: keep everything that is not NaN
+
+
+def probability_difference(corr: Correction, old, roll, mask, lp=None) -> torch.Tensor:
+    """Δp_t = exp(base) − exp(roll), detached, base as in mismatch_log_ratio; exactly 0 at masked positions
+    under `padding: ignore` (and zero-logratio), so NaN padding never reaches a statistic."""
+    base = lp if corr.ratio == "bypass" else old
+    if base is None:
+        raise ValueError("a bypass correction needs lp")
+    diff = torch.exp(base.detach()) - torch.exp(roll.detach())
+    if corr.padding in ("ignore", "zero-logratio"):
+        diff = zero_padding(diff, mask)
+    return diff
+
+
+def in_diff_band(corr: Correction, old, roll, mask, lp) -> torch.Tensor:
+    """Which units' probability difference lies in [diff_low, diff_high]: [B, T] for the token and segment
+    levels, [B, 1] for the sequence (masked sum) and geometric (masked mean) ones. NaN fails the band."""
+    diff = probability_difference(corr, old, roll, mask, lp)
+    if corr.diff_filter == "token":
+        stat = diff
+    elif corr.diff_filter == "segment":
+        stat = segment_mean(diff, mask)
+    else:
+        stat = (diff * mask).sum(-1, keepdim=True)
+        if corr.diff_filter == "geometric":
+            stat = stat / mask.sum(-1, keepdim=True).clamp(min=1)
+    passed = stat == stat
+    if corr.diff_low is not None:
+        passed = passed & (stat >= corr.diff_low)
+    if corr.diff_high is not None:
+        passed = passed & (stat <= corr.diff_high)
+    return passed
 
 
 def mismatch_log_ratio(corr: Correction, old, roll, mask, lp=None) -> torch.Tensor:
@@ -252,6 +307,8 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         raw = _exp_clamped(lr, corr.log_clamp)
     elif corr.weight == "sequence":
         raw = _exp_clamped(seq_lr, corr.log_clamp).expand_as(lr)
+    elif corr.weight == "segment":
+        raw = _exp_clamped(segment_mean(lr, mask), corr.log_clamp)
     else:
         raw = _exp_clamped(seq_lr / count.clamp(min=1), corr.log_clamp).expand_as(lr)
     if corr.nonfinite == "zero-ratio":  # before the clamp, as NeMo-RL does: inf → 0, not → high
@@ -269,6 +326,8 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         stat_lr = lr if corr.filter_log_clamp is None else lr.clamp(-corr.filter_log_clamp, corr.filter_log_clamp)
         if corr.filter == "token":
             stat = stat_lr
+        elif corr.filter == "segment":
+            stat = segment_mean(_zero_nonfinite(stat_lr) if corr.nonfinite == "zero-ratio" else stat_lr, mask)
         else:
             if corr.nonfinite == "zero-ratio":
                 stat_lr = _zero_nonfinite(stat_lr)
@@ -276,6 +335,10 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
             if corr.filter == "geometric":
                 stat = stat / count.clamp(min=1)
         keep = _in_band(-stat if corr.filter_inverted else stat, corr, token_ratio=corr.filter == "token")
+    if corr.diff_filter != "none":
+        passed = in_diff_band(corr, old, roll, mask, lp)
+        keep = passed if keep is None else keep & passed
+    if corr.filter != "none":
         if corr.filter_shuffle:
             if generator is None:
                 raise UserError(
@@ -295,7 +358,7 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
     if keep is not None:
         keep_float = keep.to(weight.dtype)
         coef = zero_where_not(weight, keep, keep_float) if corr.reject == "where" else weight * keep_float
-        if corr.denominator == "drop":
+        if corr.denominator in ("drop", "drop-tokens"):
             new_mask = mask * keep_float
     if corr.padding == "ignore":
         coef = zero_padding(coef, mask)

@@ -27,8 +27,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from runner.core.corrections import Correction
+from runner.core.corrections import Correction, in_diff_band
 from runner.core.losses import LossSpec, policy_loss
+from runner.core.segments import segment_mean
 from runner.errors import UserError
 from runner.probe.settings import Arm
 from runner.worlds.protocol import Params, flat
@@ -114,6 +115,8 @@ def band_coefficients(
         raw = torch.ones(1, 1, dtype=old.dtype)
     elif corr.weight == "token":
         raw = exp_clamped(lr, corr.log_clamp)
+    elif corr.weight == "segment":  # one run of T tokens when the mask is full: the geometric level
+        raw = exp_clamped(per_seq(lr, True) if full else segment_mean(lr, mask), corr.log_clamp)
     else:
         raw = exp_clamped(per_seq(lr, corr.weight == "geometric"), corr.log_clamp)  # [B, 1]
     if corr.nonfinite == "zero-ratio":
@@ -131,7 +134,10 @@ def band_coefficients(
         stat_lr = lr if corr.filter_log_clamp is None else lr.clamp(-corr.filter_log_clamp, corr.filter_log_clamp)
         if corr.nonfinite == "zero-ratio" and corr.filter != "token":
             stat_lr = torch.nan_to_num(stat_lr, nan=0.0, posinf=0.0, neginf=0.0)
-        stat = stat_lr if corr.filter == "token" else per_seq(stat_lr, corr.filter == "geometric")
+        if corr.filter == "segment" and not full:
+            stat = segment_mean(stat_lr, mask)
+        else:
+            stat = stat_lr if corr.filter == "token" else per_seq(stat_lr, corr.filter in ("geometric", "segment"))
         if corr.filter_inverted:
             stat = -stat
         if corr.band_space == "ratio":
@@ -141,6 +147,9 @@ def band_coefficients(
             keep = (value >= group.low) & (value <= group.high)
         else:
             keep = (stat >= group.log_low) & (stat <= group.log_high)
+    if corr.diff_filter != "none":  # band-free: the same for every band of the group
+        passed = in_diff_band(corr, old, roll, mask, old)  # lp = old
+        keep = passed if keep is None else keep & passed
     if corr.veto is not None:
         threshold = math.log(corr.veto) if corr.veto > 0 else -math.inf
         vetoed = ((lr < threshold) & inside).any(-1, keepdim=True)
@@ -154,15 +163,18 @@ def band_coefficients(
             coef = torch.where(keep, weight, 0.0)
         else:
             coef = weight * keep.to(weight.dtype)
-        if corr.denominator == "drop":
+        if corr.denominator in ("drop", "drop-tokens"):
             red_mask = mask * keep.to(mask.dtype)
     if corr.padding == "ignore" and not full:
         coef = torch.where(inside, coef, 0.0)
     return coef, red_mask, keep, changed
 
 
-def reduction_weights(red_mask: torch.Tensor, reduction: str, n_seq: int) -> torch.Tensor:
-    """mask'·s: d(reduced loss)/d(per-token loss) for [.., B, T] reduction masks."""
+def reduction_weights(
+    red_mask: torch.Tensor, reduction: str, n_seq: int, sequences: torch.Tensor | None = None
+) -> torch.Tensor:
+    """mask'·s: d(reduced loss)/d(per-token loss) for [.., B, T] reduction masks. `sequences`: the
+    seq-mean-token-mean count of sequences when it is not red_mask's non-empty rows (drop-tokens)."""
     if reduction == "seq-mean-token-sum":
         return red_mask * (1.0 / max(n_seq, 1))
     if reduction == "token-mean":
@@ -170,7 +182,8 @@ def reduction_weights(red_mask: torch.Tensor, reduction: str, n_seq: int) -> tor
     counts = red_mask.sum(-1, keepdim=True)
     nonempty = counts > 0
     per_seq = torch.where(nonempty, 1.0 / counts.clamp(min=1), 0.0)
-    return red_mask * per_seq / nonempty.sum((-2, -1), keepdim=True).clamp(min=1)
+    divisor = nonempty.sum((-2, -1), keepdim=True) if sequences is None else sequences
+    return red_mask * per_seq / divisor.clamp(min=1)
 
 
 def scale_for(reduction: str, seq_len: int) -> float:
@@ -236,7 +249,8 @@ def fast_estimates(
         ess, masked, seq_masked, clamped = (torch.zeros(n_arms) for _ in range(4))
     for group in groups:
         coef, red_mask, keep, changed = band_coefficients(group, batch.old, batch.roll, mask, full)
-        base = shared if red_mask is mask else batch.adv * reduction_weights(red_mask, reduction, B)
+        sequences = (mask.sum(-1) > 0).sum() if group.correction.denominator == "drop-tokens" else None
+        base = shared if red_mask is mask else batch.adv * reduction_weights(red_mask, reduction, B, sequences)
         i, j = group.index[0], group.index[-1] + 1
         contiguous = group.index == tuple(range(i, j))
         out = weights[i:j] if contiguous else torch.empty(len(group.index), B, T)
