@@ -62,6 +62,7 @@ SPEC_PRESETS = [
     "roll/filter-sequence",
     "roll/diff-token",
     "roll/ratio-diff-segment",
+    "prime-rl/default",
 ]
 
 

@@ -23,7 +23,7 @@ from tests.helpers.repo import REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: see conftest.py
 
-FRAMEWORK_CASES = ("nemo-rl", "areal", "skyrl", "roll")
+FRAMEWORK_CASES = ("nemo-rl", "areal", "skyrl", "roll", "prime-rl")
 
 
 def _composed(preset: str, overrides: list[str] = ()) -> tuple[Correction, LossSpec]:
