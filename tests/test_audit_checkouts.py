@@ -126,7 +126,8 @@ def test_rolls_pg_variants_are_our_losses_element_for_element(site):
     """ROLL's pg_variant losses (roll/pipeline/rlvr/actor_pg_worker.py, compiled from the checkout) against ours, per
     token and its gradient, on 20 random batches (|lp − old| ~ 0.5 and ~ 3): cispo with ROLL's ε = 0.1 is
     loss=cispo, tis (clamp(r, 0, 1)) is loss=cispo with eps_low 1 and eps_high 0, kimi15 with τ = 0.1 is loss=kimi15
-    with kl_tau 0.05, topr is loss=topr (scores of the advantages' sign). Measured difference: exactly 0."""
+    with kl_tau 0.05, topr is loss=topr (scores of the advantages' sign), cispo_use_unified_mask is loss.cispo_mask.
+    Measured difference: exactly 0."""
     import types
 
     import torch
@@ -145,6 +146,7 @@ def test_rolls_pg_variants_are_our_losses_element_for_element(site):
         "tis": LossSpec(name="cispo", eps_low=1.0, eps_high=0.0),
         "kimi15": LossSpec(name="kimi15", kl_tau=0.05),
         "topr": LossSpec(name="topr"),
+        "cispo-unified": LossSpec(name="cispo", eps_low=0.1, eps_high=0.1, cispo_mask=True),
     }
     settings = {"cispo_epsilon_low": 0.1, "cispo_epsilon_high": 0.1, "kimi15_tau": 0.1}
 
@@ -155,11 +157,13 @@ def test_rolls_pg_variants_are_our_losses_element_for_element(site):
             _kimi15_config_logged=True,
             _topr_sample_logged=True,
             _cached_metrics={},
-            pipeline_config=types.SimpleNamespace(actor_train=types.SimpleNamespace(**settings)),
+            pipeline_config=types.SimpleNamespace(
+                actor_train=types.SimpleNamespace(**settings, cispo_use_unified_mask=variant == "cispo-unified")
+            ),
         )
         self._get_or_cache_config = lambda key, default: worker._get_or_cache_config(self, key, default)
         ratio, data = (lp - old).exp(), types.SimpleNamespace(batch={"scores": scores})
-        if variant == "cispo":
+        if variant in ("cispo", "cispo-unified"):
             return worker._compute_cispo_loss(self, ratio, lp, adv)
         if variant == "kimi15":
             return worker._compute_kimi15_loss(self, ratio, lp, old, adv)

@@ -69,6 +69,9 @@ class LossSpec:
     # The trust-region losses' (dppo-tv, dppo-kl, ipo) bound on log r before exp: SkyRL's ±20 (safe_exp_delta);
     # null: unbounded, as prime-rl's exp(trainer − inference), so r = inf past 88 nats
     log_ratio_bound: float | None = 20.0
+    # CISPO's unified mask (MiniMax-M1 eq. 7, ROLL's cispo_use_unified_mask): also drop a token where A > 0 and
+    # r > 1 + ε_high, or A < 0 and r < 1 − ε_low, as PPO's clip would
+    cispo_mask: bool = False
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> LossSpec:
@@ -108,6 +111,10 @@ class LossSpec:
             raise UserError(
                 f"loss.log_ratio_bound applies to loss={'|'.join(TRUST_REGION_LOSSES)} only, not loss={spec.name}"
             )
+        if not isinstance(spec.cispo_mask, bool):
+            raise UserError(f"loss.cispo_mask must be true or false, got {spec.cispo_mask!r}")
+        if spec.cispo_mask and spec.name != "cispo":
+            raise UserError(f"loss.cispo_mask applies to loss=cispo only, not loss={spec.name}")
         if spec.tau_pos <= 0 or spec.tau_neg <= 0:
             raise UserError("loss.tau_pos and loss.tau_neg must be positive")
         if spec.dual_clip is not None and spec.name not in ("ppo", "gspo"):
