@@ -166,7 +166,7 @@ def test_a_segment_filter_rejects_one_run_and_keeps_the_other():
 
 def test_the_probability_difference_filter_reads_exp_old_minus_exp_roll_at_each_level():
     """p_old = [0.5, 0.5, 0.2], p_roll = [0.2, 0.6, 0.2]: Δp = [0.3, −0.1, 0]. Token band [−0.2, 0.2] keeps the
-    last two; the sequence sum 0.2 is kept by [−0.2, 0.2] and rejected by [−0.1, 0.1]; the geometric mean 0.0667
+    last two, the asymmetric [−0.05, 0.35] the first and the last (roll − old would keep the last two); the sequence sum 0.2 is kept by [−0.2, 0.2] and rejected by [−0.1, 0.1]; the geometric mean 0.0667
     is kept by [−0.1, 0.1]. A unit must pass both filters: a ratio band that rejects token 0 changes nothing,
     one that rejects token 1 (ρ = 0.83 outside [0.9, 5]) also removes it."""
     old = torch.log(torch.tensor([[0.5, 0.5, 0.2]]))
@@ -178,6 +178,7 @@ def test_the_probability_difference_filter_reads_exp_old_minus_exp_roll_at_each_
         return apply_correction(corr, old, roll, mask, metrics=False).keep[0].tolist()
 
     assert keep(diff_filter="token", diff_low=-0.2, diff_high=0.2) == [False, True, True]
+    assert keep(diff_filter="token", diff_low=-0.05, diff_high=0.35) == [True, False, True]  # the sign: old − roll
     assert keep(diff_filter="sequence", diff_low=-0.2, diff_high=0.2) == [True] * 3
     assert keep(diff_filter="sequence", diff_low=-0.1, diff_high=0.1) == [False] * 3
     assert keep(diff_filter="geometric", diff_low=-0.1, diff_high=0.1) == [True] * 3
