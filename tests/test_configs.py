@@ -63,6 +63,17 @@ SPEC_PRESETS = [
     "skyrl/outlier-token-is",
     "skyrl/tis-sequence-token-mask-is",
     "skyrl/geometric-token-mask-is",
+    "roll/is-token",
+    "roll/is-segment",
+    "roll/is-geometric",
+    "roll/is-sequence",
+    "roll/filter-token",
+    "roll/filter-segment",
+    "roll/filter-geometric",
+    "roll/filter-sequence",
+    "roll/diff-token",
+    "roll/ratio-diff-segment",
+    "prime-rl/default",
 ]
 
 

@@ -23,7 +23,7 @@ from tests.helpers.repo import REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: see conftest.py
 
-FRAMEWORK_CASES = ("nemo-rl", "areal", "skyrl")
+FRAMEWORK_CASES = ("nemo-rl", "areal", "skyrl", "roll", "prime-rl")
 
 
 def _composed(preset: str, overrides: list[str] = ()) -> tuple[Correction, LossSpec]:
@@ -290,3 +290,85 @@ def test_ratio_against_current_is_one_with_the_gradient_of_lp_and_ppo_only():
     assert forced.loss.item() == pytest.approx(-0.5) and lp.grad.tolist() == [[-1.0, 0.5]]
     with pytest.raises(UserError, match="ratio_against=current .* applies to loss=ppo only, not loss=cispo"):
         LossSpec.from_config({"name": "cispo", "ratio_against": "current"})
+
+
+# ------------------------------------------------------------------------------------ ROLL: segments, Δp, drop-tokens
+def test_segment_mean_gives_each_run_of_masked_in_tokens_its_own_mean():
+    """mask [1, 1, 0, 1, 1, 1 | 0, 1, 0, 1]: runs {0, 1}, {3, 4, 5} and {1}, {3}; a masked-out token is 0 and its
+    value, NaN here, is never read."""
+    from runner.core.segments import segment_mean
+
+    x = torch.tensor([[1.0, 3.0, math.nan, 2.0, 4.0, 9.0], [math.nan, 5.0, 7.0, -1.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1], [0, 1, 0, 1, 0, 0]])
+    assert segment_mean(x, mask).tolist() == [[2.0, 2.0, 0.0, 5.0, 5.0, 5.0], [0.0, 5.0, 0.0, -1.0, 0.0, 0.0]]
+
+
+def test_a_segment_weight_is_the_geometric_weight_of_each_run():
+    """lr = [0.2, 0.4, ·, −0.3, −0.1]: the runs' means are 0.3 and −0.2, so the weight is e^0.3 on the first two
+    tokens and e^−0.2 on the last two (geometric: one mean, e^0.05, on all four), 1 at the gap."""
+    old = torch.tensor([[0.2, 0.4, 5.0, -0.3, -0.1]]) - 1.0
+    roll = torch.full_like(old, -1.0)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0, 1.0]])
+    seg = apply_correction(Correction(name="s", weight="segment", padding="multiply"), old, roll, mask, metrics=False)
+    expected = [math.exp(0.3)] * 2 + [1.0] + [math.exp(-0.2)] * 2
+    assert seg.coef[0].tolist() == pytest.approx(expected, rel=1e-6)
+    geo = apply_correction(Correction(name="g", weight="geometric", padding="multiply"), old, roll, mask, metrics=False)
+    assert geo.coef[0, 0].item() == pytest.approx(math.exp(0.05), rel=1e-6)
+
+
+def test_a_segment_filter_rejects_one_run_and_keeps_the_other():
+    """Band [0.8, 1.2]: run means e^0.3 = 1.35 (rejected) and e^−0.05 = 0.95 (kept)."""
+    old = torch.tensor([[0.2, 0.4, 0.0, 0.0, -0.1]]) - 1.0
+    roll = torch.full_like(old, -1.0)
+    mask = torch.tensor([[1.0, 1.0, 0.0, 1.0, 1.0]])
+    corr = Correction(name="f", filter="segment", low=0.8, high=1.2, padding="multiply")
+    assert apply_correction(corr, old, roll, mask, metrics=False).keep[0, [0, 1, 3, 4]].tolist() == [
+        False,
+        False,
+        True,
+        True,
+    ]
+
+
+def test_the_probability_difference_filter_reads_exp_old_minus_exp_roll_at_each_level():
+    """p_old = [0.5, 0.5, 0.2], p_roll = [0.2, 0.6, 0.2]: Δp = [0.3, −0.1, 0]. Token band [−0.2, 0.2] keeps the
+    last two, the asymmetric [−0.05, 0.35] the first and the last (roll − old would keep the last two); the sequence sum 0.2 is kept by [−0.2, 0.2] and rejected by [−0.1, 0.1]; the geometric mean 0.0667
+    is kept by [−0.1, 0.1]. A unit must pass both filters: a ratio band that rejects token 0 changes nothing,
+    one that rejects token 1 (ρ = 0.83 outside [0.9, 5]) also removes it."""
+    old = torch.log(torch.tensor([[0.5, 0.5, 0.2]]))
+    roll = torch.log(torch.tensor([[0.2, 0.6, 0.2]]))
+    mask = torch.ones_like(old)
+
+    def keep(**fields):
+        corr = Correction(name="d", padding="multiply", **fields)
+        return apply_correction(corr, old, roll, mask, metrics=False).keep[0].tolist()
+
+    assert keep(diff_filter="token", diff_low=-0.2, diff_high=0.2) == [False, True, True]
+    assert keep(diff_filter="token", diff_low=-0.05, diff_high=0.35) == [True, False, True]  # the sign: old − roll
+    assert keep(diff_filter="sequence", diff_low=-0.2, diff_high=0.2) == [True] * 3
+    assert keep(diff_filter="sequence", diff_low=-0.1, diff_high=0.1) == [False] * 3
+    assert keep(diff_filter="geometric", diff_low=-0.1, diff_high=0.1) == [True] * 3
+    assert keep(diff_filter="token", diff_low=-0.2, diff_high=0.2, filter="token", low=0.9, high=5.0) == [
+        False,
+        False,
+        True,
+    ]
+    with pytest.raises(UserError, match=r"correction.diff_low \(0.2\) > correction.diff_high \(-0.2\)"):
+        Correction(name="d", diff_filter="token", diff_low=0.2, diff_high=-0.2).validate()
+
+
+def test_drop_tokens_keeps_an_emptied_sequence_among_seq_mean_token_means_sequences():
+    """Two sequences, A = 1, lp = old: the token filter rejects every token of the second. `drop` averages the
+    first sequence's mean over one sequence (loss −1); `drop-tokens` over both (−1/2), as ROLL's sample count
+    is taken before the filter; `keep` would also divide the first by its own 2 tokens."""
+    from runner.core.losses import policy_loss
+
+    lp = torch.tensor([[-1.0, -1.0], [-1.0, -1.0]])
+    roll = torch.tensor([[-1.0, -1.0], [-3.0, -3.0]])
+    mask, adv = torch.ones_like(lp), torch.ones_like(lp)
+    spec = LossSpec(reduction="seq-mean-token-mean")
+    losses = {}
+    for denominator in ("drop", "drop-tokens"):
+        corr = Correction(name="f", filter="token", low=0.8, high=1.2, denominator=denominator, padding="multiply")
+        losses[denominator] = policy_loss(spec, corr, lp.clone().requires_grad_(True), lp, roll, adv, mask).loss.item()
+    assert losses == {"drop": -1.0, "drop-tokens": -0.5}

@@ -378,6 +378,42 @@ def test_extreme_dppo_ratio_is_bounded_where_prime_rl_overflows():
     assert res.loss.item() == pytest.approx((2 * math.exp(20) - math.exp(-20) + kl) / 6, rel=1e-5)
 
 
+def test_cispo_unified_mask_drops_where_ppos_clip_would_by_hand():
+    """loss=roll/cispo (ε = 0.1) on the worked batch at a step's first update against π_old: r = [1.25, 0.9 | 0.7,
+    1.1]. Plain CISPO weighs [1.1, 0.9 | 0.9, 1.1]; the unified mask also drops token 1 (A > 0, r > 1.1) and token 3
+    (A < 0, r < 0.9), so the gradient −w·A·m / N per token (seq-mean-token-mean, N = 2 per sequence, 2 sequences)
+    is [0, −0.225 | 0, 0.275] where it was [−0.275, −0.225 | 0.225, 0.275]."""
+    lp, old, roll, adv, mask = worked_batch()
+    _, plain = run(shipped("roll/cispo"), lp, old, roll, adv, mask)
+    _, masked = run(shipped("roll/cispo", cispo_mask=True), lp, old, roll, adv, mask)
+    assert plain.flatten().tolist() == pytest.approx([-0.275, -0.225, 0.225, 0.275], rel=1e-6)
+    assert masked.flatten().tolist() == pytest.approx([0.0, -0.225, 0.0, 0.275], rel=1e-6)
+    with pytest.raises(UserError, match="loss.cispo_mask applies to loss=cispo only, not loss=topr"):
+        shipped("topr", cispo_mask=True)
+
+
+def test_prime_rl_losses_keep_its_unbounded_ratio_and_its_0_times_inf():
+    """loss=prime-rl/default and prime-rl/ipo (loss.log_ratio_bound: null) are prime-rl's exp(lp − roll): at
+    lp − roll = 100 the ratio is inf. With A = +1 the token rose by Δp ≈ 1 > 0.2 and is dropped, 0·inf = NaN;
+    with A = −1 it is kept, −(−1)·inf = +inf (the squared term adds 1e-3·100² = 10); IPO drops it either way. The shipped dppo-tv bounds
+    log r to 20 first: the kept token costs e^20 + 10, the dropped one 10."""
+    lp, roll, mask = torch.tensor([[0.0]]), torch.tensor([[-100.0]]), torch.ones(1, 1)
+    dropped, _ = run(shipped("prime-rl/default"), lp, lp, roll, torch.ones(1, 1), mask)
+    kept, _ = run(shipped("prime-rl/default"), lp, lp, roll, -torch.ones(1, 1), mask)
+    assert math.isnan(dropped.loss.item()) and kept.loss.item() == math.inf
+    for adv in (1.0, -1.0):  # IPO drops |Δp| > 0.1 whatever A's sign: NaN both ways
+        res, _ = run(shipped("prime-rl/ipo"), lp, lp, roll, torch.full((1, 1), adv), mask)
+        assert math.isnan(res.loss.item()), adv
+    bounded_dropped, _ = run(shipped("dppo-tv"), lp, lp, roll, torch.ones(1, 1), mask)
+    bounded_kept, _ = run(shipped("dppo-tv"), lp, lp, roll, -torch.ones(1, 1), mask)
+    assert bounded_dropped.loss.item() == pytest.approx(10.0, rel=1e-6)
+    assert bounded_kept.loss.item() == pytest.approx(math.exp(20) + 10.0, rel=1e-6)
+    with pytest.raises(UserError, match=r"loss.log_ratio_bound applies to loss=dppo-tv\|dppo-kl\|ipo only"):
+        shipped("cispo", log_ratio_bound=None)
+    with pytest.raises(UserError, match="loss.log_ratio_bound must be a non-negative number or null"):
+        shipped("dppo-tv", log_ratio_bound=-1.0)
+
+
 @pytest.mark.parametrize("name", NEW_LOSSES)
 def test_all_masked_batch_gives_exactly_zero(name):
     """Nothing masked in, NaN and inf in every input but lp: the loss is exactly 0 and so is every gradient

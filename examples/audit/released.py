@@ -152,6 +152,7 @@ class Checkout:
     commit: str
     package: str  # the folder copied into the site
     env: str  # a variable naming a local checkout to use instead of fetching
+    within: str = ""  # the folder of the repository that holds `package` (prime-rl's src/)
 
     def fetch(self, site: Path) -> Path:
         """site/PACKAGE from the checkout in $ENV, or fetched from `url` at `commit`."""
@@ -160,7 +161,7 @@ class Checkout:
             return dest
         local = os.environ.get(self.env)
         if local:
-            source = Path(local) / self.package
+            source = Path(local) / self.within / self.package
             if not source.is_dir():
                 raise FileNotFoundError(f"${self.env}={local} has no {self.package}/ folder")
             shutil.copytree(source, dest)
@@ -170,15 +171,26 @@ class Checkout:
             subprocess.run([*git, "init", "--quiet"], check=True)
             subprocess.run([*git, "fetch", "--quiet", "--depth", "1", self.url, self.commit], check=True, timeout=600)
             subprocess.run([*git, "checkout", "--quiet", "FETCH_HEAD"], check=True)
-            shutil.copytree(Path(tmp) / self.package, dest)
+            shutil.copytree(Path(tmp) / self.within / self.package, dest)
         return dest
 
 
 NEMO_RL_COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
 SKYRL_COMMIT = "a9564572eb8e91076be43c1bd5e4615e3de17265"  # PyPI's skyrl 0.3.0 predates its off_policy_correction
+ROLL_COMMIT = "8eb27cc2dc34c4d1310b169d9b86d339004d811a"  # not on PyPI
+PRIME_RL_COMMIT = "559b44772e471d1538537b8805cc77f3824a5e64"  # PyPI's prime-rl does not ship this trainer
 CHECKOUTS = (
     Checkout("nemo-rl", "https://github.com/NVIDIA-NeMo/RL", NEMO_RL_COMMIT, "nemo_rl", "IS_STUDY_NEMO_RL"),
     Checkout("skyrl", "https://github.com/NovaSky-AI/SkyRL", SKYRL_COMMIT, "skyrl", "IS_STUDY_SKYRL"),
+    Checkout("roll", "https://github.com/alibaba/ROLL", ROLL_COMMIT, "roll", "IS_STUDY_ROLL"),
+    Checkout(
+        "prime-rl",
+        "https://github.com/PrimeIntellect-ai/prime-rl",
+        PRIME_RL_COMMIT,
+        "prime_rl",
+        "IS_STUDY_PRIME_RL",
+        "src",
+    ),
 )
 # An adversarial finding of every NeMo-RL mode: finite padding with lp − old = 1e4 overflows PPO's ratio
 # (exp, unclamped) to inf there, and the backward of exp multiplies the 0 gradient by it: NaN.
@@ -253,6 +265,87 @@ CHECKOUT_TARGETS += tuple(
     for name, config in SKYRL_MODES
 )
 
+
+# ROLL's RLVR actor loss with one train_infer_correction each, compared with its preset on every batch. The two
+# adversarial findings are of its PPO ratio exp(lp − old), unbounded, at a masked position (finite padding with
+# lp − old = 1e4: 0·inf in the backward; NaN padding: NaN through the mask product). Under loss_agg_mode=token-mean
+# ROLL's agg_loss does not multiply by the mask, so its filters and its padding reach the loss: a bug on ordinary
+# inputs (the reference check), docs/audit.md.
+ROLL_ADVERSARIAL = (
+    "1 finite: grad[0][1] (a masked position) nan on finite inputs",
+    "4 padding: padding values leak: grad[0][0] nan",
+)
+ROLL_MODES = (
+    ("is-token", {"is_weight": {"enabled": True, "weight_type": "token"}}),
+    ("filter-token", {"filters": [{"enabled": True, "agg_type": "token"}]}),
+    (
+        "ratio-diff-segment",
+        {
+            "filters": [
+                {
+                    "enabled": True,
+                    "agg_type": "segment",
+                    "ratio_high": 1.05,
+                    "diff_enabled": True,
+                    "diff_low": -0.1,
+                    "diff_high": 0.1,
+                }
+            ]
+        },
+    ),
+)
+CHECKOUT_TARGETS += tuple(
+    Target(
+        f"roll-{name}",
+        f"ROLL {ROLL_COMMIT[:8]} ActorWorker.loss_func, train_infer_correction {name} (adapter)",
+        (
+            "--target",
+            "examples/audit/roll.py:ActorLoss",
+            "--target-kwargs",
+            json.dumps({"roll": f"{SITE}/roll", **config}),
+            "--reference",
+            f"correction=roll/{name}",
+        ),
+        known=(),
+        other=ROLL_ADVERSARIAL,
+    )
+    for name, config in ROLL_MODES
+)
+CHECKOUT_TARGETS += (
+    Target(
+        "roll-filter-token-token-mean",
+        f"ROLL {ROLL_COMMIT[:8]} ActorWorker.loss_func, a token filter under loss_agg_mode=token-mean (adapter)",
+        (
+            "--target",
+            "examples/audit/roll.py:ActorLoss",
+            "--target-kwargs",
+            json.dumps({"roll": f"{SITE}/roll", "loss_agg_mode": "token-mean", **ROLL_MODES[1][1]}),
+            "--reference",
+            "correction=roll/filter-token",
+        ),
+        known=("4 padding: padding values leak: loss", "5 on-policy:", "reference:"),
+        other=("1 finite: grad[0][1] (a masked position) nan on finite inputs",),
+    ),
+)
+# prime-rl's rl loss, default (DPPO Binary-TV + KL) and IPO. Its ratio exp(trainer − inference) is unbounded: a
+# token the engine gave log-prob −100 overflows it, and the trust-region mask drops the token by multiplying,
+# 0·inf = NaN, a realistic finding; the same product at a masked position (loss_mask · …) leaks NaN padding and
+# makes an all-masked batch NaN (adversarial).
+CHECKOUT_TARGETS += tuple(
+    Target(
+        f"prime-rl-{kind}",
+        f"prime-rl {PRIME_RL_COMMIT[:8]} compute_loss with {kind} loss (adapter)",
+        (
+            "--target",
+            "examples/audit/prime_rl.py:RLLoss",
+            "--target-kwargs",
+            json.dumps({"prime_rl": f"{SITE}/prime_rl", "type": kind}),
+        ),
+        known=("1 finite: loss nan on finite inputs",),
+        other=("4 padding: padding values leak: loss nan", "all-masked: all-masked batch gives loss nan"),
+    )
+    for kind in ("default", "ipo")
+)
 
 # AReaL's rejection sampling, one target per (level, action), each compared with our preset on every batch.
 # Both findings are of its PPO ratio exp(lp − proximal), unbounded, at a masked position: finite padding with

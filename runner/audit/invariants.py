@@ -146,7 +146,12 @@ def applies_rejection(subject) -> str | None:
         return None if subject.loss_name != "gspo" else "gspo does not apply the correction"
     if subject.loss_name == "gspo":
         return "gspo does not apply the correction"
-    if subject.corr.filter == "none" and subject.corr.veto is None and not subject.corr.has_masks:
+    if (
+        subject.corr.filter == "none"
+        and subject.corr.veto is None
+        and not subject.corr.has_masks
+        and subject.corr.diff_filter == "none"
+    ):
         return "no filter and no veto: nothing is rejected"
     return None
 

@@ -5,8 +5,9 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
     ratio base   decoupled: lr = old − roll          bypass: lr = lp − roll (detached)
     log clamp    lr (token) or L_i (sequence/geometric) clamped to [−c, c] before exp()
     weight       none: 1 | token: ρ_t | sequence: ρ_seq = exp(L_i) | geometric: ρ_geo = exp(G_i)
+                 | segment: exp(mean of lr over the token's run of masked-in tokens) (ROLL; runner/core/segments.py)
     weight op    raw | clamp(low?, high?) | clamp-high (min(·, high))
-    filter       none | token | sequence | geometric statistic, kept inside [low, high]; max: a sequence's
+    filter       none | token | sequence | geometric | segment statistic, kept inside [low, high]; max: a sequence's
                  largest per-token statistic (verl's seq_max_*)
     statistic    filter_statistic: what each token contributes to the filter: log-ratio (lr_t) | k2 (½·lr_t²)
                  | k3 (e^lr_t − 1 − lr_t), verl's divergence estimators
@@ -15,11 +16,16 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
     opsm         opsm_delta: off-policy sequence masking (DeepSeek-V3.2 eq. 9; TRL's off_policy_mask_threshold):
                  a sequence with a negative advantage whose mean KL, mean_t (ref − lp) with ref = roll or old
                  (opsm_reference), exceeds δ gets coefficient · 0; needs lp and the advantages
+    diff filter  none | token | sequence | geometric | segment statistic of the probability difference
+                 Δp_t = exp(base) − exp(roll) (sum, mean, run mean), kept inside [diff_low, diff_high]; a unit
+                 must pass both filters (ROLL's diff_enabled beside ratio_enabled)
     shuffle      filter_shuffle: keep as many units as the filter keeps, drawn at random (a control arm:
                  the filter's rejection rate without its selection; needs a random stream)
     veto         reject a sequence if any masked-in ρ_t < veto
     reject       where: a rejected coefficient is exactly 0 | multiply: coefficient · 0/1 (0·inf = NaN)
-    denominator  keep: rejected tokens still count | drop: they leave the action mask
+    denominator  keep: rejected tokens still count | drop: they leave the action mask | drop-tokens: they
+                 leave the mask, but a sequence left empty still counts among seq-mean-token-mean's sequences
+                 (ROLL: its sample count is taken before the filter)
     nonfinite    keep | zero-ratio: NeMo-RL's nan_to_num(·, nan=0, posinf=0, neginf=0) on the weight's ratio
                  (before the weight op: an overflowing ρ becomes 0, not `high`), on the ratio a token filter
                  compares and on each lr_t a sequence or geometric filter's statistic sums | zero-logratio:
@@ -54,21 +60,25 @@ import torch
 
 from runner.core.masking import shuffled_keep, zero_padding, zero_where_not
 from runner.core.metrics import correction_metrics, correction_metrics_by_group
+from runner.core.segments import segment_mean
 from runner.errors import UserError
 
 LEVELS = ("none", "token", "sequence", "geometric")
+# ROLL's segment level, for the weight and both filters: a level of its own, after the others
+SEGMENT_LEVELS = (*LEVELS, "segment")
 CHOICES = {
     "ratio": ("decoupled", "bypass"),
-    "weight": LEVELS,
+    "weight": SEGMENT_LEVELS,
     "weight_op": ("raw", "clamp", "clamp-high"),
-    "filter": (*LEVELS, "max"),
+    "filter": (*SEGMENT_LEVELS, "max"),  # max aggregates a filter's statistic, never a weight
+    "diff_filter": SEGMENT_LEVELS,
     "filter_statistic": ("log-ratio", "k2", "k3"),
     # value: the statistic itself is compared with [low, high] (verl's k2 / k3 thresholds)
     "band_space": ("ratio", "log", "value"),
     "normalize": ("none", "batch"),
     "opsm_reference": ("roll", "old"),
     "reject": ("where", "multiply"),
-    "denominator": ("keep", "drop"),
+    "denominator": ("keep", "drop", "drop-tokens"),
     # ignore: masked positions are replaced before any arithmetic, so NaN/inf padding cannot leak.
     # multiply: released code's `x * mask`, where NaN·0 = NaN leaks. zero-logratio: TRL's
     # log-ratio is zeroed at padding (ratio 1), the loss is still reduced by multiplication.
@@ -81,8 +91,6 @@ CHOICES = {
     "statistics_mask": ("original", "masked"),
     "weight_padding": ("keep", "zero"),
 }
-# `max` aggregates a filter's statistic, never a weight
-CHOICES["filter"] = (*LEVELS, "max")
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,11 @@ class Correction:
     opsm_delta: float | None = None
     opsm_reference: str = "roll"
     faithful: bool = False  # reproduces released code, bugs included
+    # The probability-difference filter: Δp = exp(base) − exp(roll) at diff_filter's level inside
+    # [diff_low, diff_high] (either may be null: no bound on that side; negative bounds are allowed)
+    diff_filter: str = "none"
+    diff_low: float | None = None
+    diff_high: float | None = None
 
     @property
     def active(self) -> bool:
@@ -134,6 +147,7 @@ class Correction:
             or self.veto is not None
             or self.has_masks
             or self.opsm_delta is not None
+            or self.diff_filter != "none"
         )
 
     @property
@@ -201,6 +215,14 @@ class Correction:
             raise UserError(
                 f"correction.filter_metric={self.filter_metric} is compared as it is; band_space=log is for log-ratios"
             )
+        for key in ("diff_low", "diff_high"):
+            value = getattr(self, key)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value)
+            ):
+                raise UserError(f"correction.{key} must be a number or null, got {value!r}")
+        if self.diff_low is not None and self.diff_high is not None and self.diff_low > self.diff_high:
+            raise UserError(f"correction.diff_low ({self.diff_low}) > correction.diff_high ({self.diff_high})")
         if not isinstance(self.filter_shuffle, bool):
             raise UserError(f"correction.filter_shuffle must be true or false, got {self.filter_shuffle!r}")
         if self.filter_shuffle and self.filter == "none":
@@ -305,6 +327,38 @@ def _band_keep(value: torch.Tensor, lo: float | None, hi: float | None, nan: str
     else:
         inside = value == value  # no band: keep everything that is not NaN
     return inside | torch.isnan(value) if nan == "keep" else inside
+
+
+def probability_difference(corr: Correction, old, roll, mask, lp=None) -> torch.Tensor:
+    """Δp_t = exp(base) − exp(roll), detached, base as in mismatch_log_ratio; exactly 0 at masked positions
+    under `padding: ignore` (and zero-logratio), so NaN padding never reaches a statistic."""
+    base = lp if corr.ratio == "bypass" else old
+    if base is None:
+        raise ValueError("a bypass correction needs lp")
+    diff = torch.exp(base.detach()) - torch.exp(roll.detach())
+    if corr.padding in ("ignore", "zero-logratio"):
+        diff = zero_padding(diff, mask)
+    return diff
+
+
+def in_diff_band(corr: Correction, old, roll, mask, lp) -> torch.Tensor:
+    """Which units' probability difference lies in [diff_low, diff_high]: [B, T] for the token and segment
+    levels, [B, 1] for the sequence (masked sum) and geometric (masked mean) ones. NaN fails the band."""
+    diff = probability_difference(corr, old, roll, mask, lp)
+    if corr.diff_filter == "token":
+        stat = diff
+    elif corr.diff_filter == "segment":
+        stat = segment_mean(diff, mask)
+    else:
+        stat = (diff * mask).sum(-1, keepdim=True)
+        if corr.diff_filter == "geometric":
+            stat = stat / mask.sum(-1, keepdim=True).clamp(min=1)
+    passed = stat == stat
+    if corr.diff_low is not None:
+        passed = passed & (stat >= corr.diff_low)
+    if corr.diff_high is not None:
+        passed = passed & (stat <= corr.diff_high)
+    return passed
 
 
 def mismatch_log_ratio(corr: Correction, old, roll, mask, lp=None) -> torch.Tensor:
@@ -430,6 +484,8 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None) -
         raw = _exp_clamped(lr, corr.log_clamp)
     elif corr.weight == "sequence":
         raw = _exp_clamped(seq_lr, corr.log_clamp).expand_as(lr)
+    elif corr.weight == "segment":
+        raw = _exp_clamped(segment_mean(lr, mask), corr.log_clamp)
     else:
         raw = _exp_clamped(seq_lr / count.clamp(min=1), corr.log_clamp).expand_as(lr)
     if corr.nonfinite == "zero-ratio":  # before the clamp, as NeMo-RL does: inf → 0, not → high
@@ -451,6 +507,8 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None) -
         stat_lr = lr if corr.filter_log_clamp is None else lr.clamp(-corr.filter_log_clamp, corr.filter_log_clamp)
         if corr.filter == "token":
             stat = _token_statistic(stat_lr, corr.filter_statistic)
+        elif corr.filter == "segment":
+            stat = segment_mean(_zero_nonfinite(stat_lr) if corr.nonfinite == "zero-ratio" else stat_lr, mask)
         else:
             if corr.nonfinite == "zero-ratio":
                 stat_lr = _zero_nonfinite(stat_lr)
@@ -464,6 +522,10 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None) -
             if corr.filter == "geometric":
                 stat = stat / count.clamp(min=1)
         keep = _in_band(-stat if corr.filter_inverted else stat, corr, token_ratio=corr.filter == "token")
+    if corr.diff_filter != "none":
+        passed = in_diff_band(corr, old, roll, mask, lp)
+        keep = passed if keep is None else keep & passed
+    if corr.filter != "none":
         if corr.filter_shuffle:
             if generator is None:
                 raise UserError(
@@ -485,7 +547,7 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None) -
     if keep is not None:
         keep_float = keep.to(weight.dtype)
         coef = zero_where_not(scaled, keep, keep_float) if corr.reject == "where" else scaled * keep_float
-        if corr.denominator == "drop":
+        if corr.denominator in ("drop", "drop-tokens"):
             new_mask = mask * keep_float
     if masks is not None and masks.m2_keep is not None:  # AReaL counts its tokens after M2PO
         new_mask = new_mask * masks.m2_keep.to(mask.dtype)

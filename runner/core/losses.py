@@ -33,6 +33,8 @@ LOSSES = (
     "rollout-is",
     "kimi15",
 )
+# the losses whose ratio's exp bound is loss.log_ratio_bound
+TRUST_REGION_LOSSES = ("dppo-tv", "dppo-kl", "ipo")
 REDUCTIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 # What PPO's (and GSPO's) ratio is taken against: `old`, the trainer's fp32 log-probs under θ_t (decoupled
 # PPO: the clip bounds the updates made within a step), or `behaviour`, the engine's reported log-probs
@@ -65,6 +67,12 @@ class LossSpec:
     tau_neg: float = 1.05
     positive_weight: float = 1.0  # TOPR's weights on positive and negative samples
     negative_weight: float = 1.0
+    # The trust-region losses' (dppo-tv, dppo-kl, ipo) bound on log r before exp: SkyRL's ±20 (safe_exp_delta);
+    # null: unbounded, as prime-rl's exp(trainer − inference), so r = inf past 88 nats
+    log_ratio_bound: float | None = 20.0
+    # CISPO's unified mask (MiniMax-M1 eq. 7, ROLL's cispo_use_unified_mask): also drop a token where A > 0 and
+    # r > 1 + ε_high, or A < 0 and r < 1 − ε_low, as PPO's clip would
+    cispo_mask: bool = False
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> LossSpec:
@@ -94,6 +102,20 @@ class LossSpec:
         ):
             if getattr(spec, key) < 0:
                 raise UserError(f"loss.{key} must be non-negative, got {getattr(spec, key)}")
+        if spec.log_ratio_bound is not None and (
+            isinstance(spec.log_ratio_bound, bool)
+            or not isinstance(spec.log_ratio_bound, (int, float))
+            or not spec.log_ratio_bound >= 0
+        ):
+            raise UserError(f"loss.log_ratio_bound must be a non-negative number or null, got {spec.log_ratio_bound!r}")
+        if spec.log_ratio_bound != 20.0 and spec.name not in TRUST_REGION_LOSSES:
+            raise UserError(
+                f"loss.log_ratio_bound applies to loss={'|'.join(TRUST_REGION_LOSSES)} only, not loss={spec.name}"
+            )
+        if not isinstance(spec.cispo_mask, bool):
+            raise UserError(f"loss.cispo_mask must be true or false, got {spec.cispo_mask!r}")
+        if spec.cispo_mask and spec.name != "cispo":
+            raise UserError(f"loss.cispo_mask applies to loss=cispo only, not loss={spec.name}")
         if spec.tau_pos <= 0 or spec.tau_neg <= 0:
             raise UserError("loss.tau_pos and loss.tau_neg must be positive")
         if spec.dual_clip is not None and spec.name not in ("ppo", "gspo"):
@@ -189,11 +211,14 @@ def reduce(
     count: torch.Tensor | None = None,
     premasked: bool = False,
     where_first: bool = False,
+    sequences: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce [B, T] to a scalar. An empty mask gives 0 (never 0/0). `premasked` says per_token is
     already exactly 0 wherever mask is 0 (our presets sanitise first), so no multiply is needed;
     released code multiplies by the mask, and its faithful presets do the same (NaN·0 = NaN).
-    `where_first`: token-mean selects the masked-in values before multiplying (verl's masked_sum)."""
+    `where_first`: token-mean selects the masked-in values before multiplying (verl's masked_sum).
+    `sequences`: seq-mean-token-mean's count of sequences, when it is not the mask's non-empty rows
+    (`denominator: drop-tokens` counts those of the mask before rejection, as ROLL does)."""
     if where_first and how == "token-mean":
         per_token = torch.where(mask > 0, per_token, 0.0)
     masked = per_token if premasked else per_token * mask
@@ -205,7 +230,8 @@ def reduce(
     counts = mask.sum(-1)
     nonempty = counts > 0
     seq_means = per_seq / counts.clamp(min=1)
-    return torch.where(nonempty, seq_means, 0.0).sum() / nonempty.sum().clamp(min=1)
+    divisor = nonempty.sum() if sequences is None else sequences
+    return torch.where(nonempty, seq_means, 0.0).sum() / divisor.clamp(min=1)
 
 
 def _all_finite(*tensors: torch.Tensor) -> bool:
@@ -352,6 +378,7 @@ def policy_loss(
         count=count,
         premasked=premasked,
         where_first=corr.padding == "masked-sum",
+        sequences=(mask.sum(-1) > 0).sum() if corr.denominator == "drop-tokens" else None,
     )
     all_rejected = bool(count == 0)
     out = LossResult(loss=loss, per_token=per_token, correction=cres, all_rejected=all_rejected)

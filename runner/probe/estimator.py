@@ -27,8 +27,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from runner.core.corrections import Correction, correction_parts
+from runner.core.corrections import Correction, correction_parts, in_diff_band
 from runner.core.losses import LossSpec, policy_loss
+from runner.core.segments import segment_mean
 from runner.errors import UserError
 from runner.probe.settings import Arm
 from runner.worlds.protocol import Params, flat
@@ -116,6 +117,8 @@ def band_coefficients(
         raw = torch.ones(1, 1, dtype=old.dtype)
     elif corr.weight == "token":
         raw = exp_clamped(lr, corr.log_clamp)
+    elif corr.weight == "segment":  # one run of T tokens when the mask is full: the geometric level
+        raw = exp_clamped(per_seq(lr, True) if full else segment_mean(lr, mask), corr.log_clamp)
     else:
         raw = exp_clamped(per_seq(lr, corr.weight == "geometric"), corr.log_clamp)  # [B, 1]
     if corr.nonfinite == "zero-ratio":
@@ -133,7 +136,10 @@ def band_coefficients(
         stat_lr = lr if corr.filter_log_clamp is None else lr.clamp(-corr.filter_log_clamp, corr.filter_log_clamp)
         if corr.nonfinite == "zero-ratio" and corr.filter != "token":
             stat_lr = torch.nan_to_num(stat_lr, nan=0.0, posinf=0.0, neginf=0.0)
-        stat = stat_lr if corr.filter == "token" else per_seq(stat_lr, corr.filter == "geometric")
+        if corr.filter == "segment" and not full:
+            stat = segment_mean(stat_lr, mask)
+        else:
+            stat = stat_lr if corr.filter == "token" else per_seq(stat_lr, corr.filter in ("geometric", "segment"))
         if corr.filter_inverted:
             stat = -stat
         if corr.band_space == "ratio":
@@ -143,6 +149,9 @@ def band_coefficients(
             keep = (value >= group.low) & (value <= group.high)
         else:
             keep = (stat >= group.log_low) & (stat <= group.log_high)
+    if corr.diff_filter != "none":  # band-free: the same for every band of the group
+        passed = in_diff_band(corr, old, roll, mask, old)  # lp = old
+        keep = passed if keep is None else keep & passed
     if corr.veto is not None:
         threshold = math.log(corr.veto) if corr.veto > 0 else -math.inf
         vetoed = ((lr < threshold) & inside).any(-1, keepdim=True)
@@ -156,7 +165,7 @@ def band_coefficients(
             coef = torch.where(keep, weight, 0.0)
         else:
             coef = weight * keep.to(weight.dtype)
-        if corr.denominator == "drop":
+        if corr.denominator in ("drop", "drop-tokens"):
             red_mask = mask * keep.to(mask.dtype)
     if corr.padding == "ignore" and not full:
         coef = torch.where(inside, coef, 0.0)
@@ -195,16 +204,25 @@ def per_band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Ten
         changes.append(ev.weight != ev.raw)
     corr = group.correction
     changed = torch.stack(changes) if corr.weight_op != "raw" else None
-    rejects = corr.filter != "none" or corr.veto is not None or corr.opsm_delta is not None or corr.has_masks
+    rejects = (
+        corr.filter != "none"
+        or corr.veto is not None
+        or corr.opsm_delta is not None
+        or corr.has_masks
+        or corr.diff_filter != "none"
+    )
     keep = torch.stack(keeps) if rejects else None
     # AReaL counts its tokens after M2PO, whatever the denominator
-    dropped = (corr.denominator == "drop" and keep is not None) or corr.m2_threshold is not None
+    dropped = (corr.denominator in ("drop", "drop-tokens") and keep is not None) or corr.m2_threshold is not None
     red_mask = torch.stack(masks) if dropped else mask
     return torch.stack(coefs), red_mask, keep, changed
 
 
-def reduction_weights(red_mask: torch.Tensor, reduction: str, n_seq: int) -> torch.Tensor:
-    """mask'·s: d(reduced loss)/d(per-token loss) for [.., B, T] reduction masks."""
+def reduction_weights(
+    red_mask: torch.Tensor, reduction: str, n_seq: int, sequences: torch.Tensor | None = None
+) -> torch.Tensor:
+    """mask'·s: d(reduced loss)/d(per-token loss) for [.., B, T] reduction masks. `sequences`: the
+    seq-mean-token-mean count of sequences when it is not red_mask's non-empty rows (drop-tokens)."""
     if reduction == "seq-mean-token-sum":
         return red_mask * (1.0 / max(n_seq, 1))
     if reduction == "token-mean":
@@ -212,7 +230,8 @@ def reduction_weights(red_mask: torch.Tensor, reduction: str, n_seq: int) -> tor
     counts = red_mask.sum(-1, keepdim=True)
     nonempty = counts > 0
     per_seq = torch.where(nonempty, 1.0 / counts.clamp(min=1), 0.0)
-    return red_mask * per_seq / nonempty.sum((-2, -1), keepdim=True).clamp(min=1)
+    divisor = nonempty.sum((-2, -1), keepdim=True) if sequences is None else sequences
+    return red_mask * per_seq / divisor.clamp(min=1)
 
 
 def scale_for(reduction: str, seq_len: int) -> float:
@@ -281,7 +300,8 @@ def fast_estimates(
             coef, red_mask, keep, changed = band_coefficients(group, batch.old, batch.roll, mask, full)
         else:
             coef, red_mask, keep, changed = per_band_coefficients(group, batch.old, batch.roll, mask, batch.adv)
-        base = shared if red_mask is mask else batch.adv * reduction_weights(red_mask, reduction, B)
+        sequences = (mask.sum(-1) > 0).sum() if group.correction.denominator == "drop-tokens" else None
+        base = shared if red_mask is mask else batch.adv * reduction_weights(red_mask, reduction, B, sequences)
         i, j = group.index[0], group.index[-1] + 1
         contiguous = group.index == tuple(range(i, j))
         out = weights[i:j] if contiguous else torch.empty(len(group.index), B, T)

@@ -155,7 +155,7 @@ def _raw_weight(corr: Correction, batch: StepBatch, lp) -> torch.Tensor | None:
     None for a preset without a weight (it is 1 everywhere)."""
     if corr.weight == "none":
         return None
-    bare = replace(corr, weight_op="raw", filter="none", filter_shuffle=False, veto=None)
+    bare = replace(corr, weight_op="raw", filter="none", filter_shuffle=False, veto=None, diff_filter="none")
     return apply_correction(bare, _old(batch), batch.roll, batch.mask, lp=lp, metrics=False).coef
 
 

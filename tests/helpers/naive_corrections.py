@@ -187,6 +187,15 @@ def coefficients(preset: str, old, roll, mask, low, high, lp=None, adv=None):
                 c = min(_exp(_clip(lr[t], -20, 20)), high)  # divided by the batch mean below
             elif preset == "verl/seq-tis-batch-norm":
                 c = min(_exp(_clip(L, -20, 20)), high)
+            elif preset == "prime-rl/default":
+                c = 1.0
+            elif preset.startswith("roll/is-"):
+                level = preset.removeprefix("roll/is-")
+                w = {"token": r, "segment": _exp(_run_mean(lr, inside, t)), "geometric": rho_geo, "sequence": rho_seq}
+                c = min(w[level], high)
+            elif preset.startswith(("roll/filter-", "roll/diff-", "roll/ratio-diff-")):
+                c = 1.0 if _roll_kept(preset, old[i], roll[i], inside, t, low, high) else 0.0
+                red[i][t] = red[i][t] * c
             else:
                 raise KeyError(preset)
             coef[i][t] = c if inside[t] else 0.0
@@ -235,3 +244,39 @@ def ppo_token_mean(preset, case, low, high, eps=0.2):
     if denom == 0:
         return 0.0, [[0.0] * T for _ in range(B)]
     return total / denom, [[g / denom for g in row] for row in grad]
+
+
+def _run_mean(values, inside, t) -> float:
+    """The mean of values over t's run of consecutive masked-in tokens (ROLL's segment); 0 outside every run."""
+    if not inside[t]:
+        return 0.0
+    a, b = t, t
+    while a > 0 and inside[a - 1]:
+        a -= 1
+    while b + 1 < len(inside) and inside[b + 1]:
+        b += 1
+    return sum(values[a : b + 1]) / (b + 1 - a)
+
+
+def _roll_kept(preset, old, roll, inside, t, low, high) -> bool:
+    """ROLL's filters: the ratio filter at the preset's level, and the probability-difference filter
+    exp(old) − exp(roll) (roll/diff-token: [−0.2, 0.2] per token; roll/ratio-diff-segment: [−0.1, 0.1] per segment)."""
+    lr = [o - r for o, r in zip(old, roll)]
+    diff = [math.exp(o) - math.exp(r) for o, r in zip(old, roll)]
+    n = max(sum(inside), 1)
+
+    def at(level, values, exp):
+        if level == "token":
+            x = values[t]
+        elif level == "segment":
+            x = _run_mean(values, inside, t)
+        else:
+            x = sum(v for v, m in zip(values, inside) if m)
+            x = x / n if level == "geometric" else x
+        return _exp(x) if exp else x
+
+    if preset == "roll/diff-token":
+        return _in(at("token", diff, False), -0.2, 0.2)
+    if preset == "roll/ratio-diff-segment":
+        return _in(at("segment", lr, True), low, high) and _in(at("segment", diff, False), -0.1, 0.1)
+    return _in(at(preset.removeprefix("roll/filter-"), lr, True), low, high)

@@ -14,13 +14,14 @@ far, and prime-rl's squared-log-ratio term.
 
 r = exp(clamp(log r, ±20)), as SkyRL's safe_exp_delta: prime-rl's unbounded exp gives r = inf past 88 nats,
 so −inf on a kept token and 0·inf = NaN on a dropped one; the squared term is unbounded, as in prime-rl.
+`loss.log_ratio_bound: null` is prime-rl's unbounded exp (conf/loss/prime-rl/), bugs included.
 """
 
 from __future__ import annotations
 
 import torch
 
-from runner.core.loss_families.common import bounded_exp, clipped_in_mask, loss_log_ratio
+from runner.core.loss_families.common import clipped_in_mask, loss_log_ratio
 
 BINARY_KL_EPS = 1e-8  # SkyRL's eps inside the log of the complement probabilities
 
@@ -50,7 +51,9 @@ def _trust_region_pg(drop_rule, spec, corr, cres, lp, old, roll, adv, mask, sani
     with torch.no_grad():
         drop = drop_rule(lp.detach(), _base(spec, old, roll), adv, spec)
         keep = (~drop).to(lp.dtype)
-    per_token = -keep * (spec.adv_tau * adv) * bounded_exp(log_ratio)
+    bound = spec.log_ratio_bound
+    ratio = torch.exp(log_ratio) if bound is None else torch.exp(log_ratio.clamp(-bound, bound))
+    per_token = -keep * (spec.adv_tau * adv) * ratio
     if spec.kl_tau:
         per_token = per_token + spec.kl_tau * log_ratio.square()
     return per_token * cres.coef, clipped_in_mask(drop, mask, metrics), cres.mask
