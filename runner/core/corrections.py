@@ -12,6 +12,11 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
     veto         reject a sequence if any masked-in ρ_t < veto
     reject       where: a rejected coefficient is exactly 0 | multiply: coefficient · 0/1 (0·inf = NaN)
     denominator  keep: rejected tokens still count | drop: they leave the action mask
+    self-normal  none | token | sequence: the weight (after its op, before rejection) divided by its batch mean,
+                 over the batch's masked-in tokens (token) or of each sequence's masked mean (sequence, every
+                 sequence counted); a mean not above 1e-8 (or NaN) leaves the weights as they are (slime's
+                 tis_batch_normalize). The batch is what one call sees: apply_correction_split normalises each
+                 group on its own, as slime does per micro-batch
     nonfinite    keep | zero-ratio: NeMo-RL's nan_to_num(·, nan=0, posinf=0, neginf=0) on the weight's ratio
                  (before the weight op: an overflowing ρ becomes 0, not `high`), on the ratio a token filter
                  compares and on each lr_t a sequence or geometric filter's statistic sums | zero-logratio:
@@ -50,7 +55,10 @@ CHOICES = {
     # masked_sum does (torch.where), so NaN padding leaves the loss finite (not its gradient there).
     "padding": ("ignore", "multiply", "zero-logratio", "masked-sum"),
     "nonfinite": ("keep", "zero-ratio", "zero-logratio"),
+    "self_normalize": ("none", "token", "sequence"),
 }
+# slime's tis_batch_normalize divides only by a mean above this (mis.py)
+SELF_NORMALIZE_MIN_MEAN = 1e-8
 
 
 @dataclass(frozen=True)
@@ -79,6 +87,7 @@ class Correction:
     veto: float | None = None
     nonfinite: str = "keep"  # what a NaN or ±inf ratio becomes (NeMo-RL: 0; AReaL: its log-ratio 0)
     faithful: bool = False  # reproduces released code, bugs included
+    self_normalize: str = "none"  # divide the weights by their batch mean: none | token | sequence
 
     @property
     def active(self) -> bool:
@@ -160,6 +169,17 @@ def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) ->
     return value == value  # no band: keep everything that is not NaN
 
 
+def _self_normalized(weight: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """weight / its batch mean. The mean multiplies by the mask, so a NaN at padding makes it NaN, and then,
+    as in slime, nothing is divided."""
+    masked = weight * mask
+    if level == "token":
+        mean = masked.sum() / mask.sum().clamp(min=1)
+    else:
+        mean = (masked.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    return weight / mean if mean > SELF_NORMALIZE_MIN_MEAN else weight
+
+
 def mismatch_log_ratio(corr: Correction, old, roll, mask, lp=None) -> torch.Tensor:
     """lr_t = base − roll, detached; under `padding: ignore` (and TRL's zero-logratio) it is exactly
     0 at masked positions, so NaN/inf padding never reaches an exp or a gradient."""
@@ -210,6 +230,11 @@ def apply_correction_split(
     its own sequence, so group g's result equals apply_correction on the rows g, and the metrics
     of all groups come from one pass (a small batch pays per call, not per element). With
     `filter_shuffle` the permutation is drawn over the whole batch, then split."""
+    if corr.self_normalize != "none":  # each group's weights are normalised by that group's own mean
+        return [
+            apply_correction(corr, old[g], roll[g], mask[g], None if lp is None else lp[g], metrics, generator)
+            for g in groups
+        ]
     ev = _evaluate(corr, old, roll, mask, lp, generator)
     inputs = ev.metric_inputs()
     per_group = correction_metrics_by_group(corr, *inputs, groups=groups) if metrics else [{} for _ in groups]
@@ -262,6 +287,8 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         weight = raw.clamp(max=corr.high)
     else:
         weight = raw
+    if corr.self_normalize != "none":
+        weight = _self_normalized(weight, mask, corr.self_normalize)
 
     # Which units survive: a [B, T] mask for token filters, [B, 1] for sequence ones.
     keep = None
