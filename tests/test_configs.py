@@ -52,6 +52,19 @@ SPEC_PRESETS = [
     "skyrl/tis-token",
     "skyrl/tis-sequence",
     "skyrl/token-mask-is",
+    "slime/tis",
+    "slime/icepop",
+    "slime/mis-truncate-token",
+    "slime/mis-truncate-sequence",
+    "slime/mis-truncate-geometric",
+    "slime/mis-clip-token",
+    "slime/mis-clip-sequence",
+    "slime/mis-clip-geometric",
+    "slime/mis-mask-token",
+    "slime/mis-mask-sequence",
+    "slime/mis-mask-geometric",
+    "slime/mis-rs-veto",
+    "slime/mis-batch-normalize",
 ]
 
 

@@ -32,11 +32,42 @@ def _finite_or_0(x: float) -> float:
     return x if math.isfinite(x) else 0.0
 
 
+def _slime_token_mean(old, roll, mask, high):
+    """slime's tis_batch_normalize at the token level: the mean of min(exp(clamp(lr, ±20)), high) over every
+    masked-in token of the batch, or None (no division) when it is not above 1e-8."""
+    ws = [
+        min(_exp(_clip(o - r, -20, 20)), high)
+        for o_row, r_row, m_row in zip(old, roll, mask)
+        for o, r, m in zip(o_row, r_row, m_row)
+        if m == 1
+    ]
+    mean = sum(ws) / max(len(ws), 1)
+    return mean if mean > 1e-8 else None
+
+
+def _slime_mis(preset, lr_t, L, G, inside_lr, low, high, batch_mean):
+    """slime's MIS helper (mis.py, compute_mis_weights) for one token."""
+    if preset in ("slime/mis-rs-veto", "slime/mis-batch-normalize"):
+        w = min(_exp(_clip(lr_t, -20, 20)), high)
+        if batch_mean is not None:
+            w = w / batch_mean
+        vetoed = any(x < math.log(1e-4) for x in inside_lr)
+        return w if _in(_exp(_clip(lr_t, -20, 20)), low, high) and not vetoed else 0.0
+    _, mode, level = preset.split("-")
+    w = _exp(_clip({"token": lr_t, "sequence": L, "geometric": G}[level], -20, 20))
+    if mode == "truncate":
+        return min(w, high)
+    if mode == "clip":
+        return _clip(w, low, high)
+    return w if _in(w, low, high) else 0.0
+
+
 def coefficients(preset: str, old, roll, mask, low, high):
     """Per-token coefficient and the mask that the loss is reduced with, from the spec's table."""
     B, T = len(old), len(old[0])
     coef = [[0.0] * T for _ in range(B)]
     red = [[float(mask[i][t]) for t in range(T)] for i in range(B)]
+    batch_mean = _slime_token_mean(old, roll, mask, high) if preset == "slime/mis-batch-normalize" else None
     for i in range(B):
         lr = [old[i][t] - roll[i][t] for t in range(T)]
         inside = [mask[i][t] == 1 for t in range(T)]
@@ -46,6 +77,7 @@ def coefficients(preset: str, old, roll, mask, low, high):
         L20 = sum(_clip(lr[t], -20, 20) for t in range(T) if inside[t])
         rho = [_exp(x) for x in lr]
         rho_seq, rho_geo = _exp(L), _exp(G)
+        inside_lr = [lr[t] for t in range(T) if inside[t]]
         L_finite = sum(_finite_or_0(lr[t]) for t in range(T) if inside[t])  # NeMo-RL's and AReaL's sanitising
         G_finite = L_finite / max(n, 1)
         for t in range(T):
@@ -112,6 +144,12 @@ def coefficients(preset: str, old, roll, mask, low, high):
                 c = min(_exp(_clip(L, -20, 20)), high)
             elif preset == "skyrl/token-mask-is":
                 c = 1.0 if _in(_exp(_clip(lr[t], -20, 20)), low, high) else 0.0
+            elif preset == "slime/tis":
+                c = _clip(r, low, high)
+            elif preset == "slime/icepop":
+                c = r if _in(r, low, high) else 0.0
+            elif preset.startswith("slime/mis-"):
+                c = _slime_mis(preset, lr[t], L, G, inside_lr, low, high, batch_mean)
             else:
                 raise KeyError(preset)
             coef[i][t] = c if inside[t] else 0.0
