@@ -93,7 +93,7 @@ def test_list_on_a_terminal_keeps_its_tables(monkeypatch):
     out = re.sub(r"\x1b\[[0-9;]*m", "", sys.stdout.getvalue())  # rich's styles on a terminal
     assert "correction presets  (correction=NAME)" in out and "┃ preset" in out
     # grouped by framework, with a count per framework, in the title and on each group's first row
-    assert "by framework: is-study 7, AReaL 5, NeMo-RL 3, OpenRLHF 6, SkyRL 3, slime 13, TRL 4, verl 5" in out
+    assert "by framework: is-study 7, AReaL 5, NeMo-RL 3, OpenRLHF 6, SkyRL 3, slime 14, TRL 4, verl 5" in out
     assert re.search(r"│ nemo-rl/icepop +│ NeMo-RL \(3\) +│", out) and re.search(
         r"│ openrlhf-0\.11/seq-mask +│ OpenRLHF \(6\)", out
     )

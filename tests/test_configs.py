@@ -65,6 +65,7 @@ SPEC_PRESETS = [
     "slime/mis-mask-geometric",
     "slime/mis-rs-veto",
     "slime/mis-batch-normalize",
+    "slime/opsm",
 ]
 
 

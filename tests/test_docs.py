@@ -51,7 +51,7 @@ def test_preset_table_matches_the_preset_files():
 
     rows = {r[0].strip("`"): r for r in _rows(DOC.read_text(), "| preset | band [low, high] |")}
     names = registry.own_presets() + registry.faithful_presets()
-    assert sorted(rows) == sorted(names) and len(names) == 46
+    assert sorted(rows) == sorted(names) and len(names) == 47
     for name in names:
         cfg = yaml.safe_load((registry.conf_dir() / "correction" / f"{name}.yaml").read_text())
         expected = [

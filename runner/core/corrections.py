@@ -17,6 +17,10 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
                  sequence counted); a mean not above 1e-8 (or NaN) leaves the weights as they are (slime's
                  tis_batch_normalize). The batch is what one call sees: apply_correction_split normalises each
                  group on its own, as slime does per micro-batch
+    opsm         opsm_delta: off-policy sequence masking (DeepSeek-V3.2; slime's --use-opsm): a token whose advantage
+                 is negative is multiplied by 0 when its sequence's mean over masked-in tokens of base − lp
+                 (opsm_base: old or roll) exceeds opsm_delta. It reads the policy's log-probs and the
+                 advantages, so losses.policy_loss applies it to the per-token loss, not this function
     nonfinite    keep | zero-ratio: NeMo-RL's nan_to_num(·, nan=0, posinf=0, neginf=0) on the weight's ratio
                  (before the weight op: an overflowing ρ becomes 0, not `high`), on the ratio a token filter
                  compares and on each lr_t a sequence or geometric filter's statistic sums | zero-logratio:
@@ -56,6 +60,7 @@ CHOICES = {
     "padding": ("ignore", "multiply", "zero-logratio", "masked-sum"),
     "nonfinite": ("keep", "zero-ratio", "zero-logratio"),
     "self_normalize": ("none", "token", "sequence"),
+    "opsm_base": ("old", "roll"),
 }
 # slime's tis_batch_normalize divides only by a mean above this (mis.py)
 SELF_NORMALIZE_MIN_MEAN = 1e-8
@@ -88,6 +93,8 @@ class Correction:
     nonfinite: str = "keep"  # what a NaN or ±inf ratio becomes (NeMo-RL: 0; AReaL: its log-ratio 0)
     faithful: bool = False  # reproduces released code, bugs included
     self_normalize: str = "none"  # divide the weights by their batch mean: none | token | sequence
+    opsm_delta: float | None = None  # off-policy sequence masking's δ (None: off); applied by policy_loss
+    opsm_base: str = "old"  # what the policy's drift is measured from: old (slime's default) | roll
 
     @property
     def active(self) -> bool:
@@ -125,6 +132,12 @@ class Correction:
                 raise UserError(f"correction.{key} must be non-negative, got {value}")
         if self.low is not None and self.high is not None and self.low > self.high:
             raise UserError(f"correction.low ({self.low}) > correction.high ({self.high})")
+        if self.opsm_delta is not None and (
+            isinstance(self.opsm_delta, bool)
+            or not isinstance(self.opsm_delta, (int, float))
+            or not math.isfinite(self.opsm_delta)
+        ):
+            raise UserError(f"correction.opsm_delta must be a finite number or null, got {self.opsm_delta!r}")
         if not isinstance(self.filter_shuffle, bool):
             raise UserError(f"correction.filter_shuffle must be true or false, got {self.filter_shuffle!r}")
         if self.filter_shuffle and self.filter == "none":
@@ -167,6 +180,20 @@ def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) ->
     if hi is not None:
         return value <= hi
     return value == value  # no band: keep everything that is not NaN
+
+
+def opsm_keep(corr: Correction, lp, old, roll, adv, mask, sanitise: bool) -> torch.Tensor:
+    """[B, T] 1.0 / 0.0: off-policy sequence masking. A token is dropped when its advantage is negative and its
+    sequence's drift D_i = Σ_t (base_t − lp_t)·m_t / max(Σ_t m_t, 1) exceeds opsm_delta (slime's
+    compute_opsm_mask, the sequence KL estimate of DeepSeek-V3.2's OPSM). A NaN drift is never above δ, so it
+    keeps the sequence, as slime's comparison does. Under `sanitise` padding is zeroed first instead of
+    multiplied (NaN padding cannot reach D_i)."""
+    base = old if corr.opsm_base == "old" else roll
+    diff = base.detach() - lp.detach()
+    diff = zero_padding(diff, mask) if sanitise else diff * mask
+    drift = diff.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)
+    dropped = (adv.detach() < 0) & (drift > corr.opsm_delta)
+    return (~dropped).to(lp.dtype)
 
 
 def _self_normalized(weight: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
@@ -287,6 +314,7 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         weight = raw.clamp(max=corr.high)
     else:
         weight = raw
+    clamped = weight  # what the clamp metrics compare with raw: the normalisation is not a clamp
     if corr.self_normalize != "none":
         weight = _self_normalized(weight, mask, corr.self_normalize)
 
@@ -337,6 +365,6 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None) -> _Evaluat
         mask=mask,
         lr=lr,
         raw=raw,
-        weight=weight,
+        weight=clamped,
         keep=keep,
     )

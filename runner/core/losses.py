@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from runner.core.corrections import Correction, CorrectionResult, apply_correction
+from runner.core.corrections import Correction, CorrectionResult, apply_correction, opsm_keep
 from runner.core.loss_families import PER_TOKEN_2026
 from runner.core.masking import SAFETY_BOUND, zero_padding
 from runner.errors import UserError
@@ -334,6 +334,8 @@ def policy_loss(
         adv = zero_padding(adv, mask)
 
     per_token, clipped, red_mask = PER_TOKEN[spec.name](spec, corr, cres, lp, old, roll, adv, mask, sanitise, metrics)
+    if corr.opsm_delta is not None:  # slime multiplies the per-token loss by the mask (NaN·0 = NaN)
+        per_token = per_token * opsm_keep(corr, lp, old, roll, adv, mask, sanitise)
 
     # Under sanitisation every masked or rejected (where) position is already exactly 0.
     premasked = sanitise and (corr.reject == "where" or red_mask is mask)

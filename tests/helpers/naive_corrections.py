@@ -144,6 +144,8 @@ def coefficients(preset: str, old, roll, mask, low, high):
                 c = min(_exp(_clip(L, -20, 20)), high)
             elif preset == "skyrl/token-mask-is":
                 c = 1.0 if _in(_exp(_clip(lr[t], -20, 20)), low, high) else 0.0
+            elif preset == "slime/opsm":
+                c = 1.0  # its mask multiplies the loss (ppo_token_mean)
             elif preset == "slime/tis":
                 c = _clip(r, low, high)
             elif preset == "slime/icepop":
@@ -163,6 +165,13 @@ def ppo_token_mean(preset, case, low, high, eps=0.2):
     )
     coef, red = coefficients(preset, old, roll, mask, low, high)
     B, T = len(lp), len(lp[0])
+    if preset == "slime/opsm":  # slime's compute_opsm_mask, δ = 1e-4, on the per-token loss
+        for i in range(B):
+            n = sum(1 for t in range(T) if mask[i][t] == 1)
+            drift = sum(old[i][t] - lp[i][t] for t in range(T) if mask[i][t] == 1) / max(n, 1)
+            for t in range(T):
+                if adv[i][t] < 0 and drift > 1e-4:
+                    coef[i][t] = 0.0
     denom = sum(red[i][t] for i in range(B) for t in range(T))
     total, grad = 0.0, [[0.0] * T for _ in range(B)]
     for i in range(B):
