@@ -1,11 +1,11 @@
 """The audit, and the committed worked cases, on released framework code that is not on PyPI at the audited
-version (examples/audit/released.py's CHECKOUTS: NeMo-RL, SkyRL, ROLL and prime-rl, each at a named commit). The checkout is fetched at test
+version (examples/audit/released.py's CHECKOUTS: NeMo-RL, SkyRL, ROLL, prime-rl and slime, each at a named commit). The checkout is fetched at test
 time (`git fetch --depth 1` of the commit; nothing installed, nothing of it in this repository), or taken from
-the folder a Checkout's variable names (IS_STUDY_NEMO_RL, IS_STUDY_SKYRL, IS_STUDY_ROLL, IS_STUDY_PRIME_RL: a
+the folder a Checkout's variable names (IS_STUDY_NEMO_RL, IS_STUDY_SKYRL, IS_STUDY_ROLL, IS_STUDY_PRIME_RL, IS_STUDY_SLIME: a
 checkout of that commit). Everything runs in its
 own `is-study` process with only is-study's dependencies importable (tests/helpers/only_own_dependencies.py).
 
-What this covers: conf/cases/nemo-rl.yaml's and skyrl.yaml's numbers are the frameworks' own (each `expect:` entry replayed on the
+What this covers: conf/cases/nemo-rl.yaml's, skyrl.yaml's and slime.yaml's numbers are the frameworks' own (each `expect:` entry replayed on the
 released loss with its recorded settings gives them again, NaN included); the audit of each mode finds
 exactly the findings released.py lists (plus, at most, the `maybe` ones a search may or may not reach), none
 under the realistic profile, and where a preset reproduces the target (`--reference correction=nemo-rl/MODE`)
@@ -65,6 +65,7 @@ REPLAYED = {
     "skyrl": ("skyrl", "examples/audit/skyrl.py:PPOPolicyLoss"),
     "roll": ("roll", "examples/audit/roll.py:ActorLoss"),
     "prime-rl": ("prime_rl", "examples/audit/prime_rl.py:RLLoss"),
+    "slime": ("slime", "examples/audit/slime.py:PolicyLoss"),
 }
 ENTRIES = [
     pytest.param(name, entry, id=f"{name}:{entry['preset']}:{i}")

@@ -74,6 +74,20 @@ SPEC_PRESETS = [
     "roll/diff-token",
     "roll/ratio-diff-segment",
     "prime-rl/default",
+    "slime/tis",
+    "slime/icepop",
+    "slime/mis-truncate-token",
+    "slime/mis-truncate-sequence",
+    "slime/mis-truncate-geometric",
+    "slime/mis-clip-token",
+    "slime/mis-clip-sequence",
+    "slime/mis-clip-geometric",
+    "slime/mis-mask-token",
+    "slime/mis-mask-sequence",
+    "slime/mis-mask-geometric",
+    "slime/mis-rs-veto",
+    "slime/mis-batch-normalize",
+    "slime/opsm",
 ]
 
 

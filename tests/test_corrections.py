@@ -20,6 +20,7 @@ tests/test_losses_edges.py; the metrics of a correction in tests/test_metrics.py
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import replace
@@ -1114,6 +1115,217 @@ GOLDEN = [
         -0.0654475,
         [[0.0, -0.125, -0.0758163], [0.2853688, 0.0, 0.0], [0.0, 0.0, 0.0]],
     ),
+    # slime: its MIS helper's own cases are conf/cases/slime.yaml's
+    (
+        "slime/tis",
+        0.0,
+        2.0,
+        "padded-mixed",
+        -0.6321073,
+        [[-0.4420684, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "slime/tis",
+        0.0,
+        2.0,
+        "short-and-empty-rows",
+        0.1907194,
+        [[0.0, -0.1687324, -0.0686015], [0.5707377, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/icepop",
+        0.5,
+        2.0,
+        "padded-mixed",
+        -0.2281934,
+        [[0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "slime/icepop",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        -0.3800182,
+        [[0.0, -0.1687324, -0.0686015], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-truncate-token",
+        None,
+        2.0,
+        "padded-mixed",
+        -0.6321073,
+        [[-0.4420684, -0.134064, -0.2442806, 0.0], [0.0381545, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-truncate-token",
+        None,
+        2.0,
+        "short-and-empty-rows",
+        0.1907194,
+        [[0.0, -0.1687324, -0.0686015], [0.5707377, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-truncate-sequence",
+        None,
+        2.0,
+        "padded-mixed",
+        -1.1571655,
+        [[-0.4420684, -0.361935, -0.4420684, 0.0], [0.0389252, 0.049981, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-truncate-sequence",
+        None,
+        2.0,
+        "short-and-empty-rows",
+        0.1631472,
+        [[0.0, -0.1452293, -0.088086], [0.5707377, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-truncate-geometric",
+        None,
+        1.25,
+        "padded-mixed",
+        -0.6262312,
+        [[-0.2762927, -0.2262094, -0.2762927, 0.0], [0.0667959, 0.0857677, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-truncate-geometric",
+        None,
+        1.25,
+        "short-and-empty-rows",
+        -0.012092,
+        [[0.0, -0.1314089, -0.0797035], [0.356711, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-clip-token",
+        0.5,
+        2.0,
+        "padded-mixed",
+        -0.6129506,
+        [[-0.4420684, -0.134064, -0.2442806, 0.0], [0.0573112, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-clip-token",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        0.1907194,
+        [[0.0, -0.1687324, -0.0686015], [0.5707377, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-clip-sequence",
+        0.5,
+        2.0,
+        "padded-mixed",
+        -1.1151716,
+        [[-0.4420684, -0.361935, -0.4420684, 0.0], [0.0573112, 0.073589, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-clip-sequence",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        0.1631472,
+        [[0.0, -0.1452293, -0.088086], [0.5707377, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-clip-geometric",
+        0.8,
+        1.25,
+        "padded-mixed",
+        -0.5693546,
+        [[-0.2762927, -0.2262094, -0.2762927, 0.0], [0.0916978, 0.1177424, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-clip-geometric",
+        0.8,
+        1.25,
+        "short-and-empty-rows",
+        -0.012092,
+        [[0.0, -0.1314089, -0.0797035], [0.356711, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-mask-token",
+        0.5,
+        2.0,
+        "padded-mixed",
+        -0.2281934,
+        [[0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-mask-token",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        -0.3800182,
+        [[0.0, -0.1687324, -0.0686015], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("slime/mis-mask-sequence", 0.5, 2.0, "padded-mixed", 0.0, [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+    (
+        "slime/mis-mask-sequence",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        -0.4075904,
+        [[0.0, -0.1452293, -0.088086], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    ("slime/mis-mask-geometric", 0.8, 1.25, "padded-mixed", 0.0, [[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]),
+    (
+        "slime/mis-mask-geometric",
+        0.8,
+        1.25,
+        "short-and-empty-rows",
+        -0.3688031,
+        [[0.0, -0.1314089, -0.0797035], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-rs-veto",
+        0.5,
+        2.0,
+        "padded-mixed",
+        -0.2281934,
+        [[0.0, -0.134064, -0.2442806, 0.0], [0.0, 0.1501511, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-rs-veto",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        -0.3800182,
+        [[0.0, -0.1687324, -0.0686015], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-batch-normalize",
+        0.5,
+        2.0,
+        "padded-mixed",
+        -0.2194564,
+        [[0.0, -0.128931, -0.2349275, 0.0], [0.0, 0.1444022, 0.0, 0.0]],
+    ),
+    (
+        "slime/mis-batch-normalize",
+        0.5,
+        2.0,
+        "short-and-empty-rows",
+        -0.291989,
+        [[0.0, -0.1296464, -0.0527103], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/opsm",
+        None,
+        None,
+        "padded-mixed",
+        -0.6230359,
+        [[-0.2210342, -0.1809675, -0.2210342, 0.0], [0.0, 0.0, 0.0, 0.0]],
+    ),
+    (
+        "slime/opsm",
+        None,
+        None,
+        "short-and-empty-rows",
+        -0.3508163,
+        [[0.0, -0.125, -0.0758163], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]],
+    ),
 ]
 CASES = {
     "padded-mixed": {
@@ -1433,6 +1645,17 @@ LOG_CLAMPED = [
     "skyrl/tis-token",
     "skyrl/tis-sequence",
     "skyrl/tis-sequence-token-mask-is",
+    "slime/mis-truncate-token",
+    "slime/mis-truncate-sequence",
+    "slime/mis-truncate-geometric",
+    "slime/mis-clip-token",
+    "slime/mis-clip-sequence",
+    "slime/mis-clip-geometric",
+    "slime/mis-mask-token",
+    "slime/mis-mask-sequence",
+    "slime/mis-mask-geometric",
+    "slime/mis-rs-veto",
+    "slime/mis-batch-normalize",
 ]
 LOG_CLAMPED_NORMALISED = ["verl/token-tis-batch-norm", "verl/seq-tis-batch-norm"]
 
@@ -1458,10 +1681,13 @@ def test_a_batch_normalised_weight_is_clamped_at_20_nats_before_the_mean(name):
 def test_the_weight_log_ratio_is_clamped_at_20_nats(name):
     """One-token sequences with lr = −25 and +25, no band: the weight is e^∓20 = 2.0611536e-9 and
     4.8516520e8 (the unclamped e^∓25 would be 1.3887944e-11 and 7.2004899e10). Token and sequence
-    weights agree here, as L_i = lr for a one-token sequence."""
+    weights agree here, as L_i = lr for a one-token sequence. A veto and a self-normalisation are lifted (they
+    would reject lr = −25 and rescale the weights)."""
     old = torch.tensor([[-30.0], [-5.0]])
     roll = torch.tensor([[-5.0], [-30.0]])
-    corr = replace(_preset(name, None, None), token_mask_low=None, token_mask_high=None)  # the weight alone
+    corr = replace(
+        _preset(name, None, None), token_mask_low=None, token_mask_high=None, veto=None, self_normalize="none"
+    )  # the weight alone
     res = apply_correction(corr, old, roll, torch.ones(2, 1))
     assert res.coef[0, 0].item() == pytest.approx(2.0611536e-9, rel=1e-6)
     assert res.coef[1, 0].item() == pytest.approx(4.8516520e8, rel=1e-6)

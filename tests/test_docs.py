@@ -41,6 +41,11 @@ def _band(v) -> str:
     return "—" if v is None else f"{v:g}"
 
 
+# the preamble's exceptions to "no veto, no self-normalisation"
+VETOED = {"slime/mis-rs-veto": 1e-4, "slime/mis-batch-normalize": 1e-4}
+SELF_NORMALIZED = {"slime/mis-batch-normalize": "token"}
+
+
 def test_preset_table_matches_the_preset_files():
     from runner import registry
 
@@ -65,6 +70,7 @@ def test_preset_table_matches_the_preset_files():
         assert rows[name][1:] == expected, name
         assert cfg["ratio"] == "decoupled"  # what the table's preamble says, and it names the one veto
         assert cfg["veto"] is None or f"`{name}`, which sets `veto: {cfg['veto']:g}`" in DOC.read_text()
+        assert cfg.get("self_normalize", "none") == SELF_NORMALIZED.get(name, "none")
         assert f"- **`{name}`**" in DOC.read_text()  # and a sentence on what it computes
 
 

@@ -23,7 +23,7 @@ from tests.helpers.repo import REPO
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: see conftest.py
 
-FRAMEWORK_CASES = ("nemo-rl", "areal", "skyrl", "roll", "prime-rl")
+FRAMEWORK_CASES = ("nemo-rl", "areal", "skyrl", "roll", "prime-rl", "slime")
 
 
 def _composed(preset: str, overrides: list[str] = ()) -> tuple[Correction, LossSpec]:
@@ -113,6 +113,88 @@ def test_zero_logratio_makes_a_nonfinite_log_ratio_on_policy_while_a_finite_over
     assert kept.coef.tolist() == [[1.0, 1.0, 0.0]]
     clamped = Correction(name="c", weight="token", weight_op="clamp", high=5.0, nonfinite="zero-logratio")
     assert apply_correction(clamped, old, roll, mask, metrics=False).coef.tolist() == [[1.0, 1.0, 5.0]]
+
+
+# ---------------------------------------------------------------------------- self_normalize (slime's tis_batch_normalize)
+def _truncate(**fields) -> Correction:
+    return Correction(name="n", weight="token", weight_op="clamp-high", high=2.0, padding="multiply", **fields)
+
+
+def test_self_normalize_token_divides_by_the_mean_over_masked_in_tokens():
+    """ρ = [1, 2, 4 → 2 (truncated), padding]: the token mean of the truncated weights is (1 + 2 + 2) / 3, so the
+    weights become [0.6, 1.2, 1.2]; rejected tokens count in the mean as in slime (masked_sum over loss_mask)."""
+    old = torch.tensor([[0.0, math.log(2.0), math.log(4.0), 0.0]])
+    roll = torch.zeros_like(old)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    coef = apply_correction(_truncate(self_normalize="token"), old, roll, mask, metrics=False).coef
+    assert coef[0, :3].tolist() == pytest.approx([0.6, 1.2, 1.2], abs=1e-6)
+    masked = _truncate(self_normalize="token", filter="token", low=0.5, reject="multiply")
+    old_masked = torch.tensor([[0.0, math.log(2.0), math.log(4.0), 0.0]])
+    coef = apply_correction(masked, old_masked, roll, mask, metrics=False).coef
+    assert coef[0, :3].tolist() == pytest.approx([0.6, 1.2, 0.0], abs=1e-6)  # 4 is rejected, its 2 still counted
+
+
+def test_self_normalize_sequence_averages_each_sequences_mean_all_sequences_counted():
+    """Sequence weights 2 and 0.5 and an all-masked row (mean 0): (2 + 0.5 + 0) / 3 = 5/6, as slime's
+    sum(masked_mean) / len; the token mean would be (2·2 + 0.5·1) / 3 = 1.5."""
+    old = torch.tensor([[math.log(2.0) / 2, math.log(2.0) / 2], [math.log(0.5), 0.0], [0.0, 0.0]])
+    roll = torch.zeros_like(old)
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+    seq = Correction(name="s", weight="sequence", padding="multiply", self_normalize="sequence")
+    coef = apply_correction(seq, old, roll, mask, metrics=False).coef
+    assert coef[0].tolist() == pytest.approx([2.4, 2.4], abs=1e-6) and coef[1, 0].item() == pytest.approx(0.6)
+    coef = apply_correction(replace(seq, self_normalize="token"), old, roll, mask, metrics=False).coef
+    assert coef[0, 0].item() == pytest.approx(2 / 1.5, abs=1e-6)
+
+
+def test_self_normalize_leaves_weights_alone_on_a_nan_or_tiny_mean_and_splits_by_group():
+    """A NaN weight makes the mean NaN: slime's `mean > 1e-8` is false, nothing is divided. A mean of e^-20
+    (the ±20 bound) is under 1e-8: nothing divided either. apply_correction_split normalises each group by
+    its own mean (slime normalises per micro-batch)."""
+    corr = _truncate(self_normalize="token")
+    old = torch.tensor([[math.nan, 0.0]])
+    coef = apply_correction(corr, old, torch.zeros_like(old), torch.ones_like(old), metrics=False).coef
+    assert math.isnan(coef[0, 0]) and coef[0, 1].item() == 1.0
+    tiny = replace(corr, log_clamp=20.0)
+    old = torch.tensor([[-30.0]])
+    coef = apply_correction(tiny, old, torch.zeros_like(old), torch.ones_like(old), metrics=False).coef
+    assert coef.item() == pytest.approx(math.exp(-20), rel=1e-6)
+    old = torch.tensor([[0.0], [math.log(2.0)], [math.log(0.5)], [math.log(0.25)]])
+    roll, mask = torch.zeros_like(old), torch.ones_like(old)
+    from runner.core.corrections import apply_correction_split
+
+    groups = [slice(0, 2), slice(2, 4)]
+    split = apply_correction_split(corr, old, roll, mask, groups, metrics=False)
+    assert torch.cat([r.coef for r in split]).flatten().tolist() == pytest.approx([2 / 3, 4 / 3, 4 / 3, 2 / 3])
+    with pytest.raises(UserError, match="correction.self_normalize='batch' is not one of: none, token, sequence"):
+        _truncate(self_normalize="batch").validate()
+
+
+# ------------------------------------------------------------------------- opsm_delta (slime's --use-opsm)
+def test_opsm_drops_the_negative_advantage_tokens_of_sequences_that_drifted_more_than_delta():
+    """Mean old − lp per sequence: 0.1 (A < 0: dropped), 0.01 (A < 0, under δ = 0.05: kept), 0.1 (A > 0: kept);
+    the dropped sequence's loss and gradient are 0. A NaN drift (NaN padding multiplied in) keeps its sequence,
+    as slime's comparison does; under padding=ignore the NaN is zeroed first and the drift decides."""
+    from runner.core.corrections import opsm_keep
+    from runner.core.losses import policy_loss
+
+    lp = torch.tensor([[-1.1, -0.6, -0.9], [-0.51, -1.01, -0.71], [-1.1, -0.6, -0.9]])
+    old = torch.tensor([[-1.0, -0.5, -0.8], [-0.5, -1.0, -0.7], [-1.0, -0.5, -0.8]])
+    adv = torch.tensor([[-1.0] * 3, [-1.0] * 3, [1.0] * 3])
+    mask = torch.ones_like(lp)
+    corr = Correction(name="o", padding="multiply", opsm_delta=0.05)
+    keep = opsm_keep(corr, lp, old, old, adv, mask, sanitise=False)
+    assert keep.tolist() == [[0.0] * 3, [1.0] * 3, [1.0] * 3]
+    x = lp.clone().requires_grad_(True)
+    out = policy_loss(LossSpec(), corr, x, old, old, adv, mask)
+    out.loss.backward()
+    assert x.grad[0].tolist() == [0.0, 0.0, 0.0] and bool((x.grad[1:] != 0).all())
+    poisoned, pad = old.clone(), torch.tensor([[1.0, 1.0, 0.0]] * 3)
+    poisoned[0, 2] = math.nan
+    assert opsm_keep(corr, lp, poisoned, old, adv, pad, sanitise=False)[0].tolist() == [1.0] * 3
+    assert opsm_keep(corr, lp, poisoned, old, adv, pad, sanitise=True)[0].tolist() == [0.0] * 3
+    with pytest.raises(UserError, match="correction.opsm_delta must be a finite number or null"):
+        Correction(name="o", opsm_delta=math.inf).validate()
 
 
 def test_readme_groups_the_faithful_presets_by_framework_with_their_counts():

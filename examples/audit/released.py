@@ -153,6 +153,9 @@ class Checkout:
     package: str  # the folder copied into the site
     env: str  # a variable naming a local checkout to use instead of fetching
     within: str = ""  # the folder of the repository that holds `package` (prime-rl's src/)
+    # When given, these paths of the repository are copied into site/PACKAGE with the repository's layout,
+    # instead of the folder PACKAGE itself (slime: its package and the MIS helper under examples/).
+    paths: tuple[str, ...] = ()
 
     def fetch(self, site: Path) -> Path:
         """site/PACKAGE from the checkout in $ENV, or fetched from `url` at `commit`."""
@@ -161,21 +164,28 @@ class Checkout:
             return dest
         local = os.environ.get(self.env)
         if local:
-            source = Path(local) / self.within / self.package
-            if not source.is_dir():
-                raise FileNotFoundError(f"${self.env}={local} has no {self.package}/ folder")
-            shutil.copytree(source, dest)
+            for path in self.paths or (str(Path(self.within) / self.package),):
+                if not (Path(local) / path).is_dir():
+                    raise FileNotFoundError(f"${self.env}={local} has no {path}/ folder")
+            self._copy(Path(local), dest)
             return dest
         with tempfile.TemporaryDirectory() as tmp:
             git = ["git", "-C", tmp]
             subprocess.run([*git, "init", "--quiet"], check=True)
             subprocess.run([*git, "fetch", "--quiet", "--depth", "1", self.url, self.commit], check=True, timeout=600)
             subprocess.run([*git, "checkout", "--quiet", "FETCH_HEAD"], check=True)
-            shutil.copytree(Path(tmp) / self.within / self.package, dest)
+            self._copy(Path(tmp), dest)
         return dest
+
+    def _copy(self, root: Path, dest: Path) -> None:
+        if not self.paths:
+            shutil.copytree(root / self.within / self.package, dest)
+        for path in self.paths:
+            shutil.copytree(root / path, dest / path)
 
 
 NEMO_RL_COMMIT = "7ea279abfbeb698b092856d0dab61e7cf39bc909"
+SLIME_COMMIT = "624b824a898ab0ec1fcb4d373004c7f3852bf515"  # no PyPI release
 SKYRL_COMMIT = "a9564572eb8e91076be43c1bd5e4615e3de17265"  # PyPI's skyrl 0.3.0 predates its off_policy_correction
 ROLL_COMMIT = "8eb27cc2dc34c4d1310b169d9b86d339004d811a"  # not on PyPI
 PRIME_RL_COMMIT = "559b44772e471d1538537b8805cc77f3824a5e64"  # PyPI's prime-rl does not ship this trainer
@@ -190,6 +200,14 @@ CHECKOUTS = (
         "prime_rl",
         "IS_STUDY_PRIME_RL",
         "src",
+    ),
+    Checkout(
+        "slime",
+        "https://github.com/THUDM/slime",
+        SLIME_COMMIT,
+        "slime",
+        "IS_STUDY_SLIME",
+        paths=("slime", "examples/train_infer_mismatch_helper"),
     ),
 )
 # An adversarial finding of every NeMo-RL mode: finite padding with lp − old = 1e4 overflows PPO's ratio
@@ -263,6 +281,39 @@ CHECKOUT_TARGETS += tuple(
         maybe=("7 grad=FD: directional derivative",),
     )
     for name, config in SKYRL_MODES
+)
+
+# slime's policy loss with --use-tis (vanilla_tis_function), icepop_function, and the MIS helper as mis.yaml ships
+# it, each compared with its preset on every batch. Its adversarial findings are the loss's, not the
+# correction's: PPO's ratio exp(lp − old) is unbounded (finite padding with lp − old = 1e4 gives inf, 0·inf in
+# the backward), the reducer multiplies by the mask (NaN padding reaches the loss), and a sample whose tokens
+# are all masked still counts in the mean over the batch's samples (deliberate: slime's remove_sample).
+SLIME_OTHER = (
+    "1 finite: grad[0][1] (a masked position) nan on finite inputs",
+    "4 padding: padding values leak: loss nan",
+    "5 on-policy: on-policy differs from none",
+)
+SLIME_MODES = (
+    ("tis", {"use_tis": True}),
+    ("icepop", {"use_tis": True, "tis_function": "icepop", "tis_clip_low": 0.5}),
+    ("mis-batch-normalize", {"use_tis": True, "tis_function": "mis"}),
+)
+CHECKOUT_TARGETS += tuple(
+    Target(
+        f"slime-{name}",
+        f"slime {SLIME_COMMIT[:8]} policy loss, {name} (adapter)",
+        (
+            "--target",
+            "examples/audit/slime.py:PolicyLoss",
+            "--target-kwargs",
+            json.dumps({"slime": f"{SITE}/slime", **config}),
+            "--reference",
+            f"correction=slime/{name}",
+        ),
+        known=(),
+        other=SLIME_OTHER,
+    )
+    for name, config in SLIME_MODES
 )
 
 

@@ -26,6 +26,14 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
     denominator  keep: rejected tokens still count | drop: they leave the action mask | drop-tokens: they
                  leave the mask, but a sequence left empty still counts among seq-mean-token-mean's sequences
                  (ROLL: its sample count is taken before the filter)
+    self-normal  none | token | sequence: the weight (after its op, before rejection) divided by its batch mean,
+                 over the batch's masked-in tokens (token) or of each sequence's masked mean (sequence, every
+                 sequence counted); a mean not above 1e-8 (or NaN) leaves the weights as they are (slime's
+                 tis_batch_normalize). The batch is what one call sees: apply_correction_split normalises each
+                 group on its own, as slime does per micro-batch
+    opsm_nan     zero: TRL's nan_to_num of each token's ref − lp (a NaN token counts 0) | keep: slime's mean over
+                 the masked-in tokens, padding multiplied by the mask (zeroed under padding: ignore), whose NaN
+                 is never above δ, so the sequence is kept
     nonfinite    keep | zero-ratio: NeMo-RL's nan_to_num(·, nan=0, posinf=0, neginf=0) on the weight's ratio
                  (before the weight op: an overflowing ρ becomes 0, not `high`), on the ratio a token filter
                  compares and on each lr_t a sequence or geometric filter's statistic sums | zero-logratio:
@@ -90,7 +98,11 @@ CHOICES = {
     "filter_nan": ("reject", "keep"),
     "statistics_mask": ("original", "masked"),
     "weight_padding": ("keep", "zero"),
+    "self_normalize": ("none", "token", "sequence"),
+    "opsm_nan": ("zero", "keep"),
 }
+# slime's tis_batch_normalize divides only by a mean above this (mis.py)
+SELF_NORMALIZE_MIN_MEAN = 1e-8
 
 
 @dataclass(frozen=True)
@@ -138,6 +150,12 @@ class Correction:
     diff_filter: str = "none"
     diff_low: float | None = None
     diff_high: float | None = None
+    self_normalize: str = (
+        "none"  # slime's tis_batch_normalize: divide the weights by their mean in the call: none | token | sequence
+    )
+    opsm_nan: str = (
+        "zero"  # how OPSM's per-sequence drift treats NaN: zero (TRL, per token) | keep (slime: a NaN mean keeps)
+    )
 
     @property
     def active(self) -> bool:
@@ -223,6 +241,12 @@ class Correction:
                 raise UserError(f"correction.{key} must be a number or null, got {value!r}")
         if self.diff_low is not None and self.diff_high is not None and self.diff_low > self.diff_high:
             raise UserError(f"correction.diff_low ({self.diff_low}) > correction.diff_high ({self.diff_high})")
+        if self.opsm_delta is not None and (
+            isinstance(self.opsm_delta, bool)
+            or not isinstance(self.opsm_delta, (int, float))
+            or not math.isfinite(self.opsm_delta)
+        ):
+            raise UserError(f"correction.opsm_delta must be a finite number or null, got {self.opsm_delta!r}")
         if not isinstance(self.filter_shuffle, bool):
             raise UserError(f"correction.filter_shuffle must be true or false, got {self.filter_shuffle!r}")
         if self.filter_shuffle and self.filter == "none":
@@ -287,15 +311,25 @@ def _batch_normalized(weight: torch.Tensor, mask: torch.Tensor, level: str) -> t
 
 
 def off_policy_sequence_keep(corr: Correction, lp, old, roll, adv, mask) -> torch.Tensor:
-    """[B, T] bool: DeepSeek-V3.2's off-policy sequence mask as TRL 1.16.0's get_off_policy_mask computes it.
-    Per token, ref − lp (the current policy, detached) through nan_to_num(nan=0), which also maps ±inf to
-    the dtype's extremes, so padding never reaches the sum; its masked mean over the sequence (count clamped
-    to 1); kept where the advantage is ≥ 0 or that mean is ≤ δ. The advantage is read per token, so a
-    sequence-level advantage broadcast over its tokens decides the whole sequence."""
+    """[B, T] bool: DeepSeek-V3.2's off-policy sequence mask. A token is dropped when its advantage is negative
+    and its sequence's drift, the masked mean (count clamped to 1) of ref − lp (the current policy, detached;
+    ref = roll or old by opsm_reference), exceeds δ; the advantage is read per token, so a sequence-level
+    advantage broadcast over its tokens decides the whole sequence. opsm_nan: zero, as TRL 1.16.0's
+    get_off_policy_mask: each token's difference through nan_to_num(nan=0), which also maps ±inf to the
+    dtype's extremes, so padding never reaches the sum; keep, as slime's compute_opsm_mask: the differences
+    multiplied by the mask (zeroed under padding: ignore), and a NaN drift is never above δ, so it keeps the
+    sequence."""
     ref = roll if corr.opsm_reference == "roll" else old
-    kl = torch.nan_to_num(ref.detach() - lp.detach(), nan=0.0)
-    mean_kl = (kl * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
-    return (adv.detach() >= 0) | (mean_kl <= corr.opsm_delta)
+    diff = ref.detach() - lp.detach()
+    if corr.opsm_nan == "zero":
+        diff = torch.nan_to_num(diff, nan=0.0) * mask
+    else:
+        diff = zero_padding(diff, mask) if corr.padding == "ignore" else diff * mask
+    drift = diff.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1.0)
+    adv = adv.detach()
+    if corr.opsm_nan == "zero":  # TRL keeps what passes: a NaN drift (inf − inf) or advantage is dropped
+        return (adv >= 0) | (drift <= corr.opsm_delta)
+    return ~((adv < 0) & (drift > corr.opsm_delta))  # slime drops what fails: a NaN is kept
 
 
 def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) -> torch.Tensor:
@@ -361,6 +395,17 @@ def in_diff_band(corr: Correction, old, roll, mask, lp) -> torch.Tensor:
     return passed
 
 
+def _self_normalized(weight: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """weight / its batch mean. The mean multiplies by the mask, so a NaN at padding makes it NaN, and then,
+    as in slime, nothing is divided."""
+    masked = weight * mask
+    if level == "token":
+        mean = masked.sum() / mask.sum().clamp(min=1)
+    else:
+        mean = (masked.sum(-1) / mask.sum(-1).clamp(min=1)).mean()
+    return weight / mean if mean > SELF_NORMALIZE_MIN_MEAN else weight
+
+
 def mismatch_log_ratio(corr: Correction, old, roll, mask, lp=None) -> torch.Tensor:
     """lr_t = base − roll, detached; under `padding: ignore` (and TRL's zero-logratio) it is exactly
     0 at masked positions, so NaN/inf padding never reaches an exp or a gradient."""
@@ -415,8 +460,9 @@ def apply_correction_split(
     before it splits), so group g's result equals apply_correction on the rows g, and the metrics
     of all groups come from one pass (a small batch pays per call, not per element). With
     `filter_shuffle` the permutation is drawn over the whole batch, then split. M2PO's mask is a function of
-    the batch it sees (AReaL computes it per micro-batch), so under m2_threshold each group is its own batch."""
-    if corr.m2_threshold is not None:
+    the batch it sees (AReaL computes it per micro-batch), so under m2_threshold each group is its own batch, and
+    so under self_normalize (slime normalises each micro-batch by its own mean)."""
+    if corr.m2_threshold is not None or corr.self_normalize != "none":
         return [
             apply_correction(
                 corr,
@@ -498,6 +544,8 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None) -
         weight = raw
     # self-normalised: the coefficient is scaled, `weight` stays the clamped one (clamped_fraction reads it)
     scaled = _batch_normalized(weight, mask, corr.weight) if corr.normalize == "batch" else weight
+    if corr.self_normalize != "none":  # slime's: the mean of what one call sees, before rejection
+        scaled = _self_normalized(scaled, mask, corr.self_normalize)
 
     # Which units survive: a [B, T] mask for token filters, [B, 1] for sequence ones.
     keep = None
@@ -555,7 +603,7 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None) -
         # a product, as TRL's per_token_loss * off_policy_mask: an inf coefficient it drops becomes NaN
         opsm = off_policy_sequence_keep(corr, old if lp is None else lp, old, roll, adv, mask)
         coef = coef * opsm.to(coef.dtype)
-        if corr.denominator == "drop":
+        if corr.denominator in ("drop", "drop-tokens"):
             new_mask = new_mask * opsm.to(mask.dtype)
         keep = opsm if keep is None else keep & opsm
     if corr.padding == "ignore" or corr.weight_padding == "zero":

@@ -90,6 +90,19 @@ def plan(arms: list[Arm]) -> list[PresetGroup]:
     return out
 
 
+def _self_normalized_bands(weight: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
+    """[.., B, T] weights divided by their mean over the batch (the last two dimensions), band by band; a mean
+    not above 1e-8 (or NaN) divides nothing."""
+    from runner.core.corrections import SELF_NORMALIZE_MIN_MEAN
+
+    masked = weight * mask
+    if level == "token":
+        mean = masked.sum((-2, -1), keepdim=True) / mask.sum().clamp(min=1)
+    else:
+        mean = (masked.sum(-1, keepdim=True) / mask.sum(-1, keepdim=True).clamp(min=1)).mean(-2, keepdim=True)
+    return torch.where(mean > SELF_NORMALIZE_MIN_MEAN, weight / mean, weight)
+
+
 def band_coefficients(
     group: PresetGroup, old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor, full: bool = False
 ):
@@ -130,6 +143,8 @@ def band_coefficients(
     else:
         weight = raw
     changed = weight != raw if weight is not raw else None
+    if corr.self_normalize != "none":  # each band's weights by their own batch mean (corrections._self_normalized)
+        weight = _self_normalized_bands(weight.expand(*weight.shape[:-1], mask.shape[-1]), mask, corr.self_normalize)
 
     keep = None
     if corr.filter != "none":

@@ -63,6 +63,36 @@ def _m2po_kept(old, roll, mask, threshold: float) -> set:
     return set(ordered[n_drop:])
 
 
+def _slime_token_mean(old, roll, mask, high):
+    """slime's tis_batch_normalize at the token level: the mean of min(exp(clamp(lr, ±20)), high) over every
+    masked-in token of the batch, or None (no division) when it is not above 1e-8."""
+    ws = [
+        min(_exp(_clip(o - r, -20, 20)), high)
+        for o_row, r_row, m_row in zip(old, roll, mask)
+        for o, r, m in zip(o_row, r_row, m_row)
+        if m == 1
+    ]
+    mean = sum(ws) / max(len(ws), 1)
+    return mean if mean > 1e-8 else None
+
+
+def _slime_mis(preset, lr_t, L, G, inside_lr, low, high, batch_mean):
+    """slime's MIS helper (mis.py, compute_mis_weights) for one token."""
+    if preset in ("slime/mis-rs-veto", "slime/mis-batch-normalize"):
+        w = min(_exp(_clip(lr_t, -20, 20)), high)
+        if batch_mean is not None:
+            w = w / batch_mean
+        vetoed = any(x < math.log(1e-4) for x in inside_lr)
+        return w if _in(_exp(_clip(lr_t, -20, 20)), low, high) and not vetoed else 0.0
+    _, mode, level = preset.split("-")
+    w = _exp(_clip({"token": lr_t, "sequence": L, "geometric": G}[level], -20, 20))
+    if mode == "truncate":
+        return min(w, high)
+    if mode == "clip":
+        return _clip(w, low, high)
+    return w if _in(w, low, high) else 0.0
+
+
 def coefficients(preset: str, old, roll, mask, low, high, lp=None, adv=None):
     """Per-token coefficient and the mask that the loss is reduced with, from the spec's table (lp and adv: for
     the presets that read the current policy and the advantage, TRL's off-policy sequence mask)."""
@@ -70,6 +100,7 @@ def coefficients(preset: str, old, roll, mask, low, high, lp=None, adv=None):
     coef = [[0.0] * T for _ in range(B)]
     red = [[float(mask[i][t]) for t in range(T)] for i in range(B)]
     m2_kept = _m2po_kept(old, roll, mask, 0.04) if preset == "areal/m2po" else set()
+    batch_mean = _slime_token_mean(old, roll, mask, high) if preset == "slime/mis-batch-normalize" else None
     for i in range(B):
         lr = [old[i][t] - roll[i][t] for t in range(T)]
         inside = [mask[i][t] == 1 for t in range(T)]
@@ -79,6 +110,7 @@ def coefficients(preset: str, old, roll, mask, low, high, lp=None, adv=None):
         L20 = sum(_clip(lr[t], -20, 20) for t in range(T) if inside[t])
         rho = [_exp(x) for x in lr]
         rho_seq, rho_geo = _exp(L), _exp(G)
+        inside_lr = [lr[t] for t in range(T) if inside[t]]
         L_finite = sum(_finite_or_0(lr[t]) for t in range(T) if inside[t])  # NeMo-RL's and AReaL's sanitising
         G_finite = L_finite / max(n, 1)
         # SkyRL's token mask at 0.5-2.0 and the sums over the tokens it keeps
@@ -196,6 +228,14 @@ def coefficients(preset: str, old, roll, mask, low, high, lp=None, adv=None):
             elif preset.startswith(("roll/filter-", "roll/diff-", "roll/ratio-diff-")):
                 c = 1.0 if _roll_kept(preset, old[i], roll[i], inside, t, low, high) else 0.0
                 red[i][t] = red[i][t] * c
+            elif preset == "slime/opsm":
+                c = 1.0  # its mask multiplies the loss (ppo_token_mean)
+            elif preset == "slime/tis":
+                c = _clip(r, low, high)
+            elif preset == "slime/icepop":
+                c = r if _in(r, low, high) else 0.0
+            elif preset.startswith("slime/mis-"):
+                c = _slime_mis(preset, lr[t], L, G, inside_lr, low, high, batch_mean)
             else:
                 raise KeyError(preset)
             coef[i][t] = c if inside[t] else 0.0
@@ -226,6 +266,13 @@ def ppo_token_mean(preset, case, low, high, eps=0.2):
     )
     coef, red = coefficients(preset, old, roll, mask, low, high, lp, adv)
     B, T = len(lp), len(lp[0])
+    if preset == "slime/opsm":  # slime's compute_opsm_mask, δ = 1e-4, on the per-token loss
+        for i in range(B):
+            n = sum(1 for t in range(T) if mask[i][t] == 1)
+            drift = sum(old[i][t] - lp[i][t] for t in range(T) if mask[i][t] == 1) / max(n, 1)
+            for t in range(T):
+                if adv[i][t] < 0 and drift > 1e-4:
+                    coef[i][t] = 0.0
     denom = sum(red[i][t] for i in range(B) for t in range(T))
     total, grad = 0.0, [[0.0] * T for _ in range(B)]
     for i in range(B):
