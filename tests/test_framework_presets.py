@@ -6,6 +6,7 @@ those presets brought, each on a case it decides."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import replace
 
@@ -175,24 +176,28 @@ def test_opsm_drops_the_negative_advantage_tokens_of_sequences_that_drifted_more
     """Mean old − lp per sequence: 0.1 (A < 0: dropped), 0.01 (A < 0, under δ = 0.05: kept), 0.1 (A > 0: kept);
     the dropped sequence's loss and gradient are 0. A NaN drift (NaN padding multiplied in) keeps its sequence,
     as slime's comparison does; under padding=ignore the NaN is zeroed first and the drift decides."""
-    from runner.core.corrections import opsm_keep
+    from runner.core.corrections import off_policy_sequence_keep
     from runner.core.losses import policy_loss
 
     lp = torch.tensor([[-1.1, -0.6, -0.9], [-0.51, -1.01, -0.71], [-1.1, -0.6, -0.9]])
     old = torch.tensor([[-1.0, -0.5, -0.8], [-0.5, -1.0, -0.7], [-1.0, -0.5, -0.8]])
     adv = torch.tensor([[-1.0] * 3, [-1.0] * 3, [1.0] * 3])
     mask = torch.ones_like(lp)
-    corr = Correction(name="o", padding="multiply", opsm_delta=0.05)
-    keep = opsm_keep(corr, lp, old, old, adv, mask, sanitise=False)
-    assert keep.tolist() == [[0.0] * 3, [1.0] * 3, [1.0] * 3]
+    corr = Correction(name="o", padding="multiply", opsm_delta=0.05, opsm_reference="old", opsm_nan="keep")
+    keep = off_policy_sequence_keep(corr, lp, old, old, adv, mask)
+    assert keep.tolist() == [[False] * 3, [True] * 3, [True] * 3]
     x = lp.clone().requires_grad_(True)
     out = policy_loss(LossSpec(), corr, x, old, old, adv, mask)
     out.loss.backward()
     assert x.grad[0].tolist() == [0.0, 0.0, 0.0] and bool((x.grad[1:] != 0).all())
     poisoned, pad = old.clone(), torch.tensor([[1.0, 1.0, 0.0]] * 3)
     poisoned[0, 2] = math.nan
-    assert opsm_keep(corr, lp, poisoned, old, adv, pad, sanitise=False)[0].tolist() == [1.0] * 3
-    assert opsm_keep(corr, lp, poisoned, old, adv, pad, sanitise=True)[0].tolist() == [0.0] * 3
+    assert off_policy_sequence_keep(corr, lp, poisoned, old, adv, pad)[0].tolist() == [True] * 3
+    ignored = dataclasses.replace(corr, padding="ignore")
+    assert off_policy_sequence_keep(ignored, lp, poisoned, old, adv, pad)[0].tolist() == [False] * 3
+    # TRL's treatment (opsm_nan: zero) passes the NaN through nan_to_num: 0 for that token, the drift decides
+    trl = dataclasses.replace(corr, opsm_nan="zero")
+    assert off_policy_sequence_keep(trl, lp, poisoned, old, adv, pad)[0].tolist() == [False] * 3
     with pytest.raises(UserError, match="correction.opsm_delta must be a finite number or null"):
         Correction(name="o", opsm_delta=math.inf).validate()
 
