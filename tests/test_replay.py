@@ -64,9 +64,23 @@ def every_preset() -> list[str]:
     return registry.own_presets() + registry.faithful_presets()
 
 
+def _without_opsm(presets: list[str]) -> list[str]:
+    """Off-policy sequence masking reads the advantages and the current policy's log-probs, which a run's
+    tokens.csv does not hold, so a replay of it cannot decide what the run's OPSM decided."""
+    import yaml
+
+    from runner import registry
+
+    def opsm(name: str) -> bool:
+        cfg = yaml.safe_load((registry.conf_dir() / "correction" / f"{name}.yaml").read_text())
+        return cfg.get("opsm_delta") is not None
+
+    return [p for p in presets if not opsm(p)]
+
+
 @pytest.mark.parametrize(
     ("preset", "updates"),
-    [(p, 2) for p in every_preset()] + [(p, 4) for p in ("seq-mask-tis", "icepop", "tis", "verl/geo-rs")],
+    [(p, 2) for p in _without_opsm(every_preset())] + [(p, 4) for p in ("seq-mask-tis", "icepop", "tis", "verl/geo-rs")],
 )
 def test_replay_reproduces_every_correction_metric_of_the_run(tmp_path, preset, updates):
     """At the run's own mini-batching (read from its .hydra/config.yaml; 2 is the default): a replay row per

@@ -276,7 +276,8 @@ VALID_CORRECTIONS = ", ".join(registry.group_options("correction"))
     [
         (
             ["correction=tis,icpop"],
-            f"config: unknown correction 'icpop'; did you mean icepop or nemo-rl/icepop? (valid: {VALID_CORRECTIONS})",
+            # the valid list is long enough that the line elides its middle: its head is checked
+            f"config: unknown correction 'icpop'; did you mean icepop or nemo-rl/icepop? (valid: {VALID_CORRECTIONS[:40]}",
         ),
         (["correction.hihg=2,5"], "config: unknown key 'correction.hihg'; did you mean correction.high?"),
         (
