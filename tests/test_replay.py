@@ -64,6 +64,19 @@ def every_preset() -> list[str]:
     return registry.own_presets() + registry.faithful_presets()
 
 
+FAST_REPLAY = (
+    "seq-mask-tis",
+    "openrlhf-bc71bb1/seq-mask-tis",
+    "trl/sequence-mask",
+    "verl/seq-mis",
+    "nemo-rl/seq-mask-tis",
+    "areal/m2po",
+    "skyrl/geometric-token-mask-is",
+    "roll/ratio-diff-segment",
+    "slime/mis-batch-normalize",
+)
+
+
 def _without_opsm(presets: list[str]) -> list[str]:
     """Off-policy sequence masking reads the advantages and the current policy's log-probs, which a run's
     tokens.csv does not hold, so a replay of it cannot decide what the run's OPSM decided."""
@@ -80,7 +93,12 @@ def _without_opsm(presets: list[str]) -> list[str]:
 
 @pytest.mark.parametrize(
     ("preset", "updates"),
-    [(p, 2) for p in _without_opsm(every_preset())] + [(p, 4) for p in ("seq-mask-tis", "icepop", "tis", "verl/geo-rs")],
+    [
+        # one preset a framework in the fast subset (make test-fast), every one under `make test`
+        (p, 2) if p in FAST_REPLAY else pytest.param(p, 2, marks=pytest.mark.slow)
+        for p in _without_opsm(every_preset())
+    ]
+    + [(p, 4) for p in ("seq-mask-tis", "icepop", "tis", "verl/geo-rs")],
 )
 def test_replay_reproduces_every_correction_metric_of_the_run(tmp_path, preset, updates):
     """At the run's own mini-batching (read from its .hydra/config.yaml; 2 is the default): a replay row per
