@@ -143,7 +143,7 @@ def band_coefficients(
     else:
         weight = raw
     changed = weight != raw if weight is not raw else None
-    if corr.self_normalize != "none":  # each band's weights by their own batch mean (corrections._self_normalized)
+    if corr.self_normalize != "none":  # each band's weights by their own batch mean (framework_steps.self_normalized)
         weight = _self_normalized_bands(weight.expand(*weight.shape[:-1], mask.shape[-1]), mask, corr.self_normalize)
 
     keep = None
