@@ -1,7 +1,6 @@
 """tensorboard: event files in `RUN/tensorboard/` written by tensorboardX (read by TensorBoard, which the
-tracking extra brings too): every value of a row as a scalar at the row's step, on disk within FLUSH_S
-seconds of being written; at the end
-the run's config as hparams (a sweep job's: its swept keys), with the final J and reward as the metrics
+tracking extra brings too): every value of a row as a scalar at the row's step, flushed at most FLUSH_S
+seconds apart and at the end; at the end the run's config as hparams (a sweep job's: its swept keys), with the final J and reward as the metrics
 the HParams tab compares; `is-study plot` adds its figures as images. A sweep's jobs each log into
 their own `SWEEP/JOB/tensorboard/SWEPT/`, so `tensorboard --logdir SWEEP` shows one curve per job,
 named by its job and swept values."""
@@ -17,8 +16,8 @@ from runner.tracking.base import Tracker
 from runner.tracking.run_info import RunInfo
 
 DIR = "tensorboard"
-# tensorboardX's writer thread flushes at most this often; TensorBoard itself reloads every 5-30 s. A flush
-# per row would fsync per row (tensorboardX's flush does), about a millisecond each here.
+# the event file is flushed (and fsynced, as tensorboardX flushes) at the first row this long after the last
+# flush, and at the end; TensorBoard itself reloads every 5-30 s. A flush a row cost about a millisecond each.
 FLUSH_S = 1.0
 FINAL_METRICS = {"training/objective": "hparams/final_objective", "training/reward": "hparams/final_reward"}
 
@@ -42,23 +41,32 @@ class TensorboardTracker(Tracker):
     name = "tensorboard"
 
     def __init__(self, info: RunInfo):
-        from tensorboardX import FileWriter
+        from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
         from tensorboardX.proto.summary_pb2 import Summary
 
         super().__init__(info)
         self.log_dir = log_dir(info)
-        # One Summary of every value a row (a simple_value each, as add_scalar writes them), queued for
-        # tensorboardX's writer thread. Why tensorboardX, not torch.utils.tensorboard: with the crc32c package
-        # it checksums each record in C; torch's writer uses TensorBoard's pure-Python CRC-32C, which cost
-        # ~0.4 ms a row of 31 values on the writer thread, holding the interpreter lock the run needs.
-        self._summary, self._value = Summary, Summary.Value
-        self.file_writer = FileWriter(str(self.log_dir), max_queue=100_000, flush_secs=FLUSH_S)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # One Summary of every value a row (a simple_value each, as add_scalar writes them), in one Event
+        # written here by tensorboardX's own event writer. Why tensorboardX, not torch.utils.tensorboard: with
+        # the crc32c package it checksums each record in C, where torch's writer runs TensorBoard's pure-Python
+        # CRC-32C (~0.4 ms a row of 31 values). Why not its FileWriter: that hands every event through a
+        # multiprocessing queue to two threads (pickled, piped, unpickled), which took ~0.1 s of a 0.9 s run.
+        self._event, self._summary, self._value = Event, Summary, Summary.Value
+        self.events = EventsWriter(str(self.log_dir / "events"))
+        self._flushed = time.monotonic()
         self.last: dict[str, float] = {}
+
+    def _write(self, summary: Any, step: int = 0) -> None:
+        self.events.write_event(self._event(wall_time=time.time(), step=step, summary=summary))
 
     def log(self, step: int, data: Mapping[str, Any]) -> None:
         value = self._value
-        summary = self._summary(value=[value(tag=name, simple_value=v) for name, v in data.items()])
-        self.file_writer.add_summary(summary, step)
+        self._write(self._summary(value=[value(tag=name, simple_value=v) for name, v in data.items()]), step)
+        if time.monotonic() - self._flushed >= FLUSH_S:  # its flush fsyncs: about a millisecond
+            self.events.flush()
+            self._flushed = time.monotonic()
         for name in FINAL_METRICS:
             if name in data:
                 self.last[name] = data[name]
@@ -75,12 +83,10 @@ class TensorboardTracker(Tracker):
             # tensorboardX names a file by the second it opens and the host, so a second writer opened in
             # the same second would replace the first's file
             for summary in hparams_summaries(hparams, metrics):
-                self.file_writer.add_summary(summary)
+                self._write(summary)
             value = self._value
-            self.file_writer.add_summary(
-                self._summary(value=[value(tag=k, simple_value=v) for k, v in metrics.items()])
-            )
-        self.file_writer.close()
+            self._write(self._summary(value=[value(tag=k, simple_value=v) for k, v in metrics.items()]))
+        self.events.close()
 
 
 def add_figures(writer: Any, paths: Sequence[Path]) -> None:
