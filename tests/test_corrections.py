@@ -20,7 +20,6 @@ tests/test_losses_edges.py; the metrics of a correction in tests/test_metrics.py
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from dataclasses import replace
