@@ -43,6 +43,9 @@ damaged (its error then names the file and what is wrong with it, as a damaged j
 
 Values are copied as text, byte for byte; the CSVs are streamed, so a sweep of thousands of jobs
 aggregates in constant memory.
+
+About 520 lines on purpose: finding the jobs, judging each one's files and writing the tables share the
+Job record and the atomic writer, and read in the order a table is made.
 """
 
 from __future__ import annotations
