@@ -132,11 +132,14 @@ def test_released_code_gives_every_known_bug_and_nothing_else(site, tmp_path_fac
     code, cells, seconds, err = _audit_once(target, site, tmp_path_factory, "--profile", profile)
     findings = [_line(c) for c in cells if c["status"] == "fail"]
     expected = (*target.known, *target.other) if profile == "adversarial" else target.known
-    assert code == (1 if expected else 0), err
-    # each expected finding exactly once, each a single line, and no other finding
+    assert code == (1 if findings else 0), err
+    # each expected finding exactly once, each a single line, and no other finding but one the target lists as
+    # one a search may or may not reach (as tests/test_audit_checkouts.py reads `maybe`)
     for start in expected:
         assert sum(f.startswith(start) for f in findings) == 1, (start, findings)
-    assert len(findings) == len(expected), findings
+    others = [f for f in findings if not any(f.startswith(s) for s in expected)]
+    assert all(any(f.startswith(s) for s in target.maybe) for f in others), others
+    assert len(others) <= len(target.maybe), findings
     assert all("\n" not in f for f in findings)
     assert all(c["profile"] == profile for c in cells if c["status"] == "fail" and c["invariant"] != "reference")
     # the all-masked batch and documented refusals give no finding
