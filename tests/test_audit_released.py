@@ -281,6 +281,22 @@ def test_openrlhf_bc71bb1_itself_matches_its_adapter(tmp_path):
     print(shlex.join(real.argv(".")))
 
 
+def _assert_case_replays(case: str, entry: dict, *target: str) -> None:
+    """`is-study case CASE` on a released-code target gives the entry's recorded results, NaN included."""
+    from runner.audit.case_study import compare
+
+    got = subprocess.run(
+        [sys.executable, str(ONLY_OWN), "case", case, *target, "--json"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert got.returncode == 0, got.stderr
+    assert compare(json.loads(got.stdout), entry["results"]) == []
+
+
 @pytest.mark.parametrize(
     "entry",
     yaml.safe_load((REPO / "conf" / "cases" / "areal.yaml").read_text())["expect"],
@@ -289,21 +305,9 @@ def test_openrlhf_bc71bb1_itself_matches_its_adapter(tmp_path):
 def test_areal_cases_are_what_its_released_loss_gives(site, entry):
     """conf/cases/areal.yaml's numbers are AReaL 1.0.4's own: each expectation, replayed on the downloaded
     ppo_actor_loss_fn with its recorded RejectionSamplingConfig, gives them again (NaN included)."""
-    from runner.audit.case_study import compare
-
     kwargs = json.dumps({"areal": str(site / "areal"), **entry["areal"]})
     target = ("--target", "examples/audit/areal.py:PPOActorLoss", "--target-kwargs", kwargs)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    got = subprocess.run(
-        [sys.executable, str(ONLY_OWN), "case", "areal", *target, "--json"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert got.returncode == 0, got.stderr
-    assert compare(json.loads(got.stdout), entry["results"]) == []
+    _assert_case_replays("areal", entry, *target)
 
 
 @pytest.mark.parametrize(
@@ -315,21 +319,9 @@ def test_verl_rollout_correction_cases_are_what_its_released_code_gives(site, en
     """conf/cases/verl-rs-batch-norm.yaml's numbers are verl 0.9.1's own: its IS weights (batch-normalised) and
     rejection mask (seq_max_k2 / k3) from the downloaded rollout_corr_helper, through compute_policy_loss_vanilla
     (examples/audit/verl_rollout_corr.py), with each entry's recorded settings, give them again."""
-    from runner.audit.case_study import compare
-
     kwargs = json.dumps({"verl": str(site / "verl"), **entry["verl"]})
     target = ("--target", "examples/audit/verl_rollout_corr.py:RolloutCorrectedLoss", "--target-kwargs", kwargs)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    got = subprocess.run(
-        [sys.executable, str(ONLY_OWN), "case", "verl-rs-batch-norm", "--stub", VERL_STUBS, *target, "--json"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert got.returncode == 0, got.stderr
-    assert compare(json.loads(got.stdout), entry["results"]) == []
+    _assert_case_replays("verl-rs-batch-norm", entry, "--stub", VERL_STUBS, *target)
 
 
 @pytest.mark.parametrize(
@@ -341,18 +333,6 @@ def test_trl_off_policy_mask_cases_are_what_its_released_loss_gives(site, entry)
     """conf/cases/trl-off-policy-mask.yaml's numbers are TRL 1.16.0's own: GRPOTrainer._compute_loss with its
     get_off_policy_mask, compiled from the downloaded wheel (examples/audit/trl_grpo.py) with each entry's
     off_policy_mask_threshold, gives them again."""
-    from runner.audit.case_study import compare
-
     kwargs = json.dumps({"trl": str(site / "trl"), **entry["trl"]})
     target = ("--convention", "trl", "--target", "examples/audit/trl_grpo.py:GRPOLoss", "--target-kwargs", kwargs)
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    got = subprocess.run(
-        [sys.executable, str(ONLY_OWN), "case", "trl-off-policy-mask", *target, "--json"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert got.returncode == 0, got.stderr
-    assert compare(json.loads(got.stdout), entry["results"]) == []
+    _assert_case_replays("trl-off-policy-mask", entry, *target)
