@@ -60,6 +60,19 @@ class Target:
         return shlex.join(["is-study", "audit", *self.argv(site)])
 
 
+def adapter_args(adapter: str, package: str, config: dict, reference: str | None = None) -> tuple[str, ...]:
+    """`is-study audit` arguments for an adapter in examples/audit/ on the site's PACKAGE with `config`, compared
+    with `correction=REFERENCE` on every batch when a preset reproduces that mode."""
+    kwargs = json.dumps({package: f"{SITE}/{package}", **config})
+    return (
+        "--target",
+        adapter,
+        "--target-kwargs",
+        kwargs,
+        *(("--reference", f"correction={reference}") if reference else ()),
+    )
+
+
 TARGETS = (
     Target(
         "openrlhf-0.11.2",
@@ -269,13 +282,7 @@ CHECKOUT_TARGETS += tuple(
     Target(
         f"skyrl-{name}",
         f"SkyRL {SKYRL_COMMIT[:8]} ppo_policy_loss, off_policy_correction {name} (adapter)",
-        (
-            "--target",
-            "examples/audit/skyrl.py:PPOPolicyLoss",
-            "--target-kwargs",
-            json.dumps({"skyrl": f"{SITE}/skyrl", **config}),
-            *(("--reference", f"correction={SKYRL_REFERENCES[name]}") if name in SKYRL_REFERENCES else ()),
-        ),
+        adapter_args("examples/audit/skyrl.py:PPOPolicyLoss", "skyrl", config, SKYRL_REFERENCES.get(name)),
         known=(),
         other=("4 padding: padding values leak: loss nan",),
         maybe=("7 grad=FD: directional derivative",),
@@ -302,14 +309,7 @@ CHECKOUT_TARGETS += tuple(
     Target(
         f"slime-{name}",
         f"slime {SLIME_COMMIT[:8]} policy loss, {name} (adapter)",
-        (
-            "--target",
-            "examples/audit/slime.py:PolicyLoss",
-            "--target-kwargs",
-            json.dumps({"slime": f"{SITE}/slime", **config}),
-            "--reference",
-            f"correction=slime/{name}",
-        ),
+        adapter_args("examples/audit/slime.py:PolicyLoss", "slime", config, f"slime/{name}"),
         known=(),
         other=SLIME_OTHER,
     )
@@ -349,14 +349,7 @@ CHECKOUT_TARGETS += tuple(
     Target(
         f"roll-{name}",
         f"ROLL {ROLL_COMMIT[:8]} ActorWorker.loss_func, train_infer_correction {name} (adapter)",
-        (
-            "--target",
-            "examples/audit/roll.py:ActorLoss",
-            "--target-kwargs",
-            json.dumps({"roll": f"{SITE}/roll", **config}),
-            "--reference",
-            f"correction=roll/{name}",
-        ),
+        adapter_args("examples/audit/roll.py:ActorLoss", "roll", config, f"roll/{name}"),
         known=(),
         other=ROLL_ADVERSARIAL,
     )
@@ -437,14 +430,7 @@ AREAL_TARGETS += tuple(
     Target(
         f"areal-1.0.4-{name}",
         f"AReaL 1.0.4 ppo_actor_loss_fn, {name} (adapter)",
-        (
-            "--target",
-            "examples/audit/areal.py:PPOActorLoss",
-            "--target-kwargs",
-            json.dumps({"areal": f"{SITE}/areal", **config}),
-            "--reference",
-            f"correction=areal/{name}",
-        ),
+        adapter_args("examples/audit/areal.py:PPOActorLoss", "areal", config, f"areal/{name}"),
         known=(),
         other=AREAL_OTHER,
         # M2PO masks over the whole batch, and of tied lr_t² it masks the one torch.sort puts first, so permuting
