@@ -25,6 +25,8 @@ from tests.helpers.repo import REPO
 pytestmark = pytest.mark.usefixtures("one_thread")  # small tensors: see conftest.py
 
 FRAMEWORK_CASES = ("nemo-rl", "areal", "skyrl", "roll", "prime-rl", "slime")
+# case files for modes beside a framework's first presets (conf/cases/FRAMEWORK-*.yaml), replayed the same way
+EXTRA_CASES = ("verl-rs-batch-norm", "trl-off-policy-mask")
 
 
 def _composed(preset: str, overrides: list[str] = ()) -> tuple[Correction, LossSpec]:
@@ -34,7 +36,7 @@ def _composed(preset: str, overrides: list[str] = ()) -> tuple[Correction, LossS
 
 
 def _entries():
-    for name in FRAMEWORK_CASES:
+    for name in (*FRAMEWORK_CASES, *EXTRA_CASES):
         path = REPO / "conf" / "cases" / f"{name}.yaml"
         for i, entry in enumerate(yaml.safe_load(path.read_text())["expect"]):
             yield pytest.param(path, entry, id=f"{name}:{entry['preset']}:{i}")
@@ -214,22 +216,6 @@ def test_readme_groups_the_faithful_presets_by_framework_with_their_counts():
 
 
 # ------------------------------------------------- verl 0.9.1: batch-normalised weights, seq_max divergence rejection
-# Case files for modes beside a framework's first presets (conf/cases/FRAMEWORK-*.yaml), checked the same way
-EXTRA_CASES = ("verl-rs-batch-norm", "trl-off-policy-mask")
-
-
-def _extra_entries():
-    for name in EXTRA_CASES:
-        path = REPO / "conf" / "cases" / f"{name}.yaml"
-        for i, entry in enumerate(yaml.safe_load(path.read_text())["expect"]):
-            yield pytest.param(path, entry, id=f"{name}:{entry['preset']}:{i}")
-
-
-@pytest.mark.parametrize("path,entry", list(_extra_entries()))
-def test_extra_modes_match_the_released_code_element_for_element(path, entry):
-    test_preset_matches_the_released_code_element_for_element(path, entry)
-
-
 def _verl(name: str, low=None, high=None) -> Correction:
     return _composed(f"verl/{name}", [f"correction.low={'null' if low is None else low}", f"correction.high={high}"])[0]
 
