@@ -692,7 +692,7 @@ def replay(
         "DIR is one experiment's sweep dir (with --claim NAME, the experiment's name; any world), or with --all a "
         "folder holding DIR/WORLD/NAME for each world in --worlds (scripts/figures.sh runs them). Prints one line "
         "per claim: [WORLD/]NAME: holds | does not hold | inconclusive | untestable here — the numbers. With "
-        "--out, NAME.png and NAME.pdf go there; with --all into OUT/WORLD/ (OUT/full/WORLD/ with --size full) with that world's "
+        "--out, NAME.png and NAME.pdf go there; with --all into OUT/WORLD/ (OUT/SIZE/WORLD/ with --size full, regime or regime-full) with that world's "
         "verdicts.json, and OUT/VERDICTS.md, the claim × world table of every verdicts.json under OUT. The rules "
         "are in analysis/claims/."
     )
@@ -712,7 +712,10 @@ def claims(
     ),
     style: str = typer.Option("default", "--style", help="default | paper"),
     size: str = typer.Option(
-        "default", "--size", help="The size the runs were (default | full): names the column and the folder."
+        "default",
+        "--size",
+        help="The size the runs were (default | full | regime | regime-full: the field regime): names the column "
+        "and the folder.",
     ),
 ) -> None:
     from analysis import style as styles

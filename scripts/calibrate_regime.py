@@ -2,6 +2,7 @@
 measured mismatch, per precision and size, from runs on a seed and sampling stream no claim uses.
 
     python scripts/calibrate_regime.py [--out-dir DIR] [--sizes default,paper] [--precisions bf16,fp16,fp8]
+                                       [--variants dense,moe4,moe4-replay]
     python scripts/calibrate_regime.py --read DIR            # tabulate runs already made
 
 Each cell is one `is-study run experiment=mlp/field-regime mismatch.precision=P` (staleness 0: the
@@ -28,6 +29,13 @@ sys.path.insert(0, str(REPO / "scripts"))
 from bench_regime import CALIBRATION, PAPER  # noqa: E402
 
 SIZES = {"default": [], "paper": [*PAPER, "train.steps=500", "train.objective_every=100"]}
+# The network: dense, or 4 experts whose routes the bf16 engine recomputes (MoE route flips), and the same with
+# routing replay (the engine routes as the trainer did): the causal ablation of the flips.
+VARIANTS = {
+    "dense": [],
+    "moe4": ["policy.experts=4"],
+    "moe4-replay": ["policy.experts=4", "mismatch.router_replay=true"],
+}
 TARGETS = {
     "token_kl_k3": "~6e-4 dense bf16 (Qwen3-8B), ~1.5e-3 MoE",
     "seq_kl_k3": "1–20 nats at paper size",
@@ -37,11 +45,11 @@ TARGETS = {
 }
 
 
-def run(out_dir: Path, size: str, precision: str) -> Path:
-    run_dir = out_dir / f"{size}-{precision}"
+def run(out_dir: Path, size: str, precision: str, variant: str = "dense") -> Path:
+    run_dir = out_dir / f"{size}-{precision}{'' if variant == 'dense' else '-' + variant}"
     if not (run_dir / "DONE").exists():
         cmd = [sys.executable, "-m", "runner", "run", "experiment=mlp/field-regime", f"mismatch.precision={precision}"]
-        cmd += [*CALIBRATION, *SIZES[size], f"hydra.run.dir={run_dir}"]
+        cmd += [*CALIBRATION, *SIZES[size], *VARIANTS[variant], f"hydra.run.dir={run_dir}"]
         subprocess.run(cmd, cwd=REPO, check=True)
     return run_dir
 
@@ -99,13 +107,19 @@ def main() -> None:
     parser.add_argument("--out-dir", default="runs/calibrate-regime")
     parser.add_argument("--sizes", default="default,paper")
     parser.add_argument("--precisions", default="bf16,fp16,fp8")
+    parser.add_argument("--variants", default="dense", help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--read", default=None, help="tabulate the run dirs under this directory instead")
     args = parser.parse_args()
     if args.read:
         dirs = sorted(p.parent for p in Path(args.read).glob("*/summary.json"))
     else:
         out = Path(args.out_dir)
-        dirs = [run(out, s, p) for s in args.sizes.split(",") for p in args.precisions.split(",")]
+        dirs = [
+            run(out, s, p, v)
+            for s in args.sizes.split(",")
+            for p in args.precisions.split(",")
+            for v in args.variants.split(",")
+        ]
     print(table([row(d) for d in dirs]))
 
 

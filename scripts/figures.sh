@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bash scripts/figures.sh [--full]
+# bash scripts/figures.sh [--full] [--regime]
 # The literature's claims as shipped experiments, in three worlds: conf/experiment/WORLD/NAME.yaml (bigram, mlp,
 # transformer: runner/worlds/registry.py's list). Runs each one, then draws figures/WORLD/NAME.png + .pdf,
 # writes figures/WORLD/verdicts.json and figures/VERDICTS.md: one table, claim × world → holds / does not hold /
@@ -12,6 +12,9 @@
 #   bash scripts/figures.sh --full   paper size (figures/full/WORLD/): more seeds, steps, lengths, repeats. Measured
 #                                    2026-12-01 on the same machine, its cores shared with a mutation-testing run:
 #                                    bigram ≈ 9 min, mlp 41 min, transformer 54 min (about 1 h 45 min in all).
+#   bash scripts/figures.sh --regime  the claims in the field's regime (docs/regime.md): the worlds that have
+#                                    conf/experiment/WORLD/regime/ (mlp), into figures/regime/WORLD/; with --full,
+#                                    at paper size (T = 1024) into figures/regime-full/WORLD/. Times: docs/claims.md.
 #
 # Environment: FIGURES_WORLDS (space-separated worlds, default "bigram mlp transformer"), FIGURES_ONLY (space-
 # separated experiment names, default all), FIGURES_WORK (the experiments' output, default multirun/figures;
@@ -24,13 +27,18 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 SIZE=default
+REGIME=
 for arg in "$@"; do
   case "$arg" in
     --full) SIZE=full ;;
-    -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) echo "figures.sh: unknown argument: $arg (usage: bash scripts/figures.sh [--full])" >&2; exit 2 ;;
+    --regime) REGIME=regime ;;
+    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "figures.sh: unknown argument: $arg (usage: bash scripts/figures.sh [--full] [--regime])" >&2; exit 2 ;;
   esac
 done
+# The column's name (analysis/claims/verdicts.py's SIZES): default | full | regime | regime-full
+COLUMN="$SIZE"
+[[ -n "$REGIME" ]] && COLUMN=$([[ "$SIZE" == full ]] && echo regime-full || echo regime)
 
 WORK="${FIGURES_WORK:-multirun/figures}"
 OUT="${FIGURES_OUT:-figures}"
@@ -43,15 +51,24 @@ fi
 # The worlds: runner/worlds/registry.py's list, the one the claims registry reads too.
 read -r -a KNOWN_WORLDS <<< "$("$PYTHON" -c 'from runner.worlds.registry import WORLDS; print(*WORLDS)')"
 WORLDS=("${KNOWN_WORLDS[@]}")
+if [[ -n "$REGIME" ]]; then  # only the worlds rebuilt to the field's regime
+  WORLDS=()
+  for w in "${KNOWN_WORLDS[@]}"; do [[ -d "conf/experiment/$w/regime" ]] && WORLDS+=("$w"); done
+fi
 if [[ -n "${FIGURES_WORLDS:-}" ]]; then
   read -r -a WORLDS <<< "$FIGURES_WORLDS"
 fi
 
-# The experiment file of a claim in a world.
-experiment() { echo "$1/$2"; }
+# The experiment file of a claim in a world (in the field regime, WORLD/regime/NAME).
+experiment() { echo "$1/${REGIME:+regime/}$2"; }
 
 # Paper size: overrides on top of each experiment's own sweep (the command line wins over the file).
 full_overrides() {
+  if [[ -n "$REGIME" ]]; then  # paper size in the regime: docs/regime.md's T = 1024 world, 500 steps
+    [[ "$2" == bias-variance-by-level ]] && { echo "probe.repeats=400"; return; }  # its sweep is over T already
+    echo "rollout.seq_len=1024 task.k=[32,40,48,56,64,72,80,88,96] task.tolerance=4 train.steps=500"
+    return
+  fi
   case "$1/$2" in
     bigram/tis-tames-mismatch)            echo "seed=range(0,10) train.steps=300" ;;
     bigram/bias-variance-by-level)        echo "probe.repeats=5000" ;;
@@ -92,7 +109,7 @@ done
 
 start=$(date +%s)
 ROOT="$WORK"
-[[ "$SIZE" == full ]] && ROOT="$WORK/full"
+[[ "$COLUMN" != default ]] && ROOT="$WORK/$COLUMN"
 mkdir -p "$ROOT" "$OUT"
 for world in "${WORLDS[@]}"; do
   t_world=$(date +%s)
@@ -107,7 +124,7 @@ for world in "${WORLDS[@]}"; do
     dir="$ROOT/$world/$name"
     rm -rf -- "$dir"
     t0=$(date +%s)
-    echo "== $world/$name ($SIZE size)" >&2
+    echo "== $(experiment "$world" "$name") ($COLUMN)" >&2
     if ! "$PYTHON" -m runner sweep "experiment=$(experiment "$world" "$name")" "hydra.sweep.dir=$dir" "${LAUNCH[@]}" \
         "${extra[@]}" >/dev/null; then
       echo "figures.sh: experiment $world/$name failed (see $dir/*/ERROR)" >&2
@@ -119,5 +136,5 @@ for world in "${WORLDS[@]}"; do
 done
 
 # One process draws every figure and writes VERDICTS.md (is-study claims; exit 2 if a claim cannot be evaluated).
-"$PYTHON" -m runner claims --all "$ROOT" --out "$OUT" --size "$SIZE" --worlds "${WORLDS[*]}" --only "${EXPERIMENTS[*]}"
+"$PYTHON" -m runner claims --all "$ROOT" --out "$OUT" --size "$COLUMN" --worlds "${WORLDS[*]}" --only "${EXPERIMENTS[*]}"
 echo "figures.sh: $(( $(date +%s) - start )) s in all (load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo n/a)); figures and VERDICTS.md in $OUT/" >&2

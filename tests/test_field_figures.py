@@ -435,7 +435,7 @@ def test_every_new_figure_fits_and_nothing_is_clipped_or_overlaps(field, precisi
     figs = [
         (k, figures.figure(k, load_dataset(path), style))
         for path, kinds in (
-            (field, ("mismatch-over-training", "survival", "length-heatmap")),
+            (field, ("mismatch-over-training", "survival", "length-heatmap", "dose-response")),
             (precisions, ("mismatch-over-training",)),
             (transformer, ("mismatch-over-training", "mismatch")),
             (lengths_probe, ("bias-split",)),
@@ -453,13 +453,13 @@ def test_every_new_figure_fits_and_nothing_is_clipped_or_overlaps(field, precisi
 
 
 def test_plot_offers_the_new_kinds_where_the_data_allows(field, lengths_probe, tmp_path):
-    """A train sweep over T and staleness gets mismatch-over-training, survival and length-heatmap by
-    default, and bias-split is skipped with its reason; a probe sweep over T gets bias-split; asking
+    """A train sweep over T and staleness gets mismatch-over-training, survival, length-heatmap and dose-response
+    by default, and bias-split is skipped with its reason; a probe sweep over T gets bias-split; asking
     for a kind the data cannot give is a one-line error."""
     code, out, err = run_cli("plot", str(field), "-o", str(tmp_path / "train"))
     assert code == 0, err
     written = {Path(p).name for p in out.split()}
-    for kind in ("mismatch-over-training", "survival", "length-heatmap"):
+    for kind in ("mismatch-over-training", "survival", "length-heatmap", "dose-response"):
         assert {f"{kind}.png", f"{kind}.pdf"} <= written
         assert (tmp_path / "train" / f"{kind}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (tmp_path / "train" / f"{kind}.pdf").read_bytes()[:5] == b"%PDF-"
@@ -471,6 +471,7 @@ def test_plot_offers_the_new_kinds_where_the_data_allows(field, lengths_probe, t
         ((str(field), "--kind", "bias-split"), "probe"),
         ((str(lengths_probe), "--kind", "survival"), "training metrics"),
         ((str(field / "00"), "--kind", "length-heatmap"), "response lengths"),
+        ((str(field / "00"), "--kind", "dose-response"), "response lengths"),
     ]
     for args, msg in cases:
         code, _, err = run_cli("plot", *args)

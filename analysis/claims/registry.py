@@ -52,9 +52,14 @@ def world(name: str) -> str:
     return name
 
 
-def experiment(name: str, in_world: str) -> str:
-    """The experiment= value of claim `name` in a world: WORLD/NAME."""
-    return f"{world(in_world)}/{name}"
+# Where a setting's experiments sit: a world's own (conf/experiment/WORLD/NAME.yaml), or the world rebuilt to
+# the field's regime (conf/experiment/WORLD/regime/NAME.yaml, each including experiment=WORLD/field-regime).
+REGIME_FOLDER = "regime"
+
+
+def experiment(name: str, in_world: str, regime: bool = False) -> str:
+    """The experiment= value of claim `name` in a world: WORLD/NAME, or in the field regime WORLD/regime/NAME."""
+    return f"{world(in_world)}/{REGIME_FOLDER + '/' if regime else ''}{name}"
 
 
 def evaluate(name: str, path: str | Path, style: str = "default") -> tuple[Verdict, Any]:

@@ -5,6 +5,7 @@ cell's key numbers and a link to its figure, then every verdict's full statement
 Layout under OUT (scripts/figures.sh: OUT = figures):
     OUT/WORLD/NAME.{png,pdf}, OUT/WORLD/verdicts.json           the default size
     OUT/full/WORLD/NAME.{png,pdf}, OUT/full/WORLD/verdicts.json  paper size (figures.sh --full)
+    OUT/regime/WORLD/..., OUT/regime-full/WORLD/...              the field regime (figures.sh --regime [--full])
     OUT/VERDICTS.md                                              every verdicts.json under OUT, one table
 A run over some worlds or claims updates their entries and leaves the others' as they were, so the table
 always shows every world that has been run, and each column names its size."""
@@ -21,7 +22,19 @@ from analysis.claims.registry import CLAIMS, WORLDS, claim, evaluate, experiment
 from analysis.claims.stats import Verdict
 from runner.errors import UserError
 
-SIZES = ("default", "full")
+# A column of VERDICTS.md: the size the runs were, in the world as it is or rebuilt to the field's regime
+# (docs/regime.md). Each has its own folder under OUT, and its label names both.
+SIZES = ("default", "full", "regime", "regime-full")
+SIZE_LABELS = {
+    "default": "default size",
+    "full": "full size",
+    "regime": "field regime, default size",
+    "regime-full": "field regime, paper size",
+}
+
+
+def is_regime(size: str) -> bool:
+    return size.startswith("regime")
 
 
 def chosen(name: str | None, every: bool, only: str = "") -> list[str]:
@@ -49,8 +62,8 @@ def size_checked(size: str) -> str:
 
 
 def world_dir(root: Path, in_world: str, size: str = "default") -> Path:
-    """Where a world's figures and verdicts.json go: ROOT/WORLD, or ROOT/full/WORLD at paper size."""
-    return Path(root) / in_world if size == "default" else Path(root) / "full" / in_world
+    """Where a world's figures and verdicts.json go: ROOT/WORLD at default size, else ROOT/SIZE/WORLD."""
+    return Path(root) / in_world if size == "default" else Path(root) / size / in_world
 
 
 def check(
@@ -132,7 +145,7 @@ def write_world(root: Path, in_world: str, size: str, results: list[tuple[str, V
             "key": v.key,
             "statement": v.statement,
             "figure": str((d / f"{name}.png").relative_to(root)),
-            "experiment": f"experiment={experiment(name, in_world)}",
+            "experiment": f"experiment={experiment(name, in_world, is_regime(size))}",
             "written": time.strftime("%Y-%m-%d"),
         }
     if command:
@@ -179,18 +192,19 @@ def verdicts_markdown(root: Path) -> str:
     cols = columns(root)
     if not cols:
         raise UserError(f"{root}: no verdicts.json under it; run scripts/figures.sh first")
-    head = ["claim", *(f"{w} ({size} size)" for w, size, _ in cols)]
+    head = ["claim", *(f"{w} ({SIZE_LABELS[size]})" for w, size, _ in cols)]
     out = [
         "# Verdicts: the literature's claims in three worlds",
         "",
-        "Written by `bash scripts/figures.sh` (`--full`: paper size) from the `verdicts.json` each run leaves in "
-        "`figures/WORLD/` (default size) and `figures/full/WORLD/` (paper size); each column names its world and "
-        "size. A cell is the verdict (holds / does not hold / inconclusive / untestable here: the "
+        "Written by `bash scripts/figures.sh` (`--full`: paper size; `--regime`: the world rebuilt to the field's "
+        "regime, docs/regime.md) from the `verdicts.json` each run leaves in `figures/WORLD/` (default size), "
+        "`figures/full/WORLD/` (paper size) and `figures/regime/WORLD/` (field regime); each column names its world "
+        "and size. A cell is the verdict (holds / does not hold / inconclusive / untestable here: the "
         "world never shows the effect the claim is about, so its positive control failed and the claim is not "
         "tested), the number of seeds (or repeats) n behind it, its key numbers and its figure; the full "
         "statement of every cell is below the table, naming its test (on seeds, a 95% Student-t interval with "
         "n − 1 degrees of freedom; on collapse counts, exact: Fisher, Clopper–Pearson). The experiments are "
-        "`conf/experiment/WORLD/NAME.yaml`, each with its command, source, the world's calibrated "
+        "`conf/experiment/WORLD/NAME.yaml` (in the regime `conf/experiment/WORLD/regime/NAME.yaml`), each with its command, source, the world's calibrated "
         "parameters, the verdict rule and what was measured. The rules were fixed before the runs and are "
         "stated in `analysis/claims/`; a claim a world does not reproduce is reported as such.",
         "",
@@ -207,7 +221,7 @@ def verdicts_markdown(root: Path) -> str:
             if e is None:
                 continue
             out.append(
-                f"- **{w}** ({size} size; `is-study sweep {e['experiment']}`, [figure]({e['figure']})): "
+                f"- **{w}** ({SIZE_LABELS[size]}; `is-study sweep {e['experiment']}`, [figure]({e['figure']})): "
                 f"{_verdict_word(e)}. {e['statement']}"
             )
         out.append("")

@@ -11,6 +11,7 @@ Agg), so tests can inspect axes, labels and lines before anything is written; `r
     probe       presets, threshold, bias-split (the probe's bias, variance and MSE)
     mismatch    mismatch (tokens.csv), mismatch-over-training (the engines' gap against step)
     collapse    survival, length-heatmap (when and how often runs collapse)
+    dose_response  dose-response (final J and collapses against the measured T·k3)
     threshold_training  threshold-training (train runs against the band [low, high])
 
 Kinds (`is-study plot --kind`):
@@ -42,6 +43,8 @@ Kinds (`is-study plot --kind`):
                 bias ‖E ĝ − ∇J‖ / ‖∇J‖ against T; degenerate arms hollow, a Monte Carlo ∇J said so
     length-heatmap  a train sweep over T × correction: final J (mean over seeds) and the fraction of
                 seeds that collapsed, one cell each
+    dose-response  a train sweep over T: final J and the collapse rate against the measured mismatch per
+                response (T·k3, nats), a line per correction and engine precision in the order of T
     threshold-training  a train sweep over the band [low, high]: final J (summary.json's, as per_job
                 reads it), peak-to-final drop, masked fraction, ESS and NaN/inf events against the band,
                 a line per correction, a row per other swept key (staleness, precision); an outcome that
@@ -70,6 +73,7 @@ from analysis import style as st
 from analysis.figures import layout
 from analysis.figures.availability import availability
 from analysis.figures.collapse import length_heatmap_figure, survival_figure
+from analysis.figures.dose_response import dose_response_figure
 from analysis.figures.mismatch import mismatch_figure, mismatch_over_training_figure
 from analysis.figures.probe import bias_split_figure, presets_figure, threshold_figure
 from analysis.figures.threshold_training import threshold_training_figure
@@ -90,6 +94,7 @@ FIGURES: dict[str, Callable] = {
     "survival": survival_figure,
     "bias-split": bias_split_figure,
     "length-heatmap": length_heatmap_figure,
+    "dose-response": dose_response_figure,
     "threshold-training": threshold_training_figure,
 }
 KINDS = tuple(FIGURES)

@@ -122,6 +122,9 @@ def field_availability(ds: Dataset, base: dict[str, str | None]) -> dict[str, st
             out["mismatch-over-training"] = f"the metrics lack {', '.join(missing)} (log.metrics=false?)"
     out["survival"] = _survival_reason(ds, base["training"])
     out["length-heatmap"] = base["training"] or _lengths_reason(ds)
+    out["dose-response"] = out["length-heatmap"] or (
+        None if "kl_k3" in df.columns else "the metrics lack kl_k3 (log.metrics=false?)"
+    )
     out["bias-split"] = _bias_split_reason(ds)
     out["threshold-training"] = _band_reason(ds, base["training"])
     return out

@@ -36,6 +36,7 @@ TITLES = {
     "survival": "Survival: seeds not yet collapsed",
     "bias-split": "Bias split into direction and size, against the response length (probe)",
     "length-heatmap": "Response length × correction",
+    "dose-response": "Dose-response: outcomes against the measured mismatch per response (T·k3)",
     "threshold-training": "Threshold trade-off (training): outcomes against the band",
 }
 STEP_LABEL = "training step (rollout batches)"

@@ -1,0 +1,164 @@
+"""The six claims in the field's regime (issue 32): one experiment per claim in conf/experiment/mlp/regime/,
+each the claim's own sweep on top of experiment=mlp/field-regime; the dose-response experiment over T with its
+length arms; the regime's columns of VERDICTS.md; and the dose-response figure's table, checked by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+from analysis.claims import registry, verdicts
+from analysis.claims.registry import CLAIMS
+from runner.hydra_app import app as hydra_app
+from tests.helpers.repo import REPO
+
+REGIME = REPO / "conf" / "experiment" / "mlp" / "regime"
+FIELD = {  # what experiment=mlp/field-regime fixes, which every regime experiment must inherit
+    "task.name": "count-asked",
+    "rollout.vocab_size": 256,
+    "rollout.seq_len": 256,
+    "policy.name": "mlp",
+    "policy.init_std": 20,
+    "policy.state": ["prompt", "position"],
+    "train.lr": 3.0e-4,
+}
+
+
+def _value(cfg, dotted):
+    out = OmegaConf.select(cfg, dotted)
+    return OmegaConf.to_container(out) if OmegaConf.is_config(out) else out
+
+
+@pytest.mark.parametrize("number_name", list(enumerate(CLAIMS, 1)), ids=list(CLAIMS))
+def test_every_claim_has_a_regime_experiment(number_name):
+    number, name = number_name
+    path = REGIME / f"{name}.yaml"
+    lines = path.read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "# @package _global_"
+    assert lines[1] == f"# is-study sweep experiment={registry.experiment(name, 'mlp', regime=True)}"
+    assert lines[2].startswith(f"# Claim {number} (") and "field regime" in lines[2]
+    own = OmegaConf.load(path)
+    assert "/experiment/mlp/field-regime@_here_" in own.defaults
+    # the claim's own sweep is the world's claim experiment's: the same arms, in the regime's world
+    world_sweep = OmegaConf.load(REPO / "conf" / "experiment" / "mlp" / f"{name}.yaml").hydra.sweeper.params
+    regime_sweep = own.hydra.sweeper.params
+    swept = set(world_sweep) - {"seed"}
+    if name == "bias-variance-by-level":  # over T, at the regime's lengths
+        assert str(regime_sweep["rollout.seq_len"]) == "64,128,256"
+        swept -= {"rollout.seq_len"}
+    for key in swept:
+        assert str(regime_sweep[key]) == str(world_sweep[key]), (name, key)
+    cfg = hydra_app.compose([f"experiment=mlp/regime/{name}"])
+    for key, value in FIELD.items():
+        assert _value(cfg, key) == value, (name, key)
+
+
+def test_seed_bug_keeps_the_outliers_per_response():
+    """The injected outliers are a fault, not the calibrated mismatch: their rate per response stays the mlp
+    world's (0.01 a token at T = 64), and the outliers preset's staleness of 1 survives field-regime's 0."""
+    world = hydra_app.compose(["experiment=mlp/seed-bug-end-to-end"])
+    regime = hydra_app.compose(["experiment=mlp/regime/seed-bug-end-to-end"])
+    per_response = world.mismatch.outlier_rate * world.rollout.seq_len
+    assert regime.mismatch.outlier_rate * regime.rollout.seq_len == pytest.approx(per_response)
+    assert regime.mismatch.staleness == world.mismatch.staleness == 1
+
+
+@pytest.mark.parametrize("T", [64, 128, 256, 512, 1024])
+def test_length_arms_scale_the_task(T):
+    """arm=length/tT: k_i = T/256 · k_i(256), ties rounded up, and the tolerance 2·√(T/256) rounded (a count's
+    binomial spread grows as √T), so every T asks for the same share of target tokens."""
+    base = hydra_app.compose(["experiment=mlp/field-regime"]).task
+    cfg = hydra_app.compose(["experiment=mlp/regime/dose-response", f"arm=length/t{T}"])
+    assert cfg.rollout.seq_len == T
+    assert list(cfg.task.k) == [math.floor(k * T / 256 + 0.5) for k in base.k]
+    assert cfg.task.tolerance == round(2 * math.sqrt(T / 256))
+
+
+def test_regime_columns_in_verdicts(tmp_path):
+    """--size regime writes OUT/regime/WORLD/verdicts.json naming experiment=WORLD/regime/NAME, and VERDICTS.md
+    shows it as its own column beside the world's default size."""
+    from analysis.claims.stats import HOLDS, UNTESTABLE, Verdict
+
+    name = "seed-bug-end-to-end"
+    verdicts.write_world(tmp_path, "mlp", "default", [(name, Verdict(UNTESTABLE, "old world", key="k0"))])
+    path = verdicts.write_world(tmp_path, "mlp", "regime", [(name, Verdict(HOLDS, "regime world", key="k1"))])
+    assert path == tmp_path / "regime" / "mlp" / "verdicts.json"
+    entry = json.loads(path.read_text())["claims"][name]
+    assert entry["experiment"] == f"experiment=mlp/regime/{name}"
+    assert entry["figure"] == f"regime/mlp/{name}.png"
+    md = verdicts.verdicts_markdown(tmp_path)
+    head = next(line for line in md.splitlines() if line.startswith("| claim"))
+    assert head == "| claim | mlp (default size) | mlp (field regime, default size) |"
+    row = next(line for line in md.splitlines() if line.startswith("| 6."))
+    assert "**untestable here**: k0" in row and "**holds**: k1" in row
+    assert f"- **mlp** (field regime, default size; `is-study sweep experiment=mlp/regime/{name}`" in md
+
+
+@pytest.fixture(scope="module")
+def tiny_dose(tmp_path_factory):
+    from tests.helpers.cli import run_cli
+
+    out = tmp_path_factory.mktemp("dose") / "sweep"
+    code, _, err = run_cli(
+        "sweep",
+        "experiment=mlp/regime/dose-response",
+        "arm=length/t64,length/t128",
+        "mismatch.precision=bf16,fp8",
+        "seed=range(0,2)",
+        "train.steps=3",
+        "rollout.batch_size=2",
+        "rollout.group_size=4",
+        "train.objective_every=3",
+        "log.timing=false",
+        f"hydra.sweep.dir={out}",
+    )
+    assert code == 0, err
+    return out
+
+
+@pytest.mark.slow
+def test_dose_table_by_hand(tiny_dose):
+    """Each cell's dose is the mean over its seeds of (the run's mean kl_k3 over its updates) × T, and its final J
+    the mean of the runs' summary.json final_objective: recomputed here from the files."""
+    from analysis.figures.dose_response import dose_table
+    from analysis.load import load_dataset
+
+    table = dose_table(load_dataset(tiny_dose)).set_index(["correction", "precision", "T"])
+    assert len(table) == 2 * 2 * 2 and (table["seeds"] == 2).all()
+    runs = []
+    for job in sorted(p for p in tiny_dose.iterdir() if (p / "summary.json").is_file()):
+        summary = json.loads((job / "summary.json").read_text())
+        overrides = dict(o.split("=", 1) for o in (job / ".hydra" / "overrides.yaml").read_text().split("- ")[1:])
+        metrics = pd.read_csv(job / "metrics.csv")
+        kl = metrics.loc[metrics["reward"].notna(), "kl_k3"].mean()
+        T = int(overrides["arm"].strip().removeprefix("length/t"))
+        runs.append((summary["correction"], summary["precision"], T, kl * T, summary["final_objective"]))
+    by_cell = pd.DataFrame(runs, columns=["correction", "precision", "T", "dose", "J"]).groupby(
+        ["correction", "precision", "T"]
+    )
+    for key, cur in by_cell:
+        assert table.loc[key, "dose"] == pytest.approx(cur["dose"].mean(), rel=1e-12)
+        assert table.loc[key, "final_J"] == pytest.approx(cur["J"].mean(), rel=1e-12)
+    # fp8 carries more mismatch per response than bf16 at every T, and a longer response more than a shorter
+    for name in ("none", "tis"):
+        assert table.loc[(name, "fp8", 64), "dose"] > 10 * table.loc[(name, "bf16", 64), "dose"]
+        assert table.loc[(name, "bf16", 128), "dose"] > table.loc[(name, "bf16", 64), "dose"]
+
+
+@pytest.mark.slow
+def test_dose_response_figure(tiny_dose):
+    from analysis import figures
+    from analysis.load import load_dataset
+
+    ds = load_dataset(tiny_dose)
+    fig = figures.figure("dose-response", ds)
+    j_ax, c_ax = fig.axes[:2]
+    assert j_ax.get_xscale() == "log" and "T" in j_ax.get_xlabel()
+    assert "final J" in j_ax.get_ylabel() and "collapse" in c_ax.get_ylabel()
+    assert len([line for line in c_ax.get_lines() if line.get_gid() == "series"]) == 4  # 2 corrections × 2 engines
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert legend == ["none", "tis", "bf16 engine", "fp8 engine"]
