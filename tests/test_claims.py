@@ -1052,7 +1052,7 @@ def tiny_overrides(name, world, cache):
     return args + extra.get(name, [])  # the command line's last value of a key wins
 
 
-def pin(verdict: str, *numbers: tuple[str, float]):
+def pin(verdict: str, *numbers: tuple[str, float], rel: float = 0.01):
     """A check of a tiny run's verdict line: its verdict word, and each number that follows a label (a regex
     with one group) within 1% (the line prints 3 significant digits; same seed → the same run, so this is a
     regression check on the pipeline, world and rule together, not a statistical claim)."""
@@ -1062,7 +1062,7 @@ def pin(verdict: str, *numbers: tuple[str, float]):
         for pattern, value in numbers:
             m = re.search(pattern, text)
             assert m, (pattern, text)
-            assert float(m[1]) == pytest.approx(value, rel=0.01, abs=1e-12), (pattern, m[1], value)
+            assert float(m[1]) == pytest.approx(value, rel=rel, abs=1e-12), (pattern, m[1], value)
 
     return check
 
@@ -1130,10 +1130,14 @@ PINNED: dict = {
     ("transformer", "bias-variance-by-level"): pin(
         "does not hold", (rf"at T=4 \({NUM}×", 0.988), (rf"token-IS relative bias {NUM}", 0.883)
     ),
+    # a tiny transformer run samples other tokens on another CPU (its SFT warm start's fp32 rounding: bf16 0.0021
+    # on AVX2, 0.0019 on an AVX-512 EPYC; fp16 1.6e-4 and 2.2e-4), so this bin's means are pinned to 50%, which
+    # a changed formula (|Δ log p| squared, or another bin's tokens: a factor of 10 and more) still exceeds
     ("transformer", "mismatch-low-prob-tokens"): pin(
         "untestable here",
         (rf"bf16: [^[]*?0\.5–0\.9: {NUM} \(74%\)", 0.0021),
         (rf"fp16: [^[]*?0\.5–0\.9: {NUM} \(74%\)", 1.6e-4),
+        rel=0.5,
     ),
     ("transformer", "precision-vs-algorithm"): pin(
         "untestable here", (rf"fp32 0, fp16 {NUM}", 0.0156), (rf"sampling stream\) of {NUM}", 0.0469)

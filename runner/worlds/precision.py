@@ -23,9 +23,17 @@ from the fp32 weights, so the engine routes every token exactly as the trainer d
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
-import torch
+# A bf16 or fp16 matmul on the CPU runs in oneDNN, which on a CPU with AVX512-BF16 or AMX uses the native
+# dot-product instructions; their rounding differs from rounding the operands and accumulating in fp32, which
+# is what oneDNN does on every other CPU (and a GPU's tensor cores do), so one seed gave other numbers on
+# another machine. Capped at AVX2, every CPU computes the engine alike. oneDNN reads the variable once, at its
+# first call, which comes after this import; a value the user has set is kept.
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
+
+import torch  # after the variable above, so that no oneDNN call can come first
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 _STORAGE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
