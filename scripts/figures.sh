@@ -137,4 +137,29 @@ done
 
 # One process draws every figure and writes VERDICTS.md (is-study claims; exit 2 if a claim cannot be evaluated).
 "$PYTHON" -m runner claims --all "$ROOT" --out "$OUT" --size "$COLUMN" --worlds "${WORLDS[*]}" --only "${EXPERIMENTS[*]}"
+
+# In the regime, the dose-response figure: final J and collapses against the measured T·k3, over T
+# (conf/experiment/WORLD/regime/dose-response.yaml), beside the claims' figures.
+if [[ -n "$REGIME" && -z "${FIGURES_ONLY:-}" ]]; then
+  for world in "${WORLDS[@]}"; do
+    [[ -f "conf/experiment/$(experiment "$world" dose-response).yaml" ]] || continue
+    dir="$ROOT/$world/dose-response"
+    rm -rf -- "$dir"
+    t0=$(date +%s)
+    echo "== $(experiment "$world" dose-response) ($COLUMN)" >&2
+    extra=()
+    [[ "$SIZE" == full ]] && extra=("train.steps=500" "arm=length/t128,length/t256,length/t512,length/t1024")
+    "$PYTHON" -m runner sweep "experiment=$(experiment "$world" dose-response)" "hydra.sweep.dir=$dir" "${LAUNCH[@]}" \
+      "${extra[@]}" >/dev/null || { echo "figures.sh: experiment $world dose-response failed (see $dir/*/ERROR)" >&2; exit 1; }
+    echo "   $(( $(date +%s) - t0 )) s" >&2
+    drawn="$dir/figure"  # OUT/COLUMN/WORLD/dose-response.{png,pdf}, and -paper.{png,pdf} in the paper style
+    for style in default paper; do
+      "$PYTHON" -m runner plot "$dir" --kind dose-response --style "$style" --out "$drawn/$style" >/dev/null
+      suffix=$([[ "$style" == paper ]] && echo -paper || true)
+      for ext in png pdf; do cp "$drawn/$style/dose-response.$ext" "$OUT/$COLUMN/$world/dose-response$suffix.$ext"; done
+      "$PYTHON" -c "import sys; from analysis.claims.verdicts import shrink_png; shrink_png(sys.argv[1])" \
+        "$OUT/$COLUMN/$world/dose-response$suffix.png"
+    done
+  done
+fi
 echo "figures.sh: $(( $(date +%s) - start )) s in all (load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo n/a)); figures and VERDICTS.md in $OUT/" >&2

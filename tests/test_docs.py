@@ -261,3 +261,18 @@ def test_band_names_are_given_with_their_values_where_the_experiment_is_document
             stated = f"{name} [{_band(band['low'])}, {_band(band['high'])}]"
             assert stated in header, (path.name, stated)
             assert stated in readme, (path.name, stated)
+
+
+def test_readme_regime_table_agrees_with_verdicts():
+    """The README's table of the mlp world's verdicts before and in the field regime is figures/mlp/verdicts.json's
+    and figures/regime/mlp/verdicts.json's, claim by claim, in analysis/claims' order."""
+    from analysis.claims.registry import CLAIMS
+
+    before = json.loads((REPO / "figures" / "mlp" / "verdicts.json").read_text())["claims"]
+    regime = json.loads((REPO / "figures" / "regime" / "mlp" / "verdicts.json").read_text())["claims"]
+    rows = [line for line in README.read_text().splitlines() if line.startswith("| `") and line.count("|") == 4]
+    table = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
+    table = [r for r in table if r[0].strip("`") in CLAIMS]
+    assert [r[0].strip("`") for r in table] == list(CLAIMS)
+    for name, was, now in table:
+        assert (was, now) == (before[name.strip("`")]["verdict"], regime[name.strip("`")]["verdict"]), name
