@@ -14,7 +14,14 @@ _REPO = str(Path(__file__).resolve().parent.parent)
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from tests.helpers.cli import run_cli  # noqa: E402 - importable only once the root is on sys.path
+from tests.helpers.arithmetic import pin_environment  # noqa: E402 - importable only once the root is on sys.path
+
+# before anything imports torch: the same arithmetic on every CI machine (tests/helpers/arithmetic.py says why)
+if "torch" in sys.modules:
+    raise pytest.UsageError("torch was imported before tests/conftest.py could pin its arithmetic (a plugin?)")
+pin_environment()
+
+from tests.helpers.cli import run_cli  # noqa: E402
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 

@@ -29,6 +29,7 @@ from analysis.claims import tis_tames_mismatch as tis
 from analysis.claims.registry import CLAIMS
 from analysis.claims.stats import FAILS, HOLDS, UNSURE, UNTESTABLE
 from runner.errors import UserError
+from tests.helpers.arithmetic import on_pinned_platform, pinned_platform, platform
 from tests.helpers.repo import REPO
 
 EXPERIMENTS = list(CLAIMS)
@@ -1055,9 +1056,16 @@ def tiny_overrides(name, world, cache):
 def pin(verdict: str, *numbers: tuple[str, float], rel: float = 0.01):
     """A check of a tiny run's verdict line: its verdict word, and each number that follows a label (a regex
     with one group) within 1% (the line prints 3 significant digits; same seed → the same run, so this is a
-    regression check on the pipeline, world and rule together, not a statistical claim)."""
+    regression check on the pipeline, world and rule together, not a statistical claim).
+
+    A tiny run is chaotic: on arithmetic that rounds one last bit differently it samples other tokens and
+    prints other numbers. The pins were read on the platform of tests/golden/PLATFORM (tests/helpers/
+    arithmetic.py pins the arithmetic so that every x86-64 CPU with AVX2 is that platform); elsewhere they
+    cannot be expected, and the check says so by skipping."""
 
     def check(v: str, text: str) -> None:
+        if not on_pinned_platform():
+            pytest.skip(f"the pins were read on {pinned_platform()}, this is {platform()}")
         assert v == verdict, (v, text)
         for pattern, value in numbers:
             m = re.search(pattern, text)
