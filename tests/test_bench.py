@@ -121,13 +121,16 @@ def test_bench_trackers_runs_at_tiny_size(tmp_path):
 
 
 def test_bench_regime_runs_at_tiny_size(tmp_path):
-    """scripts/bench_regime.py (the field regime's step, exact J and accuracy band) runs and reports
-    its four rows, each judged against its target."""
+    """scripts/bench_regime.py (each field regime's step, the mlp's exact J, each accuracy band) runs and
+    reports its seven rows, each judged against its target."""
     rows = _tiny_run("bench_regime", tmp_path)
     assert [r["name"].split(" (")[0].split(" in [")[0] for r in rows] == [
         "mlp field-regime train step",
         "mlp field-regime exact J",
         "mlp field-regime accuracy",
         "mlp field-regime all-same groups",
+        "transformer field-regime train step",
+        "transformer field-regime accuracy",
+        "transformer field-regime all-same groups",
     ]
     assert all(isinstance(r["pass"], bool) and math.isfinite(r["value"]) and r["value"] > 0 for r in rows), rows

@@ -790,6 +790,7 @@ def test_a_trained_warm_start_records_its_cost_and_writes_checkpoint_and_sidecar
         "accuracy",
         "accuracy_se",
         "confident_fraction",
+        "low_probability_fraction",
         "mean_entropy",
         "fork_fraction",
         "mean_response_len",

@@ -16,6 +16,7 @@ TASKS = LazyRegistry(
         "target-threshold": "runner.tasks.targets:TargetThreshold",
         "count-exact": "runner.tasks.count_exact:CountExact",
         "count-asked": "runner.tasks.count_asked:CountAsked",
+        "count-in-text": "runner.tasks.count_in_text:CountInText",
         "sort": "runner.tasks.sorting:Sort",
     },
 )

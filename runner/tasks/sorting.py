@@ -69,6 +69,10 @@ class Sort(Task):
     def response_len(self) -> int:
         return self.length + 1
 
+    def identity(self) -> dict:
+        """What the warm start depends on (the SFT cache key)."""
+        return {"name": self.name, "length": self.length, "values": self.values}
+
     def sample_prompts(self, n: int, generator: torch.Generator) -> torch.Tensor:
         """[n, L + 2]: BOS, L uniform items, SEP."""
         items = torch.randint(self.values, (n, self.length), generator=generator, device=generator.device)

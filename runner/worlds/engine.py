@@ -13,7 +13,8 @@ report is `roll`. Everything in `mismatch.*` happens here and only here:
   the forward pass's alone; `compute` takes it in the compute dtype, which adds a floor of rounding
   that does not depend on the policy (what the bigram world has always done: its only arithmetic is
   that log-softmax). The trainer recomputes `old` in fp32. `router_replay`: a mixture-of-experts
-  world routes as the trainer does (the router in fp32).
+  world routes as the trainer does (the router in fp32). `kv_cache`: the dtype the engine stores keys
+  and values in, where the world has a cache (fp8 as vLLM's `kv_cache_dtype=fp8` stores them).
 - logit_noise σ: N(0, σ²) added to every logit (nondeterministic kernels, in the large).
 - temperature, top_p: the engine samples from the processed distribution and reports ITS
   log-probs, as vLLM does (top-p as in vLLM: drop the smallest-probability tokens whose cumulative
@@ -36,7 +37,8 @@ from typing import Any
 import torch
 
 from runner.config_checks import as_bool, as_choice, as_float, as_int, check_keys
-from runner.worlds.precision import PRECISIONS, Precision
+from runner.errors import UserError
+from runner.worlds.precision import KV_CACHES, PRECISIONS, Precision
 from runner.worlds.protocol import Params, World
 
 LOGPROBS = ("compute", "fp32")
@@ -52,6 +54,9 @@ class Mismatch:
     outlier_rate: float = 0.0
     outlier_shift: float = -1000.0
     router_replay: bool = False
+    kv_cache: str | None = (
+        None  # bf16 | fp16 | fp8: the engine's key/value cache (worlds with one); None: compute dtype
+    )
     logprobs: str = "compute"  # compute | fp32: the dtype of the engine's log-softmax
     # Which random stream the rollouts (prompts and tokens) are drawn from; θ₀ is the seed's either way. 0 is the
     # seed's own stream; another value gives a run that differs from it only by its random draws (claim 4's
@@ -72,6 +77,7 @@ class Mismatch:
             # ±inf is a legitimate fault to inject; NaN is not a shift.
             outlier_shift=as_float(s, cfg, "outlier_shift", finite=False),
             router_replay=as_bool(s, cfg, "router_replay", default=False),
+            kv_cache=_kv_cache(cfg),
             logprobs=as_choice(s, cfg, "logprobs", LOGPROBS, default="compute"),
             sampling_stream=as_int(s, cfg, "sampling_stream", low=0, default=0),
         )
@@ -90,7 +96,16 @@ class Mismatch:
 
     @property
     def compute_precision(self) -> Precision:
-        return Precision(self.precision, router_fp32=self.router_replay)
+        return Precision(self.precision, router_fp32=self.router_replay, kv_cache=self.kv_cache)
+
+
+def _kv_cache(cfg: Mapping[str, Any]) -> str | None:
+    if cfg.get("kv_cache") is None:
+        return None
+    kv = as_choice("mismatch", cfg, "kv_cache", KV_CACHES)
+    if cfg.get("precision", "fp32") == "fp32":
+        raise UserError(f"mismatch.kv_cache={kv} needs a low-precision engine (mismatch.precision bf16, fp16 or fp8)")
+    return kv
 
 
 class ParamHistory:
@@ -119,6 +134,10 @@ class Rollout:
 
 class Engine:
     def __init__(self, world: World, mismatch: Mismatch):
+        if mismatch.kv_cache is not None and not getattr(world, "has_kv_cache", False):
+            raise UserError(
+                f"mismatch.kv_cache needs a world with a KV cache (policy=transformer); {world.name} has none"
+            )
         self.world = world
         self.mismatch = mismatch
         self.precision = mismatch.compute_precision

@@ -36,6 +36,7 @@ os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX2")
 import torch  # after the variable above, so that no oneDNN call can come first
 
 PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+KV_CACHES = ("bf16", "fp16", "fp8")  # mismatch.kv_cache: the engine's key/value store, where it has one
 _STORAGE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
 _COMPUTE = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.bfloat16}
 FP8_MAX = 448.0  # the largest finite float8_e4m3fn
@@ -45,10 +46,13 @@ FP8_MAX = 448.0  # the largest finite float8_e4m3fn
 class Precision:
     name: str = "fp32"
     router_fp32: bool = False
+    kv_cache: str | None = None  # None: keys and values stay in the compute dtype, as they came out of their GEMM
 
     def __post_init__(self) -> None:
         if self.name not in PRECISIONS:
             raise ValueError(f"precision {self.name!r} is not one of {PRECISIONS}")
+        if self.kv_cache is not None and (self.kv_cache not in KV_CACHES or self.name == "fp32"):
+            raise ValueError(f"kv_cache {self.kv_cache!r} needs a low-precision engine and one of {KV_CACHES}")
 
     @property
     def storage(self) -> torch.dtype:
@@ -80,6 +84,16 @@ class Precision:
             return t.to(self.compute)
         x = t.detach().float()
         return _fp8_round(x, x.abs().amax(-1, keepdim=True)).to(self.compute)
+
+    def cached(self, t: torch.Tensor) -> torch.Tensor:
+        """A key or value as the engine's cache stores it (float32 holding the stored values). fp8 is e4m3
+        with vLLM's default scale of 1.0 (`kv_cache_dtype=fp8` without calibrated scales): 3 mantissa bits,
+        and values under 2^-6 kept only as subnormals."""
+        if self.kv_cache is None:
+            return t
+        if self.kv_cache == "fp8":
+            return t.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float()
+        return t.to(_STORAGE[self.kv_cache]).float()
 
 
 def _fp8_round(x: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:

@@ -16,7 +16,7 @@ How the engine's precision is applied (what bf16/fp16/fp8 serving stacks do):
   dtype but never fp8 (vLLM's fp8 quantizes the Linear layers and leaves the gate unquantized);
 - attention scores and their softmax are fp32 and the probabilities are rounded to the compute
   dtype before the product with V (FlashAttention's arithmetic); the KV cache holds K and V as
-  rounded by their projection;
+  rounded by their projection, or in `mismatch.kv_cache`'s dtype (fp8 as vLLM stores it unscaled);
 - LayerNorm statistics are fp32 and its output is rounded (the fused norm kernels of vLLM/PyTorch);
 - the residual stream, GELU and every add are rounded to the compute dtype after each op.
 
@@ -185,6 +185,8 @@ def _attention(
     H, hd = shape.n_head, shape.head_dim
     qkv = rnd.linear(x, w[h + "attn.w_qkv"], w[h + "attn.b_qkv"])  # [N, t, 3d]
     q, k, v = (z.view(N, t, H, hd).transpose(1, 2) for z in qkv.split(d, dim=-1))  # [N, H, t, hd] each
+    if rnd.precision.kv_cache is not None:  # what the cache stores, whether this pass writes one or not
+        k, v = rnd.precision.cached(k), rnd.precision.cached(v)
     if cache is not None:
         k, v = cache.update(layer, k, v)  # [N, H, s, hd]: every position so far (s = past + t)
     s = k.shape[2]

@@ -8,7 +8,7 @@ with a linear warm-up and a cosine decay, fresh teacher data every step, the fp3
 forward of the world.
 
 `measure` reports what the warm start looks like from the policy's own samples: accuracy (mean
-exact-match reward), the fraction of sampled tokens drawn with p > 0.9, the mean entropy, and the
+reward), the fractions of sampled tokens drawn with p > 0.9 and with p < 0.1, the mean entropy, and the
 fraction of fork tokens (entropy above FORK_ENTROPY nats).
 
 The checkpoint is cached by a hash of everything that determines it (the model's shape, the task,
@@ -50,6 +50,7 @@ from runner.worlds.transformer.model import init_params
 CACHE_VERSION = 1  # bump when the model, the teacher or the training loop changes what SFT produces
 FORK_ENTROPY = 0.3  # nats: a token whose next-token distribution is at least this spread is a fork
 CONFIDENT = 0.9  # a token drawn with probability above this is a confident one
+LOW_PROBABILITY = 0.1  # and below this, a "forking token" (the field's count of them)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,7 +104,7 @@ def cache_identity(world: World, device: torch.device) -> dict[str, Any]:
         "device": torch.device(device).type,
         "shape": dataclasses.asdict(world.shape),
         "init_std": world.init_std,
-        "task": {"name": task.name, "length": task.length, "values": task.values},
+        "task": task.identity(),
         "seq_len": world.seq_len,
         "sft": sft,
     }
@@ -298,6 +299,7 @@ def measure(
         "accuracy": round(reward.mean().item(), 4),
         "accuracy_se": round(reward.std().item() / math.sqrt(n), 4),
         "confident_fraction": round((p_tok > CONFIDENT).float().mean().item(), 4),
+        "low_probability_fraction": round((p_tok < LOW_PROBABILITY).float().mean().item(), 4),
         "mean_entropy": round(entropy.mean().item(), 4),
         "fork_fraction": round((entropy > FORK_ENTROPY).float().mean().item(), 4),
         "mean_response_len": round(mask.sum(1).mean().item(), 2),
