@@ -185,3 +185,34 @@ def test_the_block_in_the_transformer_world(tmp_path):
         ],
     )
     _assert_finite_block(summary["mismatch"])
+
+
+def test_steps_wait_and_are_computed_in_batches_with_the_values_one_by_one(monkeypatch):
+    """MismatchSummary holds each step's tensors and computes every waiting step in one batched pass (when
+    PENDING_ELEMENTS have come, when the shape changes, at block()); each step's values are those of
+    step_mismatch on that step alone, and the order of steps is kept."""
+    from runner.training import mismatch_summary
+
+    gen = torch.Generator().manual_seed(0)
+    shapes = [(4, 6)] * 5 + [(3, 6)] * 2 + [(4, 6)]  # a shape change flushes
+    batches = []
+    for n, t in shapes:
+        old = -torch.rand(n, t, generator=gen) * 3
+        roll = old + 0.3 * torch.randn(n, t, generator=gen)
+        mask = (torch.rand(n, t, generator=gen) < 0.8).float()
+        mask[0] = 0  # an empty sequence in every step
+        batches.append((old, roll, mask))
+    batches[2][2].zero_()  # a step with no token masked in
+    monkeypatch.setattr(mismatch_summary.MismatchSummary, "PENDING_ELEMENTS", 3 * 24)  # a pass every 3 steps
+    summary = mismatch_summary.MismatchSummary()
+    for i, (old, roll, mask) in enumerate(batches):
+        summary.add(old, roll, mask, updates=1 + i % 2)
+        assert len(summary.steps) == {0: 0, 1: 0, 2: 3, 3: 3, 4: 3, 5: 5, 6: 5, 7: 7}[i]  # passes at 3, then shapes
+    summary.block(0.0)
+    assert len(summary.steps) == 8 and [u for _, u in summary.steps] == [1 + i % 2 for i in range(8)]
+    for (values, _), (old, roll, mask) in zip(summary.steps, batches):
+        alone = step_mismatch(old, roll, mask)
+        assert values.keys() == alone.keys()
+        for key in values:
+            assert (values[key] is None and alone[key] is None) or values[key] == pytest.approx(alone[key], rel=1e-12)
+    assert summary.steps[2][0]["token_kl_k3"] is None

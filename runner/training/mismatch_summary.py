@@ -54,6 +54,13 @@ def _mean(values: list[float | None]) -> float | None:
 
 def step_mismatch(old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor) -> dict[str, float | None]:
     """One step's four values, from [N, T] log-probs and mask; None for all four when no token is masked in."""
+    return steps_mismatch(old.unsqueeze(0), roll.unsqueeze(0), mask.unsqueeze(0))[0]
+
+
+def steps_mismatch(old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor) -> list[dict[str, float | None]]:
+    """Each step's four values from [S, N, T] log-probs and masks (S steps stacked): the same dozen
+    elementwise ops for S steps at once, which is what makes the block cheap (runner/studies/train.py's
+    Writer hands them over in batches)."""
     keep = mask > 0
     old64, roll64 = old.double(), roll.double()
     zero = torch.zeros((), dtype=torch.float64, device=old.device)
@@ -62,42 +69,69 @@ def step_mismatch(old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor) -> 
     k3 = torch.where(keep, torch.expm1(bounded) - bounded, zero)  # expm1: a tiny k3 does not cancel away
     rho = torch.exp(lr)
     inside = (rho >= RATIO_BAND[0]) & (rho <= RATIO_BAND[1])
-    seq_tokens = keep.sum(-1)
+    seq_tokens = keep.sum(-1)  # [S, N]
     nonempty = (seq_tokens > 0).double()
     prob_diff = torch.where(keep, (old64.exp() - roll64.exp()).abs(), zero)
-    tokens, sequences, k3_total, seq_total, outside, max_diff = torch.stack(
+    empty = prob_diff.shape[-1] * prob_diff.shape[-2] == 0
+    columns = torch.stack(
         [
-            seq_tokens.sum().double(),
-            nonempty.sum(),
-            k3.sum(),
-            (k3.sum(-1) * nonempty).sum(),
-            (keep & ~inside).sum().double(),
-            prob_diff.amax() if prob_diff.numel() else zero,
-        ]
-    ).tolist()  # one device-to-host copy a step
-    if tokens == 0:
-        return {"token_kl_k3": None, "seq_kl_k3": None, "ratio_outside_0.5_2": None, "max_abs_prob_diff": None}
-    return {
-        "token_kl_k3": k3_total / tokens,
-        "seq_kl_k3": seq_total / sequences,
-        "ratio_outside_0.5_2": outside / tokens,
-        "max_abs_prob_diff": max_diff,
-    }
+            seq_tokens.sum(-1).double(),
+            nonempty.sum(-1),
+            k3.sum((-2, -1)),
+            (k3.sum(-1) * nonempty).sum(-1),
+            (keep & ~inside).sum((-2, -1)).double(),
+            zero.expand(old.shape[0]) if empty else prob_diff.flatten(1).amax(-1),
+        ],
+        dim=1,
+    ).tolist()  # one device-to-host copy for the S steps
+    out = []
+    for tokens, sequences, k3_total, seq_total, outside, max_diff in columns:
+        if tokens == 0:
+            out.append(dict.fromkeys(("token_kl_k3", "seq_kl_k3", "ratio_outside_0.5_2", "max_abs_prob_diff")))
+        else:
+            out.append(
+                {
+                    "token_kl_k3": k3_total / tokens,
+                    "seq_kl_k3": seq_total / sequences,
+                    "ratio_outside_0.5_2": outside / tokens,
+                    "max_abs_prob_diff": max_diff,
+                }
+            )
+    return out
 
 
 class MismatchSummary:
-    """Collects each step's values (add) and gives the run's block (block)."""
+    """Collects each step's values (add) and gives the run's block (block). A step's tensors wait until
+    PENDING_ELEMENTS of them have come (or the shape changes, or the block is asked for), then every waiting
+    step is computed in one batched pass: per step, a dozen small ops cost more than the values are worth."""
+
+    PENDING_ELEMENTS = 1 << 20  # [S, N, T] elements per batched pass: a few MB of float64 temporaries
 
     def __init__(self) -> None:
         self.steps: list[tuple[dict[str, float | None], int]] = []  # (the step's values, its updates)
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]] = []
 
     def add(self, old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor, updates: int) -> None:
-        self.add_values(step_mismatch(old, roll, mask), updates)
+        if self._pending and self._pending[0][0].shape != old.shape:
+            self._flush()
+        self._pending.append((old.detach(), roll.detach(), mask.detach(), updates))
+        if len(self._pending) * old.numel() >= self.PENDING_ELEMENTS:
+            self._flush()
 
     def add_values(self, values: dict[str, float | None], updates: int) -> None:
+        self._flush()
         self.steps.append((values, updates))
 
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        olds, rolls, masks, updates = zip(*self._pending)
+        self._pending = []
+        values = steps_mismatch(torch.stack(olds), torch.stack(rolls), torch.stack(masks))
+        self.steps += list(zip(values, updates))
+
     def block(self, zero_grad_fraction: float) -> dict:
+        self._flush()
         out: dict = {}
         for name in WINDOWED:
             out[name] = window_means([values[name] for values, updates in self.steps for _ in range(updates)])
