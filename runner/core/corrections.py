@@ -387,10 +387,12 @@ def apply_correction_split(
     ]
 
 
-def correction_parts(corr: Correction, old, roll, mask, lp=None, generator=None, adv=None) -> _Evaluation:
+def correction_parts(corr: Correction, old, roll, mask, lp=None, generator=None, adv=None, masks=None) -> _Evaluation:
     """apply_correction's intermediates (the raw and clamped weight, the survivors), for a caller that
-    vectorises around the algebra and needs more than its result (the probe's per-band path)."""
-    return _evaluate(corr, old, roll, mask, lp, generator, adv)
+    vectorises around the algebra and needs more than its result (the probe's per-band path). `masks`:
+    early_masks' result for this batch, which does not depend on the band, computed once by a caller that
+    evaluates many bands (M2PO sorts the whole batch)."""
+    return _evaluate(corr, old, roll, mask, lp, generator, adv, masks)
 
 
 @dataclass
@@ -413,10 +415,11 @@ class _Evaluation:
         return self.old, self.roll, self.mask, self.lr, self.raw, self.weight, self.coef, self.keep
 
 
-def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None) -> _Evaluation:
+def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None, masks=None) -> _Evaluation:
     mask = mask.to(old.dtype)
     lr = mismatch_log_ratio(corr, old, roll, mask, lp)
-    masks = early_masks(corr, old, roll, mask, lr, lp) if corr.has_masks else None
+    if masks is None and corr.has_masks:
+        masks = early_masks(corr, old, roll, mask, lr, lp)
     stats_mask = mask
     if masks is not None and corr.statistics_mask == "masked":
         stats_mask = masks.stats_mask

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from runner.core.corrections import Correction, correction_parts, in_diff_band
+from runner.core.corrections import Correction, correction_parts, early_masks, in_diff_band, mismatch_log_ratio
 from runner.core.losses import LossSpec, policy_loss
 from runner.core.segments import segment_mean
 from runner.errors import UserError
@@ -211,8 +211,14 @@ def per_band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Ten
     lp = old, as the probe's estimate is): the same order of operations as training by construction, at
     the price of K evaluations instead of one."""
     coefs, masks, keeps, changes = [], [], [], []
+    early = None  # the masks before the weight (M2PO, SkyRL's) do not depend on the band: computed once
+    if group.correction.has_masks:
+        m = mask.to(old.dtype)
+        lr = mismatch_log_ratio(group.correction, old, roll, m, old)
+        early = early_masks(group.correction, old, roll, m, lr, old)
     for low, high in group.bands:
-        ev = correction_parts(replace(group.correction, low=low, high=high), old, roll, mask, lp=old, adv=adv)
+        corr = replace(group.correction, low=low, high=high)
+        ev = correction_parts(corr, old, roll, mask, lp=old, adv=adv, masks=early)
         coefs.append(ev.coef)
         masks.append(ev.new_mask)
         keeps.append(ev.keep_full)
