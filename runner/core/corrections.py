@@ -291,20 +291,55 @@ def _zero_nonfinite(x: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
 
 
-def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False) -> torch.Tensor:
+@dataclass(frozen=True)
+class Bands:
+    """K bands [low, high] evaluated at once (the probe's estimates): each bound becomes a [K, 1, 1] tensor,
+    so the clamp and the band test broadcast to [K, B, T]. A missing bound is ±inf there, which the clamp
+    and band_keep treat exactly as they treat None (NaN fails both comparisons, ±inf passes an infinite
+    bound). Each bound is converted as the scalar path converts it: in Python, then to the compared
+    tensor's dtype."""
+
+    pairs: tuple[tuple[float | None, float | None], ...]
+
+    def bounds(self, like: torch.Tensor, log: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        def value(bound: float | None, missing: float) -> float:
+            if bound is None:
+                return missing
+            return (math.log(bound) if bound > 0 else -math.inf) if log else bound
+
+        def column(values: list[float]) -> torch.Tensor:
+            return torch.tensor(values, dtype=like.dtype, device=like.device).view(-1, 1, 1)
+
+        return (
+            column([value(lo, -math.inf) for lo, _ in self.pairs]),
+            column([value(hi, math.inf) for _, hi in self.pairs]),
+        )
+
+
+def banded(corr: Correction) -> bool:
+    """Whether _evaluate can take every band of `corr` at once: not with a batch-level normalisation of the
+    clamped weight (its mean would run over the bands too) nor a random filter control."""
+    return corr.normalize == "none" and corr.self_normalize == "none" and not corr.filter_shuffle
+
+
+def _in_band(stat: torch.Tensor, corr: Correction, token_ratio: bool = False, bands: Bands | None = None):
     """stat is a log-space statistic; compare it where the framework compares. `token_ratio`: stat is
     each token's lr, so under nonfinite=zero-ratio the ratio compared is the one the weight uses."""
     if corr.band_space == "ratio":
         value = torch.exp(stat)
         if corr.nonfinite == "zero-ratio" and token_ratio:
             value = _zero_nonfinite(value)
-        lo, hi = corr.low, corr.high
+        lo, hi = (corr.low, corr.high) if bands is None else bands.bounds(value)
     elif corr.band_space == "value":
-        value, lo, hi = stat, corr.low, corr.high
+        value = stat
+        lo, hi = (corr.low, corr.high) if bands is None else bands.bounds(value)
     else:
         value = stat
-        lo = None if corr.low is None else (math.log(corr.low) if corr.low > 0 else -math.inf)
-        hi = None if corr.high is None else (math.log(corr.high) if corr.high > 0 else -math.inf)
+        if bands is not None:
+            lo, hi = bands.bounds(value, log=True)
+        else:
+            lo = None if corr.low is None else (math.log(corr.low) if corr.low > 0 else -math.inf)
+            hi = None if corr.high is None else (math.log(corr.high) if corr.high > 0 else -math.inf)
     return band_keep(value, lo, hi, corr.filter_nan)
 
 
@@ -387,12 +422,17 @@ def apply_correction_split(
     ]
 
 
-def correction_parts(corr: Correction, old, roll, mask, lp=None, generator=None, adv=None, masks=None) -> _Evaluation:
+def correction_parts(
+    corr: Correction, old, roll, mask, lp=None, generator=None, adv=None, masks=None, bands: Bands | None = None
+) -> _Evaluation:
     """apply_correction's intermediates (the raw and clamped weight, the survivors), for a caller that
     vectorises around the algebra and needs more than its result (the probe's per-band path). `masks`:
     early_masks' result for this batch, which does not depend on the band, computed once by a caller that
-    evaluates many bands (M2PO sorts the whole batch)."""
-    return _evaluate(corr, old, roll, mask, lp, generator, adv, masks)
+    evaluates many bands (M2PO sorts the whole batch). `bands`: every band at once where banded(corr), in
+    place of corr's own [low, high]; what depends on the band then has a leading band axis."""
+    if bands is not None and not banded(corr):
+        raise ValueError(f"correction {corr.name}: its bands cannot be evaluated at once")
+    return _evaluate(corr, old, roll, mask, lp, generator, adv, masks, bands)
 
 
 @dataclass
@@ -415,7 +455,7 @@ class _Evaluation:
         return self.old, self.roll, self.mask, self.lr, self.raw, self.weight, self.coef, self.keep
 
 
-def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None, masks=None) -> _Evaluation:
+def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None, masks=None, bands=None) -> _Evaluation:
     mask = mask.to(old.dtype)
     lr = mismatch_log_ratio(corr, old, roll, mask, lp)
     if masks is None and corr.has_masks:
@@ -441,7 +481,10 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None, m
         raw = _exp_clamped(seq_lr / count.clamp(min=1), corr.log_clamp).expand_as(lr)
     if corr.nonfinite == "zero-ratio":  # before the clamp, as NeMo-RL does: inf → 0, not → high
         raw = _zero_nonfinite(raw)
-    if corr.weight_op == "clamp" and (corr.low, corr.high) != (None, None):
+    if bands is not None and corr.weight_op in ("clamp", "clamp-high"):
+        low, high = bands.bounds(raw)
+        weight = raw.clamp(min=low, max=high) if corr.weight_op == "clamp" else raw.clamp(max=high)
+    elif corr.weight_op == "clamp" and (corr.low, corr.high) != (None, None):
         weight = raw.clamp(min=corr.low, max=corr.high)
     elif corr.weight_op == "clamp-high" and corr.high is not None:
         weight = raw.clamp(max=corr.high)
@@ -455,7 +498,7 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None, m
     # Which units survive: a [B, T] mask for token filters, [B, 1] for sequence ones.
     keep = None
     if corr.filter != "none" and corr.filter_metric != "log-ratio":
-        keep = kl_filter_keep(corr, old, roll, stats_mask, lp)
+        keep = kl_filter_keep(corr, old, roll, stats_mask, lp, None if bands is None else bands.bounds)
     elif corr.filter != "none":
         stat_lr = lr if corr.filter_log_clamp is None else lr.clamp(-corr.filter_log_clamp, corr.filter_log_clamp)
         if corr.filter == "token":
@@ -474,7 +517,7 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None, m
                 stat = (stat_lr * stats_mask).sum(-1, keepdim=True)
             if corr.filter == "geometric":
                 stat = stat / count.clamp(min=1)
-        keep = _in_band(-stat if corr.filter_inverted else stat, corr, token_ratio=corr.filter == "token")
+        keep = _in_band(-stat if corr.filter_inverted else stat, corr, corr.filter == "token", bands)
     if corr.diff_filter != "none":
         passed = in_diff_band(corr, old, roll, mask, lp)
         keep = passed if keep is None else keep & passed
@@ -514,7 +557,8 @@ def _evaluate(corr: Correction, old, roll, mask, lp, generator=None, adv=None, m
     if corr.padding == "ignore" or corr.weight_padding == "zero":
         coef = zero_padding(coef, mask)
     coef = coef.detach()
-    keep_full = (torch.ones((1, 1), dtype=torch.bool) if keep is None else keep).expand_as(lr)
+    keep_full = torch.ones((1, 1), dtype=torch.bool) if keep is None else keep
+    keep_full = keep_full.expand(*keep_full.shape[:-2], *lr.shape)  # [B, T], or [K, B, T] with bands
     return _Evaluation(
         coef=coef,
         new_mask=new_mask,

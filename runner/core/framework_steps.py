@@ -211,9 +211,10 @@ def masked_max(stat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(inside.any(-1, keepdim=True), top, torch.zeros_like(top))
 
 
-def kl_filter_keep(corr: Correction, old, roll, mask, lp) -> torch.Tensor:
+def kl_filter_keep(corr: Correction, old, roll, mask, lp, bounds=None) -> torch.Tensor:
     """AReaL's rejection on a KL estimator of the raw log-ratio: per token, or summed / averaged / maximised
-    over the masked-in tokens (padding removed by a where), kept inside [low, high] as it is."""
+    over the masked-in tokens (padding removed by a where), kept inside [low, high] as it is. `bounds`:
+    corrections.Bands.bounds, for every band at once."""
     lr = raw_log_ratio(corr, old, roll, lp)
     if corr.filter_metric == "k1":
         kl = lr
@@ -230,4 +231,5 @@ def kl_filter_keep(corr: Correction, old, roll, mask, lp) -> torch.Tensor:
         stat = torch.where(mask > 0, kl, 0.0).sum(-1, keepdim=True)
         if corr.filter == "geometric":
             stat = stat / mask.sum(-1, keepdim=True).clamp(min=1)
-    return band_keep(stat, corr.low, corr.high, corr.filter_nan)
+    low, high = (corr.low, corr.high) if bounds is None else bounds(stat)
+    return band_keep(stat, low, high, corr.filter_nan)

@@ -27,7 +27,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from runner.core.corrections import Correction, correction_parts, early_masks, in_diff_band, mismatch_log_ratio
+from runner.core.corrections import (
+    Bands,
+    Correction,
+    banded,
+    correction_parts,
+    early_masks,
+    in_diff_band,
+    mismatch_log_ratio,
+)
 from runner.core.losses import LossSpec, policy_loss
 from runner.core.segments import segment_mean
 from runner.errors import UserError
@@ -208,23 +216,27 @@ def vectorised(corr: Correction) -> bool:
 
 def per_band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Tensor, mask: torch.Tensor, adv=None):
     """band_coefficients' outputs, [K, B, T] each, from runner.core.corrections evaluated on every band (at
-    lp = old, as the probe's estimate is): the same order of operations as training by construction, at
-    the price of K evaluations instead of one."""
-    coefs, masks, keeps, changes = [], [], [], []
-    early = None  # the masks before the weight (M2PO, SkyRL's) do not depend on the band: computed once
-    if group.correction.has_masks:
-        m = mask.to(old.dtype)
-        lr = mismatch_log_ratio(group.correction, old, roll, m, old)
-        early = early_masks(group.correction, old, roll, m, lr, old)
-    for low, high in group.bands:
-        corr = replace(group.correction, low=low, high=high)
-        ev = correction_parts(corr, old, roll, mask, lp=old, adv=adv, masks=early)
-        coefs.append(ev.coef)
-        masks.append(ev.new_mask)
-        keeps.append(ev.keep_full)
-        changes.append(ev.weight != ev.raw)
+    lp = old, as the probe's estimate is): the same order of operations as training by construction. The
+    bands go through the algebra at once (corrections.Bands) unless the correction normalises its weight
+    over the batch or draws a random control; then one band at a time."""
     corr = group.correction
-    changed = torch.stack(changes) if corr.weight_op != "raw" else None
+    early = None  # the masks before the weight (M2PO, SkyRL's) do not depend on the band: computed once
+    if corr.has_masks:
+        m = mask.to(old.dtype)
+        early = early_masks(corr, old, roll, m, mismatch_log_ratio(corr, old, roll, m, old), old)
+    shape = (len(group.bands), *old.shape)
+    if banded(corr):  # a leading band axis where the band matters, broadcast where it does not
+        ev = correction_parts(corr, old, roll, mask, lp=old, adv=adv, masks=early, bands=Bands(tuple(group.bands)))
+        coef, new_mask, keep_full, weight, raw = ev.coef, ev.new_mask, ev.keep_full, ev.weight, ev.raw
+    else:
+        evs = [
+            correction_parts(replace(corr, low=low, high=high), old, roll, mask, lp=old, adv=adv, masks=early)
+            for low, high in group.bands
+        ]
+        coef, new_mask = torch.stack([e.coef for e in evs]), torch.stack([e.new_mask for e in evs])
+        keep_full = torch.stack([e.keep_full for e in evs])
+        weight, raw = torch.stack([e.weight for e in evs]), torch.stack([e.raw for e in evs])
+    changed = (weight != raw).expand(shape) if corr.weight_op != "raw" else None
     rejects = (
         corr.filter != "none"
         or corr.veto is not None
@@ -232,11 +244,11 @@ def per_band_coefficients(group: PresetGroup, old: torch.Tensor, roll: torch.Ten
         or corr.has_masks
         or corr.diff_filter != "none"
     )
-    keep = torch.stack(keeps) if rejects else None
+    keep = keep_full.expand(shape) if rejects else None
     # AReaL counts its tokens after M2PO, whatever the denominator
     dropped = (corr.denominator in ("drop", "drop-tokens") and keep is not None) or corr.m2_threshold is not None
-    red_mask = torch.stack(masks) if dropped else mask
-    return torch.stack(coefs), red_mask, keep, changed
+    red_mask = new_mask.expand(shape) if dropped else mask
+    return coef.expand(shape), red_mask, keep, changed
 
 
 def reduction_weights(
