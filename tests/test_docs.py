@@ -22,7 +22,7 @@ GALLERY = REPO / "docs" / "gallery.md"
 CLAIMS = REPO / "docs" / "claims.md"
 METRICS = REPO / "docs" / "metrics.md"
 PERFORMANCE = REPO / "docs" / "performance.md"
-README_MAX_BYTES = 15 * 1024
+README_MAX_BYTES = 15_000  # 15 kB, read strictly
 
 
 def _rows(text: str, header_start: str) -> list[list[str]]:

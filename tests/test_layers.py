@@ -475,3 +475,33 @@ def test_the_new_layers_rules_catch_planted_violations(monkeypatch):
     assert "runner.studies → runner.audit [runner.studies.planted:2]" in circles[0]
     assert _core_imports() == ["runner.core.planted:3 (lazy) imports runner.registry"]
     assert "analysis.planted:6 (lazy) imports runner.hydra_app.app" in _analysis_uses_the_hydra_gate()
+
+
+LONG_MODULE = 550  # "~500 lines": a module longer than this says at its top why it is one module
+
+
+def long_modules_without_a_reason(root: Path = REPO) -> list[str]:
+    found = []
+    for package in PACKAGES:
+        for path in sorted((root / package).rglob("*.py")):
+            text = path.read_text()
+            lines = text.count("\n")
+            if lines <= LONG_MODULE:
+                continue
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "lines on purpose" not in doc and "lines in one module on purpose" not in doc:
+                found.append(f"{path.relative_to(root)} ({lines} lines)")
+    return found
+
+
+def test_a_long_module_says_why_it_is_one():
+    assert long_modules_without_a_reason() == []
+
+
+def test_the_long_module_rule_finds_a_planted_module(tmp_path):
+    (tmp_path / "runner").mkdir()
+    (tmp_path / "runner" / "big.py").write_text('"""A module."""\n' + "x = 1\n" * 600)
+    (tmp_path / "runner" / "said.py").write_text(
+        '"""A module.\n\nAbout 600 lines on purpose: one idea."""\n' + "x = 1\n" * 600
+    )
+    assert long_modules_without_a_reason(tmp_path) == ["runner/big.py (601 lines)"]

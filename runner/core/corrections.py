@@ -56,8 +56,8 @@ A correction is data (`Correction`); `apply_correction` evaluates any point of t
 All outputs are detached: no gradient flows through a coefficient. Nothing here knows about
 configs, files or the CLI, so every study (case, train, probe, audit) calls the same maths.
 
-About 520 lines, 60 of them the table above: the data, its validation and the one evaluator in the
-order of operations; the steps that one or two frameworks add are in runner/core/framework_steps.py.
+About 570 lines on purpose: the data, its validation and the one evaluator read as the table above, top to
+bottom; the steps only one or two frameworks add live in runner/core/framework_steps.py.
 """
 
 from __future__ import annotations

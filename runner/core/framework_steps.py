@@ -189,17 +189,20 @@ def m2po_keep(lr: torch.Tensor, inside: torch.Tensor, threshold: float) -> torch
     threshold (every one but the smallest if none is). The sums run as suffix sums of the sorted values,
     from the smallest, so the cut is the same float for float."""
     m2 = lr * lr
-    selected = m2[inside]
-    keep = torch.ones_like(inside)
+    everywhere = bool(inside.all())  # no padding: skip the boolean gather and scatter
+    selected = m2.reshape(-1) if everywhere else m2[inside]
     n = selected.numel()
     if n == 0:
-        return keep
+        return torch.ones_like(inside)
     ordered, order = torch.sort(selected, descending=True)
     tail_means = ordered.flip(0).cumsum(0).flip(0) / torch.arange(n, 0, -1, dtype=ordered.dtype)
     under = torch.nonzero(tail_means < threshold)
     n_drop = int(under[0, 0]) if len(under) else n - 1
-    kept = torch.empty(n, dtype=torch.bool)
-    kept[order] = torch.arange(n) >= n_drop
+    kept = torch.ones(n, dtype=torch.bool)
+    kept[order[:n_drop]] = False
+    if everywhere:
+        return kept.reshape(inside.shape)
+    keep = torch.ones_like(inside)
     keep[inside] = kept
     return keep
 

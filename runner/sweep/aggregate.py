@@ -46,6 +46,9 @@ aggregates in constant memory.
 
 About 520 lines on purpose: finding the jobs, judging each one's files and writing the tables share the
 Job record and the atomic writer, and read in the order a table is made.
+
+About 530 lines on purpose: finding jobs, judging their files and writing the tables are one pass over a
+sweep dir, and `--resume` trusts exactly what this module calls whole.
 """
 
 from __future__ import annotations

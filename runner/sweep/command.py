@@ -26,6 +26,9 @@ picklable task function).
 
 About 540 lines on purpose: the plan, the lock, resume and the run are one sequence, read top to bottom;
 the console is runner/sweep/report.py's and the jobs' own logic runner/sweep/job.py's.
+
+About 540 lines on purpose: planning, locking, resuming and the dry run share the sweep dir's manifest
+and lock, and read best as one lifecycle.
 """
 
 from __future__ import annotations
