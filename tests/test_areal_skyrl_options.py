@@ -175,6 +175,20 @@ def test_m2po_drops_a_nan_first_and_keeps_the_smallest_when_no_tail_is_under_the
     assert m2po_keep(torch.ones(1, 3), torch.zeros(1, 3, dtype=torch.bool), 0.04).all()  # nothing masked in
 
 
+def test_m2po_without_padding_drops_the_same_tokens_as_with_it():
+    """The no-padding shortcut (no boolean gather) keeps what the gathered path keeps: a random batch of 40
+    tokens with ties and outliers, alone and with a padding column appended (which stays kept)."""
+    gen = torch.Generator().manual_seed(3)
+    lr = torch.randn(5, 8, generator=gen) * 0.3
+    lr[0, :3] = 0.2  # ties at the cut
+    lr[4, 7] = 4.0
+    full = m2po_keep(lr, torch.ones(5, 8, dtype=torch.bool), 0.04)
+    padded_inside = torch.cat([torch.ones(5, 8, dtype=torch.bool), torch.zeros(5, 1, dtype=torch.bool)], 1)
+    padded = m2po_keep(torch.cat([lr, torch.full((5, 1), 9.0)], 1), padded_inside, 0.04)
+    assert 0 < int((~full).sum()) < 40
+    assert torch.equal(padded[:, :8], full) and padded[:, 8].all()
+
+
 def test_m2po_is_computed_over_the_batch_it_is_given_so_each_mini_batch_is_its_own():
     """Row 0 lr = [0.3, 0.3], row 1 eight zeros: over both rows the tail mean 0.18/10 = 0.018 < 0.04 keeps all;
     row 0 alone (its own mini-batch) never gets under 0.04 (0.09, 0.09), so one of its tokens is dropped."""
