@@ -189,6 +189,51 @@ def test_m2po_without_padding_drops_the_same_tokens_as_with_it():
     assert torch.equal(padded[:, :8], full) and padded[:, 8].all()
 
 
+def _m2po_by_torch_sort(lr, inside, threshold):
+    """M2PO as AReaL writes it: one torch.sort of the masked-in lr² from the largest, drop its first n_drop."""
+    selected = (lr * lr)[inside]
+    keep, n = torch.ones_like(inside), selected.numel()
+    if n == 0:
+        return keep
+    ordered, order = torch.sort(selected, descending=True)
+    tail = ordered.flip(0).cumsum(0).flip(0) / torch.arange(n, 0, -1, dtype=ordered.dtype)
+    under = torch.nonzero(tail < threshold)
+    n_drop = int(under[0, 0]) if len(under) else n - 1
+    kept = torch.empty(n, dtype=torch.bool)
+    kept[order] = torch.arange(n) >= n_drop
+    keep[inside] = kept
+    return keep
+
+
+def test_m2po_sorting_values_with_numpy_keeps_what_torch_sort_keeps():
+    """The mask sorts values with NumPy and asks torch.sort only when the cut splits equal values: on 600
+    random batches x 5 thresholds (ties from rounding, NaN, inf, float64, padding), the same mask as one
+    torch.sort, and both kinds of cut (between distinct values, inside a run of ties) occur."""
+    gen = torch.Generator().manual_seed(0)
+    cuts_in_ties = 0
+    for trial in range(600):
+        B, T = int(torch.randint(1, 12, (1,), generator=gen)), int(torch.randint(1, 30, (1,), generator=gen))
+        lr = torch.randn(B, T, generator=gen) * float(torch.rand(1, generator=gen))
+        u = torch.rand(B, T, generator=gen)
+        if trial % 3 == 0:
+            lr = torch.round(lr * 4) / 4
+        if trial % 5 == 0:
+            lr[u < 0.05] = NAN
+        if trial % 7 == 0:
+            lr[u > 0.97] = math.inf
+        if trial % 11 == 0:
+            lr = lr.double()
+        inside = torch.rand(B, T, generator=gen) < (1.0 if trial % 2 else 0.8)
+        for threshold in (0.0, 0.01, 0.04, 0.2, 5.0):
+            expected = _m2po_by_torch_sort(lr, inside, threshold)
+            assert torch.equal(m2po_keep(lr, inside, threshold), expected), (trial, threshold)
+            m2 = (lr * lr)[inside]
+            dropped = m2[~expected[inside]]
+            if len(dropped) and bool((m2[expected[inside]] == dropped.nan_to_num(math.inf).min()).any()):
+                cuts_in_ties += 1
+    assert cuts_in_ties > 10
+
+
 def test_m2po_is_computed_over_the_batch_it_is_given_so_each_mini_batch_is_its_own():
     """Row 0 lr = [0.3, 0.3], row 1 eight zeros: over both rows the tail mean 0.18/10 = 0.018 < 0.04 keeps all;
     row 0 alone (its own mini-batch) never gets under 0.04 (0.09, 0.09), so one of its tokens is dropped."""

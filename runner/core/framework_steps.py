@@ -194,17 +194,43 @@ def m2po_keep(lr: torch.Tensor, inside: torch.Tensor, threshold: float) -> torch
     n = selected.numel()
     if n == 0:
         return torch.ones_like(inside)
-    ordered, order = torch.sort(selected, descending=True)
+    ordered = _descending(selected)
     tail_means = ordered.flip(0).cumsum(0).flip(0) / torch.arange(n, 0, -1, dtype=ordered.dtype)
     under = torch.nonzero(tail_means < threshold)
     n_drop = int(under[0, 0]) if len(under) else n - 1
-    kept = torch.ones(n, dtype=torch.bool)
-    kept[order[:n_drop]] = False
+    kept = _kept_after_dropping(selected, ordered, n_drop)
     if everywhere:
         return kept.reshape(inside.shape)
     keep = torch.ones_like(inside)
     keep[inside] = kept
     return keep
+
+
+def _descending(values: torch.Tensor) -> torch.Tensor:
+    """The values sorted from the largest, NaN first, as torch.sort(descending=True) orders them. Only the
+    values: equal values are interchangeable in the suffix sums. NumPy's sort on a CPU tensor (SIMD-sorted,
+    about 20x faster than torch's CPU sort at 16k values), ascending with NaN last, then reversed."""
+    if values.device.type != "cpu":
+        return torch.sort(values, descending=True).values
+    import numpy as np
+
+    return torch.from_numpy(np.sort(values.numpy())[::-1].copy())
+
+
+def _kept_after_dropping(selected: torch.Tensor, ordered: torch.Tensor, n_drop: int) -> torch.Tensor:
+    """Which of `selected` survive when the first n_drop of its descending order are dropped. Unless the cut
+    splits a run of equal values, that is every value above the first one kept (and every NaN); where it
+    does, which of the equal values go is torch.sort's order, so torch.sort decides, as in AReaL."""
+    n = selected.numel()
+    if n_drop == 0:
+        return torch.ones(n, dtype=torch.bool, device=selected.device)
+    last_dropped, first_kept = ordered[n_drop - 1], ordered[n_drop]
+    if bool((last_dropped == first_kept) | (last_dropped.isnan() & first_kept.isnan())):
+        _, order = torch.sort(selected, descending=True)
+        kept = torch.ones(n, dtype=torch.bool, device=selected.device)
+        kept[order[:n_drop]] = False
+        return kept
+    return ~((selected > first_kept) | selected.isnan())
 
 
 def masked_max(stat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
