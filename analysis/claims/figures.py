@@ -37,7 +37,8 @@ def headline(fig, title: str, source: str, verdict: Verdict, style: str, note: s
     width = fig.get_figwidth()
     if paper:  # one line: the claim and the verdict; the numbers go in the caption (VERDICTS.md)
         n = f" ({verdict.n_text()})" if verdict.n_text() else ""
-        fig.suptitle(f"{title}: {verdict.verdict}{n}" + (f"\n{note}" if note else ""), x=0.01, ha="left", fontsize=8)
+        line = textwrap.fill(f"{title}: {verdict.verdict}{n}", max(int(width * 17), 50), break_on_hyphens=False)
+        fig.suptitle(line + (f"\n{note}" if note else ""), x=0.01, ha="left", fontsize=8)
         for ax in fig.axes:
             ax.title.set_fontsize(7)
             ax.xaxis.label.set_fontsize(7)
@@ -65,10 +66,26 @@ def legend_below(fig, handles, labels, style: str, ncol: int | None = None) -> N
         handles,
         labels,
         loc="outside lower center",
-        ncol=ncol or min(len(labels), most),
+        ncol=ncol or min(len(labels), most, columns_that_fit(fig, labels)),
         handlelength=2.6,
         columnspacing=1.6,
     )
+
+
+def columns_that_fit(fig, labels) -> int:
+    """The most legend columns whose entries fit the figure's width side by side (a one-panel figure's legend
+    otherwise runs past both edges). An entry's width is estimated from its label's length at the legend's
+    font size: the handle, about 0.55 em a character, and the spacing between columns."""
+    import matplotlib as mpl
+    from matplotlib.font_manager import FontProperties
+
+    em = FontProperties(size=mpl.rcParams["legend.fontsize"]).get_size_in_points() / 72
+    widths = sorted(((2.6 + 0.8 + 1.6 + 0.55 * len(str(label))) * em for label in labels), reverse=True)
+    room = fig.get_figwidth() - 0.2
+    n = 1
+    while n < len(widths) and sum(widths[: n + 1]) <= room:
+        n += 1
+    return n
 
 
 def line_handle(name: str, marker: bool = False):
