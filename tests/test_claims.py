@@ -1298,3 +1298,21 @@ def test_figures_script_rejects_bad_input(tmp_path):
     world = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
     assert world.returncode == 2 and "unknown world lstm" in world.stderr
     assert not (tmp_path / "work").exists()  # checked before anything is created or run
+
+
+def test_a_claim_legend_takes_as_many_columns_as_fit_the_figure():
+    """Four entries of 13-37 characters: a one-panel figure (4.3 in) stacks them, a four-panel one (16 in) puts
+    them side by side, and each legend drawn stays inside its figure."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from analysis.claims.figures import columns_that_fit, legend_below, line_handle, new_figure
+
+    labels = ["plain PPO, fp32 engine (no mismatch)", "plain PPO", "token TIS, min(ρ, 2)", "band: min–max over seeds"]
+    for ncols, expected in ((1, 1), (4, 4)):
+        fig, axes = new_figure(ncols)
+        assert columns_that_fit(fig, labels) == expected
+        legend_below(fig, [line_handle("none")] * 4, labels, "default")
+        fig.canvas.draw()
+        box = fig.legends[0].get_window_extent()
+        assert box.x0 >= 0 and box.x1 <= fig.bbox.width
