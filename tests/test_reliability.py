@@ -129,6 +129,62 @@ def test_a_stale_lock_is_taken_over_with_a_note(undisturbed, tmp_path):
     assert [r["resume"] for r in manifest["runs"]] == [False, True]
 
 
+def test_a_refused_sweep_names_a_holder_that_names_itself_just_after_locking(tmp_path):
+    """The window the two-sweeps test once hit on CI: the holder has the flock and has not yet written its name.
+    Another process holds the lock and writes its name 0.3 s later; the refusal waits for it and names it. A
+    holder that never names itself is refused as nobody, after NAME_WAIT_S."""
+    import runner.sweep.locks as dirlock
+
+    path = tmp_path / ".sweep.lock"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, sys, time\n"
+            f"fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT, 0o644)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(0.3)\n"
+            "os.pwrite(fd, sys.argv[1].encode(), 0)\n"
+            "time.sleep(30)\n",
+            Holder(socket.gethostname(), 4242, "2026-12-07T00:00:00").encode().decode(),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(LockBusy) as busy:
+            DirLock(path).acquire()
+        assert (busy.value.holder.pid, busy.value.holder.started) == (4242, "2026-12-07T00:00:00")
+    finally:
+        holder.kill()
+        holder.wait()
+
+    silent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, os, time\n"
+            f"fd = os.open({str(path)!r}, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)\n"
+            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(30)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert silent.stdout.readline().strip() == "locked"
+        began = time.monotonic()
+        with pytest.raises(LockBusy) as busy:
+            DirLock(path).acquire()
+        assert busy.value.holder is None and time.monotonic() - began >= dirlock.NAME_WAIT_S
+    finally:
+        silent.kill()
+        silent.wait()
+
+
 def test_without_flock_a_dead_holder_on_this_host_is_taken_over(tmp_path, monkeypatch):
     """Filesystems without flock (Lustre without -o flock): the lock file is created exclusively, and
     its holder is checked by pid on this host."""

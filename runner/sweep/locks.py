@@ -15,6 +15,8 @@ How it locks:
     with a note. A holder on another host cannot be checked from here: the message names it and
     the file to delete once that sweep is known to be gone. (Two processes taking over the same
     stale file in the same instant could both succeed on such a filesystem; flock has no such gap.)
+  - A holder writes its name just after it takes the lock; one refused in between reads the file again
+    for up to NAME_WAIT_S, so its message names the holder.
 
 Only the standard library: fcntl, not the `filelock` package, because the holder's identity is
 written into the lock file and read back by the one that is refused.
@@ -27,6 +29,8 @@ import errno
 import json
 import os
 import socket
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,7 @@ except ImportError:  # pragma: no cover - not POSIX: the exclusive-create fallba
 # flock unsupported here: fall back to exclusive creation
 _NO_FLOCK = {errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL}
 _HOLDER_BYTES = 4096
+NAME_WAIT_S = 1.0  # how long a refused sweep waits for a busy, still-empty lock file to name its holder
 
 
 def _process_start(pid: int) -> str | None:
@@ -128,6 +133,17 @@ def _read(path: Path) -> Holder | None:
         return None
 
 
+def _named(read: Callable[[], Holder | None]) -> Holder | None:
+    """The holder a busy lock names. A holder writes its name just after it takes the lock, so a lock found
+    busy and still empty is read again for up to NAME_WAIT_S before it is reported as naming nobody."""
+    deadline = time.monotonic() + NAME_WAIT_S
+    while True:
+        holder = read()
+        if holder is not None or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.01)
+
+
 def holder_of(path: Path | str) -> Holder | None:
     """Who the lock file names, without locking: a live holder, a dead one that left it, or None."""
     return _read(Path(path))
@@ -151,7 +167,7 @@ class DirLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = Holder.parse(os.pread(fd, _HOLDER_BYTES, 0))
+                holder = _named(lambda: Holder.parse(os.pread(fd, _HOLDER_BYTES, 0)))
                 os.close(fd)
                 raise LockBusy(self.path, holder) from None
             except OSError as exc:
@@ -177,7 +193,7 @@ class DirLock:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
             except FileExistsError:
-                holder = _read(self.path)
+                holder = _named(lambda: _read(self.path))
                 if holder is not None and holder.gone():
                     self.path.unlink(missing_ok=True)
                     taken_over = holder
