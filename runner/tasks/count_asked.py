@@ -22,7 +22,7 @@ import torch
 from runner.config_checks import as_int, check_keys
 from runner.errors import UserError
 from runner.tasks.base import CountTask
-from runner.tasks.targets import parse_targets, rollout_shape
+from runner.tasks.targets import parse_asked_counts, parse_targets, rollout_shape
 
 
 class CountAsked(CountTask):
@@ -41,15 +41,10 @@ class CountAsked(CountTask):
         check_keys("task", cfg, ("name", "description", "targets", "k", "tolerance"))
         vocab, seq_len = rollout_shape(rollout)
         targets = parse_targets(cfg, vocab)
-        k = cfg.get("k")
-        if not isinstance(k, (list, tuple)) or not k:
-            raise UserError(f"task.k must be a non-empty list of counts (one per prompt), got {k!r}")
-        for count in k:
-            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= seq_len:
-                raise UserError(f"task.k: {count!r} is not a count in [0, rollout.seq_len = {seq_len}]")
+        k = parse_asked_counts(cfg, seq_len)
         if len(k) > vocab:
             raise UserError(f"task.k asks {len(k)} counts, but there are only {vocab} prompt tokens")
-        return cls(vocab, targets, tuple(k), as_int("task", cfg, "tolerance", low=0, default=0))
+        return cls(vocab, targets, k, as_int("task", cfg, "tolerance", low=0, default=0))
 
     def prompt_tokens(self) -> torch.Tensor:
         """[X] the prompts' tokens (token i asks for k[i])."""

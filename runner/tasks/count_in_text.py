@@ -35,7 +35,7 @@ import torch
 from runner.config_checks import as_float, as_int, check_keys
 from runner.errors import UserError
 from runner.tasks.count_asked import CountAsked
-from runner.tasks.targets import parse_targets
+from runner.tasks.targets import parse_asked_counts, parse_targets
 
 KEYS = (
     "name",
@@ -119,19 +119,14 @@ class CountInText(CountAsked):
         words = as_int("task", cfg, "words", low=2)
         seq_len = as_int("rollout", rollout, "seq_len", low=1)
         targets = parse_targets(cfg, words)
-        k = cfg.get("k")
-        if not isinstance(k, (list, tuple)) or not k:
-            raise UserError(f"task.k must be a non-empty list of counts (one per prompt), got {k!r}")
-        for count in k:
-            if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= seq_len:
-                raise UserError(f"task.k: {count!r} is not a count in [0, rollout.seq_len = {seq_len}]")
+        k = parse_asked_counts(cfg, seq_len)
         successors = as_int("task", cfg, "successors", low=1, default=8)
         if successors > words:
             raise UserError(f"task.successors ({successors}) must be <= task.words ({words})")
         return cls(
             words,
             targets,
-            tuple(k),
+            k,
             as_int("task", cfg, "tolerance", low=0, default=0),
             seq_len,
             successors,

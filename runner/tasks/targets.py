@@ -81,3 +81,14 @@ class TargetThreshold(CountTask):
 
     def expected(self, law):
         return law[self.min_count :].sum()
+
+
+def parse_asked_counts(cfg, seq_len: int) -> tuple[int, ...]:
+    """task.k: one count a prompt asks for, each in [0, seq_len]."""
+    k = cfg.get("k")
+    if not isinstance(k, (list, tuple)) or not k:
+        raise UserError(f"task.k must be a non-empty list of counts (one per prompt), got {k!r}")
+    for count in k:
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= seq_len:
+            raise UserError(f"task.k: {count!r} is not a count in [0, rollout.seq_len = {seq_len}]")
+    return tuple(k)
