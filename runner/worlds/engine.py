@@ -54,9 +54,8 @@ class Mismatch:
     outlier_rate: float = 0.0
     outlier_shift: float = -1000.0
     router_replay: bool = False
-    kv_cache: str | None = (
-        None  # bf16 | fp16 | fp8: the engine's key/value cache (worlds with one); None: compute dtype
-    )
+    # bf16 | fp16 | fp8: the dtype of the engine's key/value cache (worlds with one); None: the compute dtype
+    kv_cache: str | None = None
     logprobs: str = "compute"  # compute | fp32: the dtype of the engine's log-softmax
     # Which random stream the rollouts (prompts and tokens) are drawn from; θ₀ is the seed's either way. 0 is the
     # seed's own stream; another value gives a run that differs from it only by its random draws (claim 4's
@@ -134,7 +133,7 @@ class Rollout:
 
 class Engine:
     def __init__(self, world: World, mismatch: Mismatch):
-        if mismatch.kv_cache is not None and not getattr(world, "has_kv_cache", False):
+        if mismatch.kv_cache is not None and not world.has_kv_cache:
             raise UserError(
                 f"mismatch.kv_cache needs a world with a KV cache (policy=transformer); {world.name} has none"
             )

@@ -68,6 +68,7 @@ class World:
     eos_token: int | None
     prompt_len: int = 1
     exact: ExactSolver | None = None
+    has_kv_cache: ClassVar[bool] = False  # the engine decodes with a key/value cache (mismatch.kv_cache applies)
 
     @classmethod
     def from_config(cls, policy: Mapping[str, Any], rollout: Mapping[str, Any], task: Any) -> World:

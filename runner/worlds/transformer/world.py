@@ -48,7 +48,7 @@ POLICY_KEYS = (
 
 class TransformerWorld(World):
     name = "transformer"
-    has_kv_cache = True  # mismatch.kv_cache applies
+    has_kv_cache = True
 
     def __init__(
         self, shape: Shape, seq_len: int, task: Any, init_std: float = 0.02, sft: sft_module.SFTConfig | None = None
