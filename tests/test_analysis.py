@@ -512,3 +512,31 @@ def test_report_unwritable_out(run_dir, tmp_path):
     (tmp_path / "f").write_text("x")
     code, _, err = _cli("report", str(run_dir), "--out", str(tmp_path / "f" / "r.md"))
     assert code == 2 and "cannot write --out" in err
+
+
+def test_tokens_over_the_budget_are_spread_over_the_whole_run(run_dir, tmp_path, monkeypatch):
+    """A tokens.csv longer than the loader's row budget is thinned evenly over all of its rows: every logged
+    step keeps its share, the last one too (reading the head alone kept the early steps only, so claim 3's
+    late window of a long run was its middle)."""
+    import importlib
+
+    import pandas as pd
+
+    from analysis.load import load_dataset
+
+    long_run = tmp_path / "long"
+    shutil.copytree(run_dir, long_run)
+    one = pd.read_csv(run_dir / "tokens.csv")
+    # 20 logging rounds of the run's own tokens: a run 20 times as long, each round its own steps
+    rounds = [one.assign(step=one["step"] + 100 * r) for r in range(20)]
+    pd.concat(rounds, ignore_index=True).to_csv(long_run / "tokens.csv", index=False)
+    full = load_dataset(long_run).tokens
+    assert len(full) == 20 * len(one) > 3000
+    monkeypatch.setattr(importlib.import_module("analysis.load"), "MAX_TOKEN_ROWS", 1000)
+    thinned = load_dataset(long_run).tokens
+    assert len(thinned) == 1000
+    assert sorted(thinned["step"].unique()) == sorted(full["step"].unique())
+    share = thinned["step"].value_counts(normalize=True).sort_index()
+    assert (share - full["step"].value_counts(normalize=True).sort_index()).abs().max() < 0.01
+    # the rows kept are the file's own, unchanged: its first and last among them
+    assert thinned.iloc[0].equals(full.iloc[0]) and thinned.iloc[-1].equals(full.iloc[-1])
