@@ -140,9 +140,19 @@ def seedbug_figure(ds: Dataset, runs, verdict: Verdict, style: str):
             if cur.empty:
                 continue
             lk = st.look(name)
-            stats = cur.groupby("_t")["objective"].agg(["mean", "min", "max"])
+            # J is evaluated every train.objective_every steps and at the end: the line joins those points only
+            stats = cur.dropna(subset=["objective"]).groupby("_t")["objective"].agg(["mean", "min", "max"])
             x = stats.index / per
-            ax.plot(x, stats["mean"], color=lk.color, linestyle=lk.linestyle, linewidth=1.3)
+            few = len(stats) <= 12  # sparse evaluations are drawn as points too, or a lone one would not show
+            ax.plot(
+                x,
+                stats["mean"],
+                color=lk.color,
+                linestyle=lk.linestyle,
+                linewidth=1.3,
+                marker="o" if few else None,
+                markersize=3.5,
+            )
             ax.fill_between(x, stats["min"], stats["max"], color=lk.color, alpha=0.12, linewidth=0)
             nanp = runs[(runs["correction"] == name) & (runs["mode"] == mode) & (runs["nan_params"] > 0)]
             if len(nanp):
