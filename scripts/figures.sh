@@ -13,8 +13,9 @@
 #                                    2026-12-01 on the same machine, its cores shared with a mutation-testing run:
 #                                    bigram ≈ 9 min, mlp 41 min, transformer 54 min (about 1 h 45 min in all).
 #   bash scripts/figures.sh --regime  the claims in the field's regime (docs/regime.md): the worlds that have
-#                                    conf/experiment/WORLD/regime/ (mlp), into figures/regime/WORLD/; with --full,
-#                                    at paper size (T = 1024) into figures/regime-full/WORLD/. Times: docs/claims.md.
+#                                    conf/experiment/WORLD/regime/ (mlp, transformer), into figures/regime/WORLD/;
+#                                    with --full, at paper size (T = 1024) into figures/regime-full/WORLD/. Times:
+#                                    docs/claims.md and docs/regime.md.
 #
 # Environment: FIGURES_WORLDS (space-separated worlds, default "bigram mlp transformer"), FIGURES_ONLY (space-
 # separated experiment names, default all), FIGURES_WORK (the experiments' output, default multirun/figures;
@@ -32,7 +33,7 @@ for arg in "$@"; do
   case "$arg" in
     --full) SIZE=full ;;
     --regime) REGIME=regime ;;
-    -h|--help) sed -n '2,24p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "figures.sh: unknown argument: $arg (usage: bash scripts/figures.sh [--full] [--regime])" >&2; exit 2 ;;
   esac
 done
@@ -66,7 +67,9 @@ experiment() { echo "$1/${REGIME:+regime/}$2"; }
 full_overrides() {
   if [[ -n "$REGIME" ]]; then  # paper size in the regime: docs/regime.md's T = 1024 world, 500 steps
     [[ "$2" == bias-variance-by-level ]] && { echo "probe.repeats=400"; return; }  # its sweep is over T already
-    echo "rollout.seq_len=1024 task.k=[32,40,48,56,64,72,80,88,96] task.tolerance=4 train.steps=500"
+    local paper="rollout.seq_len=1024 task.k=[32,40,48,56,64,72,80,88,96] task.tolerance=4 train.steps=500"
+    [[ "$1" == transformer ]] && paper+=" policy.context=1026"  # BOS, ASK and 1024 words
+    echo "$paper"
     return
   fi
   case "$1/$2" in

@@ -16,15 +16,34 @@ from analysis.claims.registry import CLAIMS
 from runner.hydra_app import app as hydra_app
 from tests.helpers.repo import REPO
 
-REGIME = REPO / "conf" / "experiment" / "mlp" / "regime"
-FIELD = {  # what experiment=mlp/field-regime fixes, which every regime experiment must inherit
-    "task.name": "count-asked",
-    "rollout.vocab_size": 256,
-    "rollout.seq_len": 256,
-    "policy.name": "mlp",
-    "policy.init_std": 20,
-    "policy.state": ["prompt", "position"],
-    "train.lr": 3.0e-4,
+REGIME_WORLDS = ("mlp", "transformer")  # the worlds with conf/experiment/WORLD/regime/
+FIELD = {  # what experiment=WORLD/field-regime fixes, which every regime experiment of the world must inherit
+    "mlp": {
+        "task.name": "count-asked",
+        "rollout.vocab_size": 256,
+        "rollout.seq_len": 256,
+        "policy.name": "mlp",
+        "policy.init_std": 20,
+        "policy.state": ["prompt", "position"],
+        "train.lr": 3.0e-4,
+    },
+    "transformer": {
+        "task.name": "count-in-text",
+        "task.words": 256,
+        "rollout.seq_len": 256,
+        "policy.name": "transformer",
+        "policy.context": 258,
+        "policy.sft.steps": 800,
+        "train.lr": 1.0e-4,
+    },
+}
+# Where a regime experiment sweeps otherwise than its world's claim experiment, and what it sweeps instead.
+NOT_THE_WORLDS_SWEEP = {
+    ("mlp", "bias-variance-by-level"): {"rollout.seq_len": "64,128,256"},  # over T, at the regime's lengths
+    # over T with the task scaled to each T, so that each length's warm start reads its question
+    ("transformer", "bias-variance-by-level"): {"arm": "length/t64,length/t128,length/t256"},
+    # the 4-expert world, where the bf16 engine's mismatch reaches the field's (the dense one is 10x under it)
+    ("transformer", "tis-tames-mismatch"): {"mismatch.precision": "fp32,bf16"},
 }
 
 
@@ -33,38 +52,56 @@ def _value(cfg, dotted):
     return OmegaConf.to_container(out) if OmegaConf.is_config(out) else out
 
 
+@pytest.mark.parametrize("world", REGIME_WORLDS)
 @pytest.mark.parametrize("number_name", list(enumerate(CLAIMS, 1)), ids=list(CLAIMS))
-def test_every_claim_has_a_regime_experiment(number_name):
+def test_every_claim_has_a_regime_experiment(number_name, world):
     number, name = number_name
-    path = REGIME / f"{name}.yaml"
+    path = REPO / "conf" / "experiment" / world / "regime" / f"{name}.yaml"
     lines = path.read_text(encoding="utf-8").splitlines()
     assert lines[0] == "# @package _global_"
-    assert lines[1] == f"# is-study sweep experiment={registry.experiment(name, 'mlp', regime=True)}"
+    assert lines[1] == f"# is-study sweep experiment={registry.experiment(name, world, regime=True)}"
     assert lines[2].startswith(f"# Claim {number} (") and "field regime" in lines[2]
     own = OmegaConf.load(path)
-    assert "/experiment/mlp/field-regime@_here_" in own.defaults
+    assert f"/experiment/{world}/field-regime@_here_" in own.defaults
     # the claim's own sweep is the world's claim experiment's: the same arms, in the regime's world
-    world_sweep = OmegaConf.load(REPO / "conf" / "experiment" / "mlp" / f"{name}.yaml").hydra.sweeper.params
+    world_sweep = OmegaConf.load(REPO / "conf" / "experiment" / world / f"{name}.yaml").hydra.sweeper.params
     regime_sweep = own.hydra.sweeper.params
-    swept = set(world_sweep) - {"seed"}
-    if name == "bias-variance-by-level":  # over T, at the regime's lengths
-        assert str(regime_sweep["rollout.seq_len"]) == "64,128,256"
-        swept -= {"rollout.seq_len"}
-    for key in swept:
-        assert str(regime_sweep[key]) == str(world_sweep[key]), (name, key)
-    cfg = hydra_app.compose([f"experiment=mlp/regime/{name}"])
-    for key, value in FIELD.items():
-        assert _value(cfg, key) == value, (name, key)
+    instead = NOT_THE_WORLDS_SWEEP.get((world, name), {})
+    for key, value in instead.items():
+        assert str(regime_sweep[key]) == value, (world, name, key)
+    replaced = {"rollout.seq_len"} if name == "bias-variance-by-level" else set()  # by the regime's lengths
+    for key in set(world_sweep) - {"seed"} - set(instead) - replaced:
+        assert str(regime_sweep[key]) == str(world_sweep[key]), (world, name, key)
+    cfg = hydra_app.compose([f"experiment={world}/regime/{name}"])
+    for key, value in FIELD[world].items():
+        assert _value(cfg, key) == value, (world, name, key)
 
 
-def test_seed_bug_keeps_the_outliers_per_response():
-    """The injected outliers are a fault, not the calibrated mismatch: their rate per response stays the mlp
-    world's (0.01 a token at T = 64), and the outliers preset's staleness of 1 survives field-regime's 0."""
-    world = hydra_app.compose(["experiment=mlp/seed-bug-end-to-end"])
-    regime = hydra_app.compose(["experiment=mlp/regime/seed-bug-end-to-end"])
-    per_response = world.mismatch.outlier_rate * world.rollout.seq_len
+def test_transformer_claim_one_runs_the_four_expert_world():
+    cfg = hydra_app.compose(["experiment=transformer/regime/tis-tames-mismatch"])
+    assert cfg.policy.experts == 4 and not cfg.mismatch.router_replay and cfg.mismatch.staleness == 0
+
+
+@pytest.mark.parametrize("world", REGIME_WORLDS)
+def test_precision_arms_pick_their_engine(world):
+    """Claim 4's mismatch arms are groups: the field regime must not pin a precision over them (the
+    transformer's once did, so that every arm, fp32 and the chaos floor too, ran a bf16 engine)."""
+    arms = {"none": ("fp32", 0), "none-stream1": ("fp32", 1), "fp16": ("fp16", 0), "bf16": ("bf16", 0)}
+    for arm, (precision, stream) in arms.items():
+        cfg = hydra_app.compose([f"experiment={world}/regime/precision-vs-algorithm", f"mismatch={arm}"])
+        assert (cfg.mismatch.precision, cfg.mismatch.sampling_stream, cfg.mismatch.staleness) == (precision, stream, 0)
+
+
+@pytest.mark.parametrize("world", REGIME_WORLDS)
+def test_seed_bug_keeps_the_outliers_per_response(world):
+    """The injected outliers are a fault, not the calibrated mismatch: their rate per response stays the world's
+    (mlp: 0.01 a token at T = 64, transformer: 0.01 at T = 32), and the outliers preset's staleness of 1
+    survives field-regime's 0."""
+    own = hydra_app.compose([f"experiment={world}/seed-bug-end-to-end"])
+    regime = hydra_app.compose([f"experiment={world}/regime/seed-bug-end-to-end"])
+    per_response = own.mismatch.outlier_rate * own.rollout.seq_len
     assert regime.mismatch.outlier_rate * regime.rollout.seq_len == pytest.approx(per_response)
-    assert regime.mismatch.staleness == world.mismatch.staleness == 1
+    assert regime.mismatch.staleness == own.mismatch.staleness == 1
 
 
 @pytest.mark.parametrize("T", [64, 128, 256, 512, 1024])
@@ -167,21 +204,55 @@ def test_dose_response_figure(tiny_dose):
 # Each regime experiment narrowed to seconds on the command line: its pipeline, world and rule run end to end.
 TINY = {
     "tis-tames-mismatch": ["mismatch.precision=fp32,fp8", "seed=range(0,2)"],
-    "bias-variance-by-level": ["rollout.seq_len=64,128", "probe.repeats=4", "probe.n_boot=100"],
+    "bias-variance-by-level": ["probe.repeats=4", "probe.n_boot=100"],
     "mismatch-low-prob-tokens": ["mismatch.precision=bf16,fp8", "log.tokens_every=1"],
     "precision-vs-algorithm": ["correction=none,geo-mask", "seed=0"],
     "staleness-breaks-tis": ["arm=staleness/none,staleness/seq-tis", "mismatch.staleness=2", "seed=0"],
     "seed-bug-end-to-end": ["seed=0"],
 }
 TINY_TRAIN = ["train.steps=3", "rollout.batch_size=2", "rollout.group_size=4", "train.objective_every=1"]
+TINY_WORLD = {
+    "mlp": {"bias-variance-by-level": ["rollout.seq_len=64,128"]},
+    # a 1-layer, 16-wide model over 32 words (4 of them targets) whose warm start trains in a second
+    "transformer": {
+        "*": [
+            "policy.n_layer=1",
+            "policy.d_model=16",
+            "policy.n_head=2",
+            "policy.sft.steps=20",
+            "policy.sft.warmup=5",
+            "policy.sft.batch_size=8",
+            "policy.sft.eval_samples=32",
+            "task.words=32",
+            "task.targets=[0,1,2,3]",
+            "task.tolerance=1",
+            "train.objective_samples=32",
+            "device=cpu",
+        ],
+        "bias-variance-by-level": [
+            "arm=length/t64",
+            "rollout.seq_len=4,8",
+            "task.k=[1,2]",
+            "probe.reference_rollouts=64",
+        ],
+        "train": ["rollout.seq_len=8", "policy.context=10", "task.k=[1,2,3]"],
+    },
+}
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("world", REGIME_WORLDS)
 @pytest.mark.parametrize("name", list(CLAIMS))
-def test_regime_experiment_end_to_end(name, cli, tmp_path):
-    extra = TINY[name] + ([] if name == "bias-variance-by-level" else TINY_TRAIN)
-    sweep = tmp_path / name
-    code, _, err = cli("sweep", f"experiment=mlp/regime/{name}", *extra, "log.timing=false", f"hydra.sweep.dir={sweep}")
+def test_regime_experiment_end_to_end(name, world, cli, tmp_path_factory):
+    own = TINY_WORLD[world]
+    probe = name == "bias-variance-by-level"
+    extra = [*TINY[name], *([] if probe else TINY_TRAIN), *own.get("*", []), *own.get(name if probe else "train", [])]
+    if world == "transformer":  # one warm start per shape, shared by the module's runs
+        extra.append(f"policy.sft.cache_dir={tmp_path_factory.getbasetemp() / 'regime-sft-cache'}")
+    sweep = tmp_path_factory.mktemp(name)
+    code, _, err = cli(
+        "sweep", f"experiment={world}/regime/{name}", *extra, "log.timing=false", f"hydra.sweep.dir={sweep}"
+    )
     assert code == 0, err
     code, out, err = cli("claims", str(sweep), "--claim", name)
     assert code == 0, err
