@@ -264,15 +264,19 @@ def test_band_names_are_given_with_their_values_where_the_experiment_is_document
 
 
 def test_readme_regime_table_agrees_with_verdicts():
-    """The README's table of the mlp world's verdicts before and in the field regime is figures/mlp/verdicts.json's
-    and figures/regime/mlp/verdicts.json's, claim by claim, in analysis/claims' order."""
+    """The README's table of the mlp and transformer worlds' verdicts before and in the field regime is
+    figures/WORLD/verdicts.json's and figures/regime/WORLD/verdicts.json's, claim by claim, in analysis/claims'
+    order; a claim not yet run in a column reads "not run", as in VERDICTS.md."""
     from analysis.claims.registry import CLAIMS
 
-    before = json.loads((REPO / "figures" / "mlp" / "verdicts.json").read_text())["claims"]
-    regime = json.loads((REPO / "figures" / "regime" / "mlp" / "verdicts.json").read_text())["claims"]
-    rows = [line for line in README.read_text().splitlines() if line.startswith("| `") and line.count("|") == 4]
+    columns = []
+    for world in ("mlp", "transformer"):
+        for folder in (REPO / "figures" / world, REPO / "figures" / "regime" / world):
+            claims = json.loads((folder / "verdicts.json").read_text())["claims"]
+            columns.append({name: claims[name]["verdict"] if name in claims else "not run" for name in CLAIMS})
+    rows = [line for line in README.read_text().splitlines() if line.startswith("| `") and line.count("|") == 6]
     table = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows]
     table = [r for r in table if r[0].strip("`") in CLAIMS]
     assert [r[0].strip("`") for r in table] == list(CLAIMS)
-    for name, was, now in table:
-        assert (was, now) == (before[name.strip("`")]["verdict"], regime[name.strip("`")]["verdict"]), name
+    for name, *cells in table:
+        assert cells == [column[name.strip("`")] for column in columns], name
