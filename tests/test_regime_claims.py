@@ -259,3 +259,31 @@ def test_regime_experiment_end_to_end(name, world, cli, tmp_path_factory):
     line = out.strip().splitlines()
     assert len(line) == 1 and line[0].startswith(f"{name}: "), line
     assert line[0].split(": ", 1)[1].split(" — ")[0] in ("holds", "does not hold", "inconclusive", "untestable here")
+
+
+@pytest.mark.slow
+def test_seed_bug_figure_draws_sparse_evaluations(cli, tmp_path):
+    """J evaluated only at the start and the end (train.objective_every past the last step, as in the regime's
+    41-step runs with J every 50): each preset's curve still joins its evaluated steps, with markers, and holds no
+    NaN that would break it (it once drew step 0 alone)."""
+    import numpy as np
+
+    sweep = tmp_path / "sweep"
+    code, _, err = cli(
+        "sweep",
+        "experiment=mlp/regime/seed-bug-end-to-end",
+        "seed=0",
+        *TINY_TRAIN[:3],
+        "train.objective_every=50",
+        "log.timing=false",
+        f"hydra.sweep.dir={sweep}",
+    )
+    assert code == 0, err
+    _, fig = registry.evaluate("seed-bug-end-to-end", sweep)
+    for ax in fig.axes[:2]:
+        curves = [line for line in ax.get_lines() if len(line.get_xdata()) >= 2]
+        assert curves, ax.get_title()
+        for line in curves:
+            assert np.isfinite(np.asarray(line.get_ydata(), float)).all() and line.get_marker() == "o"
+        # plain PPO and the fix reach the final J after step 3 from J₀ (on each of step 0's updates)
+        assert sum(line.get_xdata()[0] == 0 and line.get_xdata()[-1] == 3 for line in curves) >= 2
