@@ -266,7 +266,8 @@ def lowprob_figure(tok, verdict: Verdict, style: str, world: str = ""):
     )
     ax_b.set_yscale("log")
     ax_b.set_ylabel(r"mean $|\log p_{\mathrm{train}} - \log p_{\mathrm{rollout}}|$ (nats)")
-    ax_b.set_title(f"(a) mean per bin, late window ({window}; ± 2 SE)", fontsize="medium")
+    # two lines: a window of long steps (150–275) ran this title into its neighbour's in the paper style
+    ax_b.set_title(f"(a) mean per bin, late window\n({window}; ± 2 SE)", fontsize="medium")
     ax_n.set_ylabel("share of the sampled tokens")
     ax_n.set_title("(b) where the sampled tokens are (late window)", fontsize="medium")
     # (c) the first precision's curve at every logged step: the level rises with training, so bins must be
