@@ -558,15 +558,20 @@ def test_lowprob_reads_the_late_window_not_tokens_pooled_over_the_run():
 
 
 # ----------------------------------------------------------------------------------------- 4. precision vs algorithm
-def _traj(gap16, gap_b16, spread16, spread_b16, floor, seeds=4, T=20):
+def _traj(gap16, gap_b16, spread16, spread_b16, floor, seeds=4, T=20, spread32=0.0):
     """Plain PPO and two corrections at fp32, fp16 and bf16 on the seed's own stream, and the chaos-floor arm
-    (fp32 plain PPO on sampling stream 1), each a set distance from fp32 plain PPO."""
+    (fp32 plain PPO on sampling stream 1), each a set distance from fp32 plain PPO (the fp32 corrections
+    `spread32` apart, as when a cached pass's rounding grows through chaos)."""
     rows = []
     for s in range(seeds):
         for t in range(T):
             base = 0.5 + 0.02 * t + 0.001 * s
             wiggle = 1 + 0.1 * ((s + t) % 3)
-            for prec, gap, spread in (("fp32", 0.0, 0.0), ("fp16", gap16, spread16), ("bf16", gap_b16, spread_b16)):
+            for prec, gap, spread in (
+                ("fp32", 0.0, spread32),
+                ("fp16", gap16, spread16),
+                ("bf16", gap_b16, spread_b16),
+            ):
                 for i, corr in enumerate(("none", "tis", "geo-mask")):
                     rows.append(
                         {
@@ -652,6 +657,31 @@ def test_precision_rule():
     assert (
         v.parts["noise_floor"]["a"] == pytest.approx(0.02256) and "(a) at bf16 within 2× it: unresolved" in v.statement
     )
+
+
+@pytest.mark.parametrize("spread32", [0.0, 0.01])
+def test_precision_figure_draws_the_fp32_spread_unless_it_is_zero(spread32):
+    """Panel (b): the fp32 arm's spread across corrections is drawn where it is not 0 (the transformer's fp32
+    engine rounds apart from its trainer, 0.006-0.05 there), and only a 0 spread is named in a note instead."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+
+    traj = _traj(0.001, 0.01, 0.001, 0.02, floor=0.002, spread32=spread32)
+    fig = precision.precision_figure(traj, precision.precision_verdict(traj), "default")
+    try:
+        panel = fig.axes[1]
+        fp32 = to_hex(precision.PRECISION_COLORS["fp32"])
+        lines = [ln for ln in panel.get_lines() if to_hex(ln.get_color()) == fp32]
+        notes = [t.get_text() for t in panel.texts if "spread 0" in t.get_text()]
+        if spread32 == 0:
+            assert not lines and notes == ["fp32: every correction is plain PPO (spread 0)"]
+        else:
+            assert len(lines) == 1 and not notes
+            # geo-mask − none = spread·wiggle, wiggle 1, 1.1 or 1.2 by (seed + t) mod 3: over seeds 0-3 at t = 0
+            # the mean wiggle is (1 + 1.1 + 1.2 + 1)/4 = 1.075
+            assert lines[0].get_ydata()[0] == pytest.approx(0.01 * 1.075)
+    finally:
+        plt.close(fig)
 
 
 # ----------------------------------------------------------------------------------------- 5. staleness
