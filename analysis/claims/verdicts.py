@@ -198,7 +198,8 @@ def verdicts_markdown(root: Path) -> str:
         "",
         "Written by `bash scripts/figures.sh` (`--full`: paper size; `--regime`: the world rebuilt to the field's "
         "regime, docs/regime.md) from the `verdicts.json` each run leaves in `figures/WORLD/` (default size), "
-        "`figures/full/WORLD/` (paper size) and `figures/regime/WORLD/` (field regime); each column names its world "
+        "`figures/full/WORLD/` (paper size), `figures/regime/WORLD/` (field regime) and `figures/regime-full/WORLD/` "
+        "(field regime, paper size); each column names its world "
         "and size. A cell is the verdict (holds / does not hold / inconclusive / untestable here: the "
         "world never shows the effect the claim is about, so its positive control failed and the claim is not "
         "tested), the number of seeds (or repeats) n behind it, its key numbers and its figure; the full "
