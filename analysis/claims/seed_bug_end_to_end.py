@@ -30,7 +30,8 @@ FIXED = "seq-mask-tis"
 
 def seedbug_runs(ds: Dataset):
     """One row per run: correction, mode (train.on_nonfinite), seed, nan_params, skipped (updates),
-    nonfinite_events (NaN/inf loss + gradient events), collapsed, initial/final_objective, updates."""
+    nonfinite_events (NaN/inf loss + gradient events), collapsed, collapse_reason, initial/final_objective,
+    updates."""
     import pandas as pd
 
     summ = required(ds.summary, "summary.json files", ds.path)
@@ -49,6 +50,7 @@ def seedbug_runs(ds: Dataset):
                 "updates": int(s.get("updates_run", 0) or 0),
                 "nonfinite_events": ev,
                 "collapsed": float(bool(s.get("collapsed", False))),
+                "collapse_reason": str(s.get("collapse_reason", "") or "") if bool(s.get("collapsed", False)) else "",
                 "initial_objective": as_float(s.get("initial_objective")),
                 "final_objective": as_float(s.get("final_objective")),
             }
@@ -62,8 +64,10 @@ def seedbug_verdict(runs) -> Verdict:
       (i)   the as-shipped openrlhf-bc71bb1/seq-mask-tis under on_nonfinite=apply: NaN parameters (fraction of seeds)
       (ii)  the same under skip: skipped updates > 0 and finite parameters (fraction of seeds)
       (iii) the fixed seq-mask-tis, both modes: no NaN/inf event, no NaN parameters, no collapse in any seed, and
-            final J − plain PPO's final J (paired by mode and seed) non-inferior by SHORTFALL: the two-sided 95%
-            Student-t interval (n − 1 df) lies above −0.05 (below −0.05: does not hold).
+            final J − plain PPO's final J non-inferior by SHORTFALL: the two-sided 95% Student-t interval (n − 1
+            df) lies above −0.05 (below −0.05: does not hold). The difference is paired by mode and seed, then
+            averaged over the modes within a seed: n counts seeds, because a run without a non-finite event is
+            the same run under apply and skip, and counting it twice would halve the interval's width.
     Holds when (i) and (ii) hold in every seed and (iii) holds. Does not hold when (i) or (ii) holds in no seed,
     the fixed preset has any fault, or it is significantly more than 0.05 below PPO. Else inconclusive."""
     shipped = sorted(c for c in set(runs["correction"]) if c.startswith(SHIPPED_PREFIX))
@@ -82,13 +86,14 @@ def seedbug_verdict(runs) -> Verdict:
     sk_ok = (sk["skipped"] > 0) & (sk["nan_params"] == 0)
     f_ii = float(sk_ok.mean())
     faults = int(((fx["nonfinite_events"] > 0) | (fx["nan_params"] > 0) | (fx["collapsed"] > 0)).sum())
-    d = []
+    by_seed: dict[int, list[float]] = {}
     if "none" in set(runs["correction"]):
         base = runs[runs["correction"] == "none"].set_index(["mode", "seed"])["final_objective"]
         for _, row in fx.iterrows():
             key = (row["mode"], row["seed"])
             if key in base.index:
-                d.append(row["final_objective"] - base[key])
+                by_seed.setdefault(int(row["seed"]), []).append(row["final_objective"] - base[key])
+    d = [float(np.mean(v)) for _, v in sorted(by_seed.items())]
     m, se, n = mean_se(d)
     _, lo, hi, _ = t_interval(d)
     if n >= 2 and math.isfinite(lo):
@@ -103,17 +108,38 @@ def seedbug_verdict(runs) -> Verdict:
     else:
         verdict = UNSURE
     frac_skipped = float((sk["skipped"] / sk["updates"].clip(lower=1)).mean())
+    fault_text = "; ".join(
+        f"{r['mode']} seed {r['seed']}: "
+        + ", ".join(
+            w
+            for w, on in (
+                (f"{int(r['nonfinite_events'])} NaN/inf events", r["nonfinite_events"] > 0),
+                ("NaN parameters", r["nan_params"] > 0),
+                (f"collapse ({r.get('collapse_reason', '') or 'by the runner’s rules'})", r["collapsed"] > 0),
+            )
+            if on
+        )
+        for _, r in fx.iterrows()
+        if r["nonfinite_events"] > 0 or r["nan_params"] > 0 or r["collapsed"] > 0
+    )
+    kinds = [
+        (int((fx[col] > 0).sum()), word)
+        for col, word in (("nonfinite_events", "NaN/inf"), ("nan_params", "NaN θ"), ("collapsed", "collapsed"))
+    ]
+    fault_kinds = f" ({', '.join(f'{k} {w}' for k, w in kinds if k)})" if faults else ""
     statement = (
         f"{bug}: NaN parameters under apply in {int(ap['nan_params'].sum())}/{len(ap)} seeds (i); under "
         f"skip {int(sk_ok.sum())}/{len(sk)} seeds skip updates ({sig(100 * frac_skipped, 3)}% of them) with "
-        f"finite parameters (ii); fixed {FIXED}: {faults} faulty runs of {len(fx)}, final J "
+        f"finite parameters (ii); fixed {FIXED}: {faults} faulty runs of {len(fx)}"
+        f"{f' ({fault_text})' if fault_text else ''}, final J "
         f"{sig(fx['final_objective'].mean(), 3)} vs plain PPO "
         f"{sig(runs[runs['correction'] == 'none']['final_objective'].mean(), 3)} "
-        f"(paired Δ {plus_minus(m, se)}, 95% t CI [{sig(lo, 2)}, {sig(hi, 2)}], n = {n}) (iii) {v_iii}."
+        f"(paired Δ {plus_minus(m, se)}, 95% t CI [{sig(lo, 2)}, {sig(hi, 2)}], n = {n} seeds, each the mean of "
+        f"its modes) (iii) {v_iii}."
     )
     key = (
         f"as shipped: NaN θ {int(ap['nan_params'].sum())}/{len(ap)} (apply), caught {int(sk_ok.sum())}/{len(sk)} "
-        f"(skip); fixed: {faults} faults, ΔJ {sig(m, 2)}"
+        f"(skip); fixed: {faults} faults{fault_kinds}, ΔJ {sig(m, 2)}"
     )
     return Verdict(verdict, statement, {"i": f_i, "ii": f_ii, "iii": v_iii, "bug": bug}, key=key)
 
