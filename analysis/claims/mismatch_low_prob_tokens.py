@@ -253,8 +253,7 @@ def lowprob_figure(tok, verdict: Verdict, style: str, world: str = ""):
         ax.set_xticks(range(nb), BIN_NAMES, rotation=45, ha="right", rotation_mode="anchor")
         ax.set_xlim(-0.5, nb - 0.5)
         ax.set_xlabel(r"token probability $p_{\mathrm{train}}$ (trainer, fp32)")
-    # the bins the lowest one is compared with
-    # named in the legend, not on the panel: a label inside the band sat on the curves' points at p 0.5–0.9
+    # the bins the lowest one is compared with, named in the legend: a label inside the band sat on the points
     ax_b.axvspan(EDGES.index(HIGH_FROM) - 0.5, nb - 0.5, color="0.93", zorder=0, linewidth=0)
     handles.append(Patch(facecolor="0.93", edgecolor="0.75", linewidth=0.5))
     labels.append(f"(a) bins compared with the lowest judged bin (p ≥ {HIGH_FROM:g})")
