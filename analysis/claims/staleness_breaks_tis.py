@@ -30,9 +30,6 @@ Read top to bottom: the reducer (one row per run), the rule (`staleness_verdict`
 
 About 600 lines in one module on purpose: the three parts share one frame (arms × k × seeds), one
 collapse rule and one positive control, and the verdict reads top to bottom in the sources' order.
-
-About 600 lines on purpose: the claim's three parts (V, M, A) share its runs, its arms and its figure,
-and each part's rule sits beside its source.
 """
 
 from __future__ import annotations
